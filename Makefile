@@ -1,0 +1,36 @@
+# vmon build and test entry points. `make test` is the README's test command and what CI runs.
+GO ?= go
+BIN := bin
+PREFIX ?= /usr/local
+export CGO_ENABLED := 0
+
+.PHONY: build install test test-go test-e2e lint proto clean
+
+build:
+	$(GO) build -trimpath -o $(BIN)/vmon ./cmd/vmon
+	$(GO) build -trimpath -ldflags='-s -w' -o $(BIN)/envd ./cmd/envd
+
+install: build
+	install -m 0755 $(BIN)/vmon $(PREFIX)/bin/vmon
+	install -m 0755 $(BIN)/envd $(PREFIX)/bin/envd
+
+lint:
+	test -z "$$(gofmt -l $$(git ls-files '*.go'))"
+	$(GO) vet ./...
+	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
+
+# Go unit and kernel/runtime integration tests (root: namespaces, overlayfs, runsc).
+test-go: build
+	$(GO) test -count=1 -p 1 -timeout 20m ./...
+
+# The official e2b SDK against a real `vmon serve` (needs the base template; see scripts/test.sh).
+test-e2e: build
+	bash scripts/test-e2e.sh
+
+test: lint test-go test-e2e
+
+proto:
+	bash proto/generate.sh
+
+clean:
+	rm -rf $(BIN)

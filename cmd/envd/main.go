@@ -1,0 +1,127 @@
+// Command envd is vmon's in-sandbox agent, wire-compatible with E2B's envd 0.6.13 as the e2b SDKs
+// use it. It serves its API over the agent channel (a unix socket the node bind-mounts into the
+// sandbox, see internal/agentproto) and, for tests and debugging, on an optional TCP address.
+//
+// As PID 1 (or with --init) it first re-executes itself as a child that runs the server and stays
+// behind as a minimal init: it reaps every zombie, including orphaned background processes that
+// the kernel reparents to PID 1, forwards SIGTERM/SIGINT to the child and exits with it.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/vibemon/vmon/internal/agentproto"
+	"github.com/vibemon/vmon/internal/envd/channel"
+	"github.com/vibemon/vmon/internal/envd/server"
+)
+
+type config struct {
+	socket   string
+	listen   string
+	initMode bool
+	setClock bool
+	logLevel slog.Level
+}
+
+func main() {
+	os.Exit(run(os.Args[1:]))
+}
+
+func run(args []string) int {
+	var cfg config
+	fl := flag.NewFlagSet("envd", flag.ContinueOnError)
+	fl.StringVar(&cfg.socket, "agent-socket", agentproto.GuestSocket, "unix socket of the node's agent channel (empty: no channel)")
+	fl.StringVar(&cfg.listen, "listen", "", "also serve the API on this TCP address, e.g. 127.0.0.1:49983 (tests, debugging)")
+	fl.BoolVar(&cfg.initMode, "init", false, "run as init: re-exec as a child server and reap zombies (implied when PID 1)")
+	fl.BoolVar(&cfg.setClock, "set-clock", true, "let POST /init set the system clock from its timestamp")
+	fl.TextVar(&cfg.logLevel, "log-level", slog.LevelInfo, "log level (debug, info, warn, error)")
+	version := fl.Bool("version", false, "print the envd protocol version and exit")
+	if err := fl.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if *version {
+		fmt.Println(agentproto.EnvdVersion)
+		return 0
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: cfg.logLevel}))
+	if cfg.initMode || os.Getpid() == 1 {
+		code, err := runInit(log, args)
+		if err != nil {
+			log.Error("init failed", "err", err)
+			return 1
+		}
+		return code
+	}
+	if err := serve(cfg, log); err != nil {
+		log.Error("envd failed", "err", err)
+		return 1
+	}
+	return 0
+}
+
+// serve runs the API on the agent channel and/or the TCP listener until SIGTERM or SIGINT.
+func serve(cfg config, log *slog.Logger) error {
+	if cfg.socket == "" && cfg.listen == "" {
+		return errors.New("nothing to serve: set --agent-socket and/or --listen")
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+
+	srv, err := server.New(server.Options{Logger: log, SetClock: cfg.setClock})
+	if err != nil {
+		return fmt.Errorf("create server: %w", err)
+	}
+	defer srv.Close()
+	log.Info("envd starting", "version", agentproto.EnvdVersion, "socket", cfg.socket, "listen", cfg.listen, "pid", os.Getpid())
+
+	var wg sync.WaitGroup
+	errc := make(chan error, 1)
+	if cfg.listen != "" {
+		ln, err := net.Listen("tcp", cfg.listen)
+		if err != nil {
+			return fmt.Errorf("listen %s: %w", cfg.listen, err)
+		}
+		hs := &http.Server{Handler: srv, ReadHeaderTimeout: 30 * time.Second}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := hs.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+				errc <- fmt.Errorf("serve %s: %w", cfg.listen, err)
+			}
+		}()
+		context.AfterFunc(ctx, func() {
+			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			_ = hs.Shutdown(sctx)
+		})
+	}
+	if cfg.socket != "" {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_ = channel.Run(ctx, channel.Options{Logger: log, Socket: cfg.socket, Handler: srv})
+		}()
+	}
+	select {
+	case <-ctx.Done():
+	case err = <-errc:
+		stop()
+	}
+	wg.Wait()
+	log.Info("envd stopped")
+	return err
+}

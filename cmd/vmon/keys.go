@@ -1,0 +1,106 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/vibemon/vmon/internal/apikey"
+	"github.com/vibemon/vmon/internal/config"
+	"github.com/vibemon/vmon/internal/store"
+)
+
+func keysCmd() *cobra.Command {
+	var dataDir string
+	cmd := &cobra.Command{Use: "keys", Short: "manage API keys (E2B_API_KEY values)"}
+	config.BindDataDir(cmd.PersistentFlags(), &dataDir)
+
+	var name string
+	create := &cobra.Command{
+		Use:   "create",
+		Short: "create an API key and print it once",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			st, err := store.Open(cmd.Context(), dataDir)
+			if err != nil {
+				return err
+			}
+			defer st.Close()
+			rec, plain, err := st.CreateAPIKey(cmd.Context(), name, time.Now())
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.ErrOrStderr(), "created key %s (%s); it is shown only once:\n", rec.ID, rec.Mask)
+			fmt.Fprintln(cmd.OutOrStdout(), plain)
+			return nil
+		},
+	}
+	create.Flags().StringVar(&name, "name", "", "a name to recognise the key by")
+
+	list := &cobra.Command{
+		Use:   "list",
+		Short: "list API keys (never their values)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			st, err := store.Open(cmd.Context(), dataDir)
+			if err != nil {
+				return err
+			}
+			defer st.Close()
+			keys, err := st.ListAPIKeys(cmd.Context())
+			if err != nil {
+				return err
+			}
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "ID\tNAME\tKEY\tCREATED\tSTATUS")
+			for _, k := range keys {
+				status := "active"
+				if k.Revoked() {
+					status = "revoked " + k.RevokedAt.Format(time.RFC3339)
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", k.ID, k.Name, k.Mask, k.CreatedAt.Format(time.RFC3339), status)
+			}
+			return tw.Flush()
+		},
+	}
+
+	revoke := &cobra.Command{
+		Use:   "revoke ID|KEY",
+		Short: "revoke an API key by its id or its value",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			st, err := store.Open(cmd.Context(), dataDir)
+			if err != nil {
+				return err
+			}
+			defer st.Close()
+			id := strings.TrimSpace(args[0])
+			if apikey.WellFormed(id) {
+				keys, err := st.ListAPIKeys(cmd.Context())
+				if err != nil {
+					return err
+				}
+				hash, found := apikey.Hash(id), false
+				for _, k := range keys {
+					if k.Hash == hash {
+						id, found = k.ID, true
+						break
+					}
+				}
+				if !found {
+					return fmt.Errorf("no such key")
+				}
+			}
+			if err := st.RevokeAPIKey(cmd.Context(), id, time.Now()); err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "revoked %s\n", id)
+			return nil
+		},
+	}
+	cmd.AddCommand(create, list, revoke)
+	return cmd
+}

@@ -1,0 +1,379 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/vibemon/vmon/internal/agentproto"
+	"github.com/vibemon/vmon/internal/api"
+	"github.com/vibemon/vmon/internal/config"
+	"github.com/vibemon/vmon/internal/driver"
+	"github.com/vibemon/vmon/internal/errdefs"
+	"github.com/vibemon/vmon/internal/ingress"
+	"github.com/vibemon/vmon/internal/node"
+	"github.com/vibemon/vmon/internal/runtime/gvisor"
+	"github.com/vibemon/vmon/internal/store"
+	"github.com/vibemon/vmon/internal/template"
+	"github.com/vibemon/vmon/internal/tlsutil"
+)
+
+func serveCmd() *cobra.Command {
+	var c config.Serve
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "run the E2B-compatible API, ingress and a node",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := c.Validate(); err != nil {
+				return err
+			}
+			return serve(cmd.Context(), &c, cmd.OutOrStdout())
+		},
+	}
+	config.BindServe(cmd.Flags(), &c)
+	return cmd
+}
+
+func serve(ctx context.Context, c *config.Serve, stdout io.Writer) error {
+	log, err := newLogger(c.LogLevel)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(c.DataDir, 0o700); err != nil {
+		return fmt.Errorf("create data dir: %w", err)
+	}
+	st, err := store.Open(ctx, c.DataDir)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	apiKey, err := ensureAdminKey(ctx, st, c.DataDir)
+	if err != nil {
+		return err
+	}
+
+	if _, err := template.Load(c.DataDir, "base"); err != nil {
+		fmt.Fprintln(os.Stderr, "vmon: building template base (first start; cached afterwards)")
+		if _, err := template.BuildBase(ctx, template.BaseOptions{DataDir: c.DataDir, Progress: os.Stderr, Logger: log}); err != nil {
+			return fmt.Errorf("build template base: %w", err)
+		}
+	}
+	if err := syncTemplates(ctx, st, c.DataDir); err != nil {
+		return err
+	}
+	envdPath, err := installEnvd(c)
+	if err != nil {
+		return err
+	}
+
+	rt, err := gvisor.New(gvisor.Options{
+		RunscPath: c.RunscPath,
+		RootDir:   filepath.Join(c.DataDir, "runsc"),
+		Platform:  c.Platform,
+		Logger:    log.With("component", "gvisor"),
+	})
+	if err != nil {
+		return fmt.Errorf("runtime: %w (run `vmon doctor`)", err)
+	}
+	n, err := node.New(node.Options{
+		DataDir:   c.DataDir,
+		Runtime:   rt,
+		RootFS:    rootfsAdapter{},
+		NetNS:     netnsAdapter{},
+		Templates: templateRoots{dataDir: c.DataDir},
+		EnvdPath:  envdPath,
+		Log:       log.With("component", "node"),
+	})
+	if err != nil {
+		return err
+	}
+	live, err := n.Recover(ctx)
+	if err != nil {
+		log.Warn("recovery left errors", "err", err)
+	}
+	maxSandboxes := c.MaxSandboxes
+	if maxSandboxes == 0 {
+		maxSandboxes = capacityFromMemory()
+	}
+	d, err := driver.New(driver.Options{
+		Store:           st,
+		Node:            n,
+		Logger:          log.With("component", "driver"),
+		BootConcurrency: c.BootConcurrency,
+		MaxSandboxes:    maxSandboxes,
+		MaxTimeout:      c.MaxSandboxTimeout,
+	})
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	liveSet := map[string]bool{}
+	for _, id := range live {
+		liveSet[id] = true
+	}
+	if err := d.Recover(ctx, func(id string) bool { return liveSet[id] }); err != nil {
+		return fmt.Errorf("recover sandbox records: %w", err)
+	}
+	for _, id := range d.Orphans(live) {
+		log.Info("destroying sandbox no record owns", "sandbox", id)
+		if err := n.DestroySandbox(ctx, id); err != nil {
+			log.Warn("destroy orphan", "sandbox", id, "err", err)
+		}
+	}
+	if len(live) > 0 {
+		log.Info("recovered running sandboxes", "count", len(live))
+	}
+
+	domain := ""
+	if c.TLSEnabled() {
+		domain = c.Domain
+	}
+	apiHandler, err := api.New(api.Options{Driver: d, Store: st, Logger: log.With("component", "api"), Domain: domain})
+	if err != nil {
+		return err
+	}
+	ing := ingress.New(log.With("component", "ingress"), ingressTargets{d: d, n: n}, c.Domain)
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if ing.Match(r) {
+			ing.ServeHTTP(w, r)
+			return
+		}
+		apiHandler.ServeHTTP(w, r)
+	})
+	return listenAndServe(ctx, c, handler, log, stdout, apiKey)
+}
+
+func listenAndServe(ctx context.Context, c *config.Serve, h http.Handler, log *slog.Logger, stdout io.Writer, apiKey string) error {
+	srv := &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: 30 * time.Second,
+		IdleTimeout:       5 * time.Minute,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelDebug),
+	}
+	var caPath string
+	switch {
+	case c.TLS == "self-signed":
+		iss, err := tlsutil.NewIssuer(filepath.Join(c.DataDir, "tls"), c.Domain)
+		if err != nil {
+			return err
+		}
+		srv.TLSConfig = &tls.Config{GetCertificate: iss.GetCertificate, MinVersion: tls.VersionTLS12}
+		caPath = iss.CAPath
+	case c.TLSCert != "":
+		pair, err := tls.LoadX509KeyPair(c.TLSCert, c.TLSKey)
+		if err != nil {
+			return fmt.Errorf("load TLS certificate: %w", err)
+		}
+		srv.TLSConfig = &tls.Config{Certificates: []tls.Certificate{pair}, MinVersion: tls.VersionTLS12}
+	}
+	lns, err := listen(c.Listen, srv.TLSConfig != nil)
+	if err != nil {
+		return err
+	}
+	printEnv(stdout, c, lns[0].Addr().String(), apiKey, caPath)
+	errc := make(chan error, len(lns))
+	for _, ln := range lns {
+		if srv.TLSConfig != nil {
+			ln = tls.NewListener(ln, srv.TLSConfig)
+		}
+		go func() { errc <- srv.Serve(ln) }()
+	}
+	log.Info("vmon serving", "listen", c.Listen, "tls", srv.TLSConfig != nil, "data_dir", c.DataDir)
+	select {
+	case <-ctx.Done():
+	case err := <-errc:
+		return err
+	}
+	// Sandboxes keep running across a restart of vmon; the next start adopts them.
+	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(shutdownCtx); err != nil {
+		return srv.Close()
+	}
+	return nil
+}
+
+// listen opens addr and, when it is IPv4 loopback with TLS on, also the IPv6 loopback on the same
+// port: `*.localhost` names resolve to ::1 first in Node, and only TLS mode uses names.
+func listen(addr string, tlsOn bool) ([]net.Listener, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", addr, err)
+	}
+	lns := []net.Listener{ln}
+	host, port, _ := net.SplitHostPort(addr)
+	if tlsOn && host == "127.0.0.1" {
+		if ln6, err := net.Listen("tcp", net.JoinHostPort("::1", port)); err == nil {
+			lns = append(lns, ln6)
+		}
+	}
+	return lns, nil
+}
+
+func printEnv(w io.Writer, c *config.Serve, addr, apiKey, caPath string) {
+	keyLine := "E2B_API_KEY=" + apiKey
+	if apiKey == "" {
+		keyLine = "E2B_API_KEY=<a key from `vmon keys create`>"
+	}
+	if c.TLSEnabled() {
+		_, port, _ := net.SplitHostPort(addr)
+		fmt.Fprintln(w, keyLine)
+		fmt.Fprintln(w, "E2B_DOMAIN="+c.Domain)
+		if caPath != "" {
+			fmt.Fprintln(w, "NODE_EXTRA_CA_CERTS="+caPath)
+		}
+		if port != "443" {
+			fmt.Fprintf(w, "# the SDK reaches https://api.%s on port 443 only; this listener is on port %s\n", c.Domain, port)
+		}
+		return
+	}
+	base := "http://" + addr
+	fmt.Fprintln(w, keyLine)
+	fmt.Fprintln(w, "E2B_API_URL="+base)
+	fmt.Fprintln(w, "E2B_SANDBOX_URL="+base)
+}
+
+// ensureAdminKey creates the first admin key on first start and writes it to <data-dir>/api-key
+// (0600); only its hash is stored. Later starts read the file to print the env lines again.
+func ensureAdminKey(ctx context.Context, st *store.Store, dataDir string) (string, error) {
+	path := filepath.Join(dataDir, "api-key")
+	n, err := st.CountActiveAPIKeys(ctx)
+	if err != nil {
+		return "", err
+	}
+	if n == 0 {
+		_, plain, err := st.CreateAPIKey(ctx, "admin", time.Now())
+		if err != nil {
+			return "", err
+		}
+		if err := os.WriteFile(path, []byte(plain+"\n"), 0o600); err != nil {
+			return "", fmt.Errorf("write api key file: %w", err)
+		}
+		return plain, nil
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return "", nil
+	}
+	plain := strings.TrimSpace(string(data))
+	if _, err := st.VerifyAPIKey(ctx, plain); err != nil {
+		return "", nil // revoked since; don't advertise it
+	}
+	return plain, nil
+}
+
+// syncTemplates registers every built template with the store so the API can resolve it.
+func syncTemplates(ctx context.Context, st *store.Store, dataDir string) error {
+	ms, err := template.List(dataDir)
+	if err != nil {
+		return fmt.Errorf("list templates: %w", err)
+	}
+	for _, m := range ms {
+		err := st.PutTemplate(ctx, store.Template{
+			ID: m.ID, Aliases: []string{m.ID}, BuildID: m.BuildID,
+			CPU: m.CPUs, MemoryMB: m.MemoryMB, DiskMB: int(m.DiskSizeMB),
+			EnvdVersion: agentproto.EnvdVersion, Status: store.TemplateReady,
+			Rootfs: m.RootfsDir(), DefaultUser: m.DefaultUser, DefaultWorkdir: m.DefaultWorkdir,
+			CreatedAt: m.BuiltAt, UpdatedAt: m.BuiltAt,
+		})
+		if err != nil {
+			return fmt.Errorf("register template %s: %w", m.ID, err)
+		}
+	}
+	return nil
+}
+
+// installEnvd copies envd into <data-dir>/bin, which sandboxes mount read-only. Replacing it by
+// rename leaves running sandboxes on the inode they started with.
+func installEnvd(c *config.Serve) (string, error) {
+	src := c.EnvdPath
+	if src == "" {
+		src = defaultEnvdPath()
+	}
+	data, err := os.ReadFile(src)
+	if err != nil {
+		return "", fmt.Errorf("read envd binary (build it with `make build`, or pass --envd-path): %w", err)
+	}
+	dir := filepath.Join(c.DataDir, "bin")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	dst := filepath.Join(dir, "envd")
+	if cur, err := os.ReadFile(dst); err == nil && bytes.Equal(cur, data) {
+		return dst, nil
+	}
+	tmp := dst + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o755); err != nil {
+		return "", err
+	}
+	return dst, os.Rename(tmp, dst)
+}
+
+// capacityFromMemory bounds sandboxes by host memory so that too many creates get a clear 429
+// instead of an OOM: an idle gVisor sandbox costs about 64 MiB of host memory, a busy one more.
+func capacityFromMemory() int {
+	data, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 64
+	}
+	var kb int
+	for _, line := range strings.Split(string(data), "\n") {
+		if v, ok := strings.CutPrefix(line, "MemTotal:"); ok {
+			fmt.Sscanf(strings.TrimSpace(v), "%d", &kb)
+		}
+	}
+	n := kb / 1024 / 256
+	return max(n, 4)
+}
+
+// ingressTargets joins the driver's view (is it running, its tokens) with the node's agent
+// channel for ingress.
+type ingressTargets struct {
+	d *driver.Driver
+	n *node.Node
+}
+
+func (t ingressTargets) Target(ctx context.Context, id string) (ingress.Target, error) {
+	r, err := t.d.SandboxByID(ctx, id)
+	if err != nil {
+		return ingress.Target{}, err
+	}
+	return t.target(r)
+}
+
+func (t ingressTargets) target(r driver.Route) (ingress.Target, error) {
+	ch, ok := t.n.Channel(r.ID)
+	if !ok {
+		return ingress.Target{}, errdefs.NotFound("sandbox %q is not on this node", r.ID)
+	}
+	return ingress.Target{
+		ID: r.ID, AccessToken: r.EnvdAccessToken, TrafficToken: r.TrafficAccessToken,
+		Envd: ch.Transport(), Dial: ch.DialPort,
+	}, nil
+}
+
+func (t ingressTargets) Targets(ctx context.Context) []ingress.Target {
+	routes, err := t.d.RunningSandboxes(ctx)
+	if err != nil {
+		return nil
+	}
+	out := make([]ingress.Target, 0, len(routes))
+	for _, r := range routes {
+		if tg, err := t.target(r); err == nil {
+			out = append(out, tg)
+		}
+	}
+	return out
+}

@@ -1,0 +1,213 @@
+// Package agent owns the host end of the agent channel to one sandbox's envd (see agentproto for
+// the wire contract). It listens on the per-sandbox unix socket, keeps the newest yamux session
+// envd dialled in, and hands out HTTP transports and port tunnels over it. It never touches
+// runtimes, records or the guest network.
+package agent
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/yamux"
+
+	"github.com/vibemon/vmon/internal/agentproto"
+)
+
+// ErrClosed is returned once the channel has been closed by the node.
+var ErrClosed = errors.New("agent channel closed")
+
+// Channel is the host end of one sandbox's agent channel.
+type Channel struct {
+	log *slog.Logger
+	ln  net.Listener
+
+	mu sync.Mutex
+	// +checklocks:mu
+	session *yamux.Session
+	// ready is closed and replaced whenever a session arrives; waiters block on the current one.
+	// +checklocks:mu
+	ready chan struct{}
+	// +checklocks:mu
+	closed bool
+
+	transport *http.Transport
+}
+
+// Listen creates the agent socket in dir (replacing a stale one left by a crash) and starts
+// accepting envd connections.
+func Listen(dir string, log *slog.Logger) (*Channel, error) {
+	path := filepath.Join(dir, agentproto.SocketName)
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("remove stale agent socket: %w", err)
+	}
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("listen on agent socket: %w", err)
+	}
+	c := &Channel{log: log, ln: ln, ready: make(chan struct{})}
+	c.transport = &http.Transport{
+		DialContext:         func(ctx context.Context, _, _ string) (net.Conn, error) { return c.open(ctx) },
+		MaxIdleConnsPerHost: 64,
+		IdleConnTimeout:     90 * time.Second,
+		// envd output is already small chunks; compression would only add latency.
+		DisableCompression: true,
+	}
+	go c.acceptLoop()
+	return c, nil
+}
+
+func (c *Channel) acceptLoop() {
+	for {
+		conn, err := c.ln.Accept()
+		if err != nil {
+			if !c.isClosed() {
+				c.log.Warn("agent accept failed", "err", err)
+			}
+			return
+		}
+		sess, err := yamux.Client(conn, agentproto.YamuxConfig())
+		if err != nil {
+			c.log.Warn("agent session failed", "err", err)
+			conn.Close()
+			continue
+		}
+		c.mu.Lock()
+		if c.closed {
+			c.mu.Unlock()
+			sess.Close()
+			return
+		}
+		old := c.session
+		c.session = sess
+		close(c.ready)
+		c.ready = make(chan struct{})
+		c.mu.Unlock()
+		if old != nil {
+			old.Close()
+		}
+		// Pooled HTTP connections ride streams of the old session; drop them.
+		c.transport.CloseIdleConnections()
+		c.log.Debug("agent connected")
+	}
+}
+
+func (c *Channel) isClosed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.closed
+}
+
+// current returns a live session, waiting for envd to (re)connect until ctx is done.
+func (c *Channel) current(ctx context.Context) (*yamux.Session, error) {
+	for {
+		c.mu.Lock()
+		if c.closed {
+			c.mu.Unlock()
+			return nil, ErrClosed
+		}
+		s, ready := c.session, c.ready
+		c.mu.Unlock()
+		if s != nil && !s.IsClosed() {
+			return s, nil
+		}
+		select {
+		case <-ready:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("waiting for envd to connect: %w", ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+			// A closed session gives no signal on ready; poll so a redial is noticed.
+		}
+	}
+}
+
+func (c *Channel) open(ctx context.Context) (net.Conn, error) {
+	s, err := c.current(ctx)
+	if err != nil {
+		return nil, err
+	}
+	st, err := s.OpenStream()
+	if err != nil {
+		return nil, fmt.Errorf("open agent stream: %w", err)
+	}
+	return st, nil
+}
+
+// WaitConnected blocks until envd has connected.
+func (c *Channel) WaitConnected(ctx context.Context) error {
+	_, err := c.current(ctx)
+	return err
+}
+
+// Transport returns an HTTP transport whose connections are streams to envd. URLs may use any
+// host; requests always reach this sandbox's envd.
+func (c *Channel) Transport() http.RoundTripper { return c.transport }
+
+// DialPort opens a raw TCP tunnel to port on the guest's loopback through envd.
+func (c *Channel) DialPort(ctx context.Context, port int) (net.Conn, error) {
+	conn, err := c.open(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		_ = conn.SetDeadline(dl)
+	}
+	authority := agentproto.TunnelAuthority(port)
+	// ReadResponse only needs the method, to know a CONNECT reply has no body.
+	req := &http.Request{Method: http.MethodConnect}
+	if _, err := fmt.Fprintf(conn, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", authority, authority); err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("send tunnel request: %w", err)
+	}
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, req)
+	if err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("read tunnel response: %w", err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		conn.Close()
+		return nil, fmt.Errorf("%w: guest port %d answered %s", ErrPortClosed, port, resp.Status)
+	}
+	_ = conn.SetDeadline(time.Time{})
+	if br.Buffered() > 0 {
+		return &bufferedConn{Conn: conn, r: br}, nil
+	}
+	return conn, nil
+}
+
+// ErrPortClosed means envd could not reach the requested guest port.
+var ErrPortClosed = errors.New("guest port not reachable")
+
+type bufferedConn struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+func (b *bufferedConn) Read(p []byte) (int, error) { return b.r.Read(p) }
+
+// Close stops accepting, closes the live session and removes the socket.
+func (c *Channel) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	s := c.session
+	c.mu.Unlock()
+	err := c.ln.Close()
+	if s != nil {
+		s.Close()
+	}
+	c.transport.CloseIdleConnections()
+	return err
+}

@@ -1,0 +1,71 @@
+// Package agentproto holds the facts both ends of the agent channel agree on: where the socket is,
+// how streams are multiplexed and how a guest port is tunnelled. It is imported by envd (guest) and
+// by the node (host), so it must stay free of any other vmon package and of OS-specific code.
+//
+// The channel: the node listens on a unix socket in a per-sandbox host directory that is bind
+// mounted into the sandbox at GuestDir. envd dials GuestSocket, runs a yamux *server* session on the
+// connection and serves its whole HTTP API (REST + Connect RPC) on the streams the node opens; the
+// node runs the yamux *client* session. Each stream is one HTTP/1.1 connection. A request with
+// method CONNECT and authority "127.0.0.1:<port>" (TunnelAuthority) turns the stream into a raw TCP
+// tunnel to that guest port, which is how ingress reaches guest services without the guest network.
+// envd redials on EOF because checkpoint/restore breaks the connection.
+package agentproto
+
+import (
+	"crypto/sha256"
+	"encoding/base64"
+	"net"
+	"strconv"
+	"time"
+
+	"github.com/hashicorp/yamux"
+)
+
+const (
+	// GuestDir is where the per-sandbox agent directory is mounted in the guest.
+	GuestDir = "/run/vmon"
+	// SocketName is the socket's file name inside the agent directory.
+	SocketName = "agent.sock"
+	// GuestSocket is the socket path as envd sees it.
+	GuestSocket = GuestDir + "/" + SocketName
+	// EnvdPort is the port clients address envd with (E2B's fixed port).
+	EnvdPort = 49983
+	// EnvdVersion is the envd protocol version envd reports; ≥ 0.6.4 enables every SDK feature.
+	EnvdVersion = "0.6.13"
+)
+
+// TunnelAuthority is the CONNECT authority that asks envd for a tunnel to a guest loopback port.
+func TunnelAuthority(port int) string {
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+}
+
+// YamuxConfig is the session configuration both ends use.
+func YamuxConfig() *yamux.Config {
+	c := yamux.DefaultConfig()
+	c.EnableKeepAlive = true
+	c.KeepAliveInterval = 10 * time.Second
+	c.ConnectionWriteTimeout = 30 * time.Second
+	// Large windows keep bulk file transfers from stalling on one stream.
+	c.MaxStreamWindowSize = 4 << 20
+	c.LogOutput = nil
+	c.Logger = nopLogger{}
+	return c
+}
+
+type nopLogger struct{}
+
+func (nopLogger) Print(...any)          {}
+func (nopLogger) Printf(string, ...any) {}
+func (nopLogger) Println(...any)        {}
+
+// FileSignature computes E2B's v1 signature of a /files URL: "v1_" + unpadded base64 of the
+// SHA-256 of "<path>:<operation>:<user>:<token>[:<expiration>]". The node uses it to find which
+// sandbox a header-less signed URL belongs to; envd uses it to check the URL.
+func FileSignature(path, operation, user, token string, expiration int64) string {
+	raw := path + ":" + operation + ":" + user + ":" + token
+	if expiration != 0 {
+		raw += ":" + strconv.FormatInt(expiration, 10)
+	}
+	sum := sha256.Sum256([]byte(raw))
+	return "v1_" + base64.RawStdEncoding.EncodeToString(sum[:])
+}

@@ -1,0 +1,48 @@
+package api
+
+import (
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// TestDependencies keeps the control plane's layering one-way: api → driver → store → apikey,
+// errdefs. The driver reaches nodes only through its Node interface and node's plain types, so the
+// node package is the only door to the host side. apikey and store are checked transitively (they
+// must stay leaves); driver and api by their direct imports, since node legitimately pulls in the
+// host side behind it.
+func TestDependencies(t *testing.T) {
+	const mod = "github.com/vibemon/vmon/internal/"
+	for _, tc := range []struct {
+		pkg     string
+		deep    bool
+		allowed []string
+	}{
+		{"apikey", true, nil},
+		{"store", true, []string{"apikey", "errdefs"}},
+		{"driver", false, []string{"store", "errdefs", "node"}},
+		{"api", false, []string{"driver", "store", "errdefs"}},
+	} {
+		args := []string{"list", "-f", `{{join .Imports "\n"}}`, mod + tc.pkg}
+		if tc.deep {
+			args = []string{"list", "-deps", "-f", "{{.ImportPath}}", mod + tc.pkg}
+		}
+		out, err := exec.Command("go", args...).Output()
+		if err != nil {
+			t.Fatalf("go list %s: %v", tc.pkg, err)
+		}
+		for _, dep := range strings.Fields(string(out)) {
+			rest, ok := strings.CutPrefix(dep, mod)
+			if !ok || rest == tc.pkg {
+				continue
+			}
+			permitted := false
+			for _, a := range tc.allowed {
+				permitted = permitted || rest == a
+			}
+			if !permitted {
+				t.Errorf("%s depends on %s", tc.pkg, rest)
+			}
+		}
+	}
+}

@@ -1,0 +1,288 @@
+// Package doctor checks whether this host can run vmon and says, per item, what is missing and
+// how to fix it. It only reads the host; it never changes anything.
+package doctor
+
+import (
+	"bufio"
+	"context"
+	"debug/buildinfo"
+	"debug/elf"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// Level of a check result.
+type Level int
+
+const (
+	OK Level = iota
+	Warn
+	Fail
+)
+
+func (l Level) String() string { return [...]string{"ok", "warn", "FAIL"}[l] }
+
+// Result of one check.
+type Result struct {
+	Name   string
+	Level  Level
+	Detail string
+	Fix    string
+}
+
+// Options name what the checks look at.
+type Options struct {
+	DataDir   string
+	RunscPath string
+	// RunscVersion is the gVisor commit vmon is pinned to.
+	RunscVersion string
+	EnvdPath     string
+	// TemplateReady reports whether the base template is built.
+	TemplateReady bool
+}
+
+// Run performs every check.
+func Run(ctx context.Context, o Options) []Result {
+	return []Result{
+		checkRoot(),
+		checkRunsc(o),
+		checkEnvd(o.EnvdPath),
+		checkFilesystem("overlay", "overlayfs (each sandbox's writable root)", "load the module: modprobe overlay"),
+		checkNetNS(),
+		checkCgroup2(),
+		checkTool("iptables", "iptables (sandbox networking)", "apt-get install -y iptables", Warn),
+		checkTool("mmdebstrap", "mmdebstrap (builds the base template)", "apt-get install -y mmdebstrap", Warn),
+		checkDisk(o.DataDir),
+		checkSocketPath(o.DataDir),
+		checkTemplate(o.TemplateReady),
+		checkKVM(),
+	}
+}
+
+// Print writes results as a table and returns whether none failed.
+func Print(w io.Writer, results []Result) bool {
+	good := true
+	for _, r := range results {
+		fmt.Fprintf(w, "[%-4s] %s: %s\n", r.Level, r.Name, r.Detail)
+		if r.Level != OK && r.Fix != "" {
+			fmt.Fprintf(w, "       fix: %s\n", r.Fix)
+		}
+		if r.Level == Fail {
+			good = false
+		}
+	}
+	return good
+}
+
+func checkRoot() Result {
+	r := Result{Name: "privileges"}
+	caps, err := effectiveCaps()
+	if err != nil {
+		return Result{Name: r.Name, Level: Fail, Detail: err.Error()}
+	}
+	var missing []string
+	for _, c := range []struct {
+		bit  uint
+		name string
+	}{{unix.CAP_SYS_ADMIN, "CAP_SYS_ADMIN"}, {unix.CAP_NET_ADMIN, "CAP_NET_ADMIN"}, {unix.CAP_SYS_CHROOT, "CAP_SYS_CHROOT"}} {
+		if caps&(1<<c.bit) == 0 {
+			missing = append(missing, c.name)
+		}
+	}
+	if len(missing) > 0 {
+		r.Level, r.Detail = Fail, "missing "+strings.Join(missing, ", ")
+		r.Fix = "run vmon as root (sudo vmon serve)"
+		return r
+	}
+	r.Detail = "CAP_SYS_ADMIN, CAP_NET_ADMIN, CAP_SYS_CHROOT present"
+	return r
+}
+
+func effectiveCaps() (uint64, error) {
+	f, err := os.Open("/proc/self/status")
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "CapEff:"); ok {
+			return strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+		}
+	}
+	return 0, fmt.Errorf("CapEff not found in /proc/self/status")
+}
+
+func checkRunsc(o Options) Result {
+	r := Result{Name: "runtime (gVisor runsc)"}
+	fix := "bash scripts/install-runsc.sh (builds the pinned gVisor with CGO_ENABLED=0)"
+	path, err := exec.LookPath(o.RunscPath)
+	if err != nil {
+		r.Level, r.Detail, r.Fix = Fail, fmt.Sprintf("%q not found", o.RunscPath), fix
+		return r
+	}
+	// runsc built from the module proxy prints VERSION_MISSING; its build info names the module
+	// version, which is the reliable pin.
+	info, err := buildinfo.ReadFile(path)
+	if err != nil {
+		r.Level, r.Detail, r.Fix = Fail, fmt.Sprintf("%s is not a Go-built runsc: %v", path, err), fix
+		return r
+	}
+	version := info.Main.Version
+	for _, dep := range info.Deps {
+		if dep.Path == "gvisor.dev/gvisor" {
+			version = dep.Version
+		}
+	}
+	if o.RunscVersion != "" && !strings.HasSuffix(version, o.RunscVersion) {
+		r.Level, r.Detail, r.Fix = Warn, fmt.Sprintf("%s is gVisor %s, not the pinned %s", path, version, o.RunscVersion), fix
+		return r
+	}
+	if dynamic, err := isDynamic(path); err != nil || dynamic {
+		r.Level, r.Detail, r.Fix = Fail, path+" is dynamically linked; its boot fails after pivot_root", fix
+		return r
+	}
+	r.Detail = path + " (gVisor " + version + ", static)"
+	return r
+}
+
+// isDynamic reports whether an ELF binary has a program interpreter.
+func isDynamic(path string) (bool, error) {
+	f, err := elf.Open(path)
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+func checkEnvd(path string) Result {
+	r := Result{Name: "envd (guest agent)"}
+	st, err := os.Stat(path)
+	if err != nil || st.IsDir() {
+		r.Level, r.Detail, r.Fix = Fail, fmt.Sprintf("%s not found", path), "make build (installs bin/envd beside bin/vmon) or pass --envd-path"
+		return r
+	}
+	r.Detail = path
+	return r
+}
+
+func checkFilesystem(fs, what, fix string) Result {
+	r := Result{Name: what}
+	data, err := os.ReadFile("/proc/filesystems")
+	if err != nil || !strings.Contains(string(data), "\t"+fs+"\n") {
+		r.Level, r.Detail, r.Fix = Fail, fs+" is not available in this kernel", fix
+		return r
+	}
+	r.Detail = fs + " available"
+	return r
+}
+
+func checkNetNS() Result {
+	r := Result{Name: "network namespaces"}
+	if _, err := os.Stat("/proc/self/ns/net"); err != nil {
+		r.Level, r.Detail, r.Fix = Fail, "the kernel has no network namespaces", "use a kernel built with CONFIG_NET_NS"
+		return r
+	}
+	r.Detail = "available"
+	return r
+}
+
+func checkCgroup2() Result {
+	r := Result{Name: "cgroup v2 (CPU and memory limits)"}
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	if err == nil {
+		for _, line := range strings.Split(string(data), "\n") {
+			if strings.Contains(line, " - cgroup2 ") {
+				fields := strings.Fields(line)
+				r.Detail = "mounted at " + fields[4]
+				return r
+			}
+		}
+	}
+	r.Level, r.Detail, r.Fix = Warn, "no cgroup2 mount found: sandboxes run without CPU and memory limits", "mount -t cgroup2 none /sys/fs/cgroup"
+	return r
+}
+
+func checkTool(name, what, fix string, level Level) Result {
+	r := Result{Name: what}
+	p, err := exec.LookPath(name)
+	if err != nil {
+		r.Level, r.Detail, r.Fix = level, name+" not found", fix
+		return r
+	}
+	r.Detail = p
+	return r
+}
+
+func checkDisk(dir string) Result {
+	r := Result{Name: "disk space (" + dir + ")"}
+	probe := dir
+	for {
+		if _, err := os.Stat(probe); err == nil {
+			break
+		}
+		parent := filepath.Dir(probe)
+		if parent == probe {
+			break
+		}
+		probe = parent
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(probe, &st); err != nil {
+		r.Level, r.Detail = Fail, err.Error()
+		return r
+	}
+	free := st.Bavail * uint64(st.Bsize)
+	r.Detail = fmt.Sprintf("%.1f GiB free", float64(free)/(1<<30))
+	if free < 3<<30 {
+		r.Level, r.Fix = Fail, "the base template needs about 1.5 GiB and each sandbox its own writes; free space or use --data-dir elsewhere"
+	} else if free < 10<<30 {
+		r.Level, r.Fix = Warn, "less than 10 GiB free; sandboxes that write a lot will fill it"
+	}
+	return r
+}
+
+func checkSocketPath(dir string) Result {
+	r := Result{Name: "data dir path length"}
+	// <dir>/sandboxes/<20-char id>/agent/agent.sock must fit a unix socket address (108 bytes).
+	n := len(dir) + len("/sandboxes/") + 20 + len("/agent/agent.sock")
+	if n >= 108 {
+		r.Level, r.Detail, r.Fix = Fail, fmt.Sprintf("agent socket paths would be %d bytes (limit 107)", n), "use a shorter --data-dir"
+		return r
+	}
+	r.Detail = fmt.Sprintf("agent socket paths are %d bytes", n)
+	return r
+}
+
+func checkTemplate(ready bool) Result {
+	r := Result{Name: "template base"}
+	if !ready {
+		r.Level, r.Detail, r.Fix = Warn, "not built yet", "vmon template build base (vmon serve builds it on first start)"
+		return r
+	}
+	r.Detail = "built"
+	return r
+}
+
+func checkKVM() Result {
+	r := Result{Name: "/dev/kvm (Firecracker runtime)"}
+	if _, err := os.Stat("/dev/kvm"); err != nil {
+		r.Detail = "absent: only the gvisor runtime can run here (the default)"
+		return r
+	}
+	r.Detail = "present; the firecracker runtime is not implemented yet, gvisor is used"
+	return r
+}

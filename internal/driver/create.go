@@ -1,0 +1,326 @@
+package driver
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/vibemon/vmon/internal/errdefs"
+	"github.com/vibemon/vmon/internal/node"
+	"github.com/vibemon/vmon/internal/store"
+)
+
+// CreateRequest is what a client asks for when creating a sandbox.
+type CreateRequest struct {
+	// Template is a template id, name, "name:tag" or "namespace/name[:tag]".
+	Template string
+	// Timeout is the time to live; nil means the default.
+	Timeout  *time.Duration
+	Metadata map[string]string
+	EnvVars  map[string]string
+	// Secure gives the sandbox an envd access token. v2 clients always get one; only v1 clients
+	// can ask for an insecure sandbox.
+	Secure              bool
+	AllowInternetAccess *bool
+	Network             *Network
+	// AutoPause (lifecycle onTimeout "pause") and VolumeMounts are not supported yet.
+	AutoPause    bool
+	VolumeMounts int
+}
+
+// defaultUser runs commands when the template names none (E2B's base template user).
+const defaultUser = "user"
+
+// Create validates req, boots a sandbox on the node and returns its running record.
+func (d *Driver) Create(ctx context.Context, req CreateRequest) (Sandbox, error) {
+	timeout := d.opts.DefaultTimeout
+	if req.Timeout != nil {
+		timeout = *req.Timeout
+		if err := d.checkTimeout("timeout", timeout); err != nil {
+			return Sandbox{}, err
+		}
+	}
+	if req.AutoPause {
+		return Sandbox{}, fmt.Errorf("pausing sandboxes on timeout (lifecycle onTimeout 'pause') is %w", ErrNotImplemented)
+	}
+	if req.VolumeMounts > 0 {
+		return Sandbox{}, fmt.Errorf("volume mounts are %w", ErrNotImplemented)
+	}
+	if err := validateEnvVars(req.EnvVars); err != nil {
+		return Sandbox{}, err
+	}
+	if err := validateMetadata(req.Metadata); err != nil {
+		return Sandbox{}, err
+	}
+	if err := req.Network.Validate(); err != nil {
+		return Sandbox{}, err
+	}
+	tpl, alias, err := d.ResolveTemplate(ctx, req.Template)
+	if err != nil {
+		return Sandbox{}, err
+	}
+
+	id, err := NewSandboxID()
+	if err != nil {
+		return Sandbox{}, err
+	}
+	sb := Sandbox{
+		ID: id, TemplateID: tpl.ID, Alias: alias, State: store.StateCreating,
+		Metadata: req.Metadata, EnvVars: req.EnvVars,
+		AllowPublicTraffic: req.Network.PublicTraffic(), AllowInternetAccess: req.AllowInternetAccess,
+		CPU: tpl.CPU, MemoryMB: tpl.MemoryMB, DiskMB: tpl.DiskMB, EnvdVersion: tpl.EnvdVersion,
+		NodeID: d.opts.NodeID,
+	}
+	if sb.Metadata == nil {
+		sb.Metadata = map[string]string{}
+	}
+	if sb.EnvVars == nil {
+		sb.EnvVars = map[string]string{}
+	}
+	if req.Secure {
+		if sb.EnvdAccessToken, err = newToken(); err != nil {
+			return Sandbox{}, err
+		}
+	}
+	if !sb.AllowPublicTraffic {
+		if sb.TrafficAccessToken, err = newToken(); err != nil {
+			return Sandbox{}, err
+		}
+	}
+	if req.Network != nil {
+		if sb.Network, err = json.Marshal(req.Network); err != nil {
+			return Sandbox{}, fmt.Errorf("encode network config: %w", err)
+		}
+	}
+
+	now := d.now()
+	sb.StartedAt, sb.EndAt = now, now.Add(timeout)
+	if err := d.reserve(ctx, sb); err != nil {
+		return Sandbox{}, err
+	}
+	// From here on the record reserves capacity: every failure must remove it.
+	cleanupCtx := context.WithoutCancel(ctx)
+	booted := false
+	ok := false
+	defer func() {
+		if ok {
+			return
+		}
+		if booted {
+			d.destroyQuietly(cleanupCtx, id)
+		}
+		if err := d.store.DeleteSandbox(cleanupCtx, id); err != nil {
+			d.log.Error("remove record of failed create", "sandbox", id, "err", err)
+		}
+	}()
+
+	release, err := d.acquireBootSlot(ctx)
+	if err != nil {
+		return Sandbox{}, err
+	}
+	info, err := d.boot(ctx, sb, tpl)
+	release()
+	if err != nil {
+		// The node rolls back its own partial work; destroy anyway in case it got far enough to
+		// leave something, since "already gone" is success for Destroy.
+		d.destroyQuietly(cleanupCtx, id)
+		return Sandbox{}, err
+	}
+	booted = true
+
+	// The timeout counts from when the sandbox is usable, not from when the request arrived.
+	now = d.now()
+	sb.State = store.StateRunning
+	sb.StartedAt, sb.EndAt = now, now.Add(timeout)
+	if info.EnvdVersion != "" {
+		sb.EnvdVersion = info.EnvdVersion
+	}
+	if err := d.store.MarkRunning(cleanupCtx, id, sb.StartedAt, sb.EndAt, sb.EnvdVersion); err != nil {
+		return Sandbox{}, err
+	}
+	ok = true
+	if err := d.store.RecordSpawn(cleanupCtx, tpl.ID, now); err != nil {
+		d.log.Warn("count template spawn", "template", tpl.ID, "err", err)
+	}
+	d.track(sb)
+	d.log.Info("sandbox created", "sandbox", id, "template", tpl.ID, "timeout", timeout)
+	return sb, nil
+}
+
+// reserve checks capacity and inserts the creating record as one step, so concurrent creates can
+// never overshoot MaxSandboxes.
+func (d *Driver) reserve(ctx context.Context, sb Sandbox) error {
+	d.createMu.Lock()
+	defer d.createMu.Unlock()
+	if limit := d.opts.MaxSandboxes; limit > 0 {
+		n, err := d.store.CountSandboxes(ctx, store.SandboxQuery{
+			States: []store.SandboxState{store.StateCreating, store.StateRunning},
+			NodeID: d.opts.NodeID,
+		})
+		if err != nil {
+			return err
+		}
+		if n >= limit {
+			return errdefs.WithCode(errdefs.ResourceExhausted(
+				"no capacity for another sandbox: %d of %d sandboxes are running or starting on this host; kill one or raise the limit",
+				n, limit), CapacityErrorCode)
+		}
+	}
+	return d.store.InsertSandbox(ctx, sb)
+}
+
+// acquireBootSlot waits for one of the BootConcurrency slots, at most BootQueueTimeout.
+func (d *Driver) acquireBootSlot(ctx context.Context) (release func(), err error) {
+	t := time.NewTimer(d.opts.BootQueueTimeout)
+	defer t.Stop()
+	select {
+	case d.bootSlots <- struct{}{}:
+		return func() { <-d.bootSlots }, nil
+	case <-t.C:
+		return nil, errdefs.Unavailable("too many sandboxes are starting at once (%d boot slots busy for %v); retry shortly",
+			cap(d.bootSlots), d.opts.BootQueueTimeout)
+	case <-ctx.Done():
+		return nil, fmt.Errorf("waiting for a boot slot: %w", ctx.Err())
+	}
+}
+
+// boot asks the node to create the sandbox. The call is detached from the client's context: a
+// client hanging up mid-boot must not leave a half-built sandbox; the bounded CreateTimeout
+// applies instead.
+func (d *Driver) boot(ctx context.Context, sb Sandbox, tpl store.Template) (node.Info, error) {
+	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.opts.CreateTimeout)
+	defer cancel()
+	user := tpl.DefaultUser
+	if user == "" {
+		user = defaultUser
+	}
+	info, err := d.node.CreateSandbox(bctx, node.CreateSpec{
+		ID: sb.ID, TemplateID: sb.TemplateID, CPUs: sb.CPU, MemoryMB: sb.MemoryMB,
+		EnvVars: sb.EnvVars, AccessToken: sb.EnvdAccessToken,
+		DefaultUser: user, DefaultWorkdir: tpl.DefaultWorkdir,
+	})
+	if err != nil {
+		d.log.Error("node failed to create sandbox", "sandbox", sb.ID, "template", sb.TemplateID, "err", err)
+		if errdefs.KindOf(err) != errdefs.KindUnknown {
+			return node.Info{}, err
+		}
+		return node.Info{}, errdefs.Wrap(errdefs.KindUnknown, err, "failed to start the sandbox")
+	}
+	return info, nil
+}
+
+func (d *Driver) destroyQuietly(ctx context.Context, id string) {
+	if err := d.node.DestroySandbox(ctx, id); err != nil && !errdefs.Is(err, errdefs.KindNotFound) {
+		d.log.Error("destroy sandbox during rollback", "sandbox", id, "err", err)
+	}
+}
+
+// checkTimeout validates a client-given duration against [0, MaxTimeout].
+func (d *Driver) checkTimeout(field string, t time.Duration) error {
+	if t < 0 {
+		return errdefs.InvalidArgument("%s must not be negative", field)
+	}
+	if t > d.opts.MaxTimeout {
+		return errdefs.InvalidArgument("%s of %ds exceeds the maximum of %ds", field,
+			int64(t/time.Second), int64(d.opts.MaxTimeout/time.Second))
+	}
+	return nil
+}
+
+func validateEnvVars(env map[string]string) error {
+	for k, v := range env {
+		// A process environment cannot represent these; failing here beats a confusing envd error.
+		if k == "" || strings.ContainsAny(k, "=\x00") {
+			return errdefs.InvalidArgument("envVars: invalid variable name %q (must be non-empty, without '=' or NUL)", k)
+		}
+		if strings.ContainsRune(v, 0) {
+			return errdefs.InvalidArgument("envVars: value of %q contains a NUL byte", k)
+		}
+	}
+	return nil
+}
+
+func validateMetadata(meta map[string]string) error {
+	for k := range meta {
+		if k == "" {
+			return errdefs.InvalidArgument("metadata: keys must not be empty")
+		}
+	}
+	return nil
+}
+
+// ResolveTemplate finds a ready template by id or name. Names may carry a ":tag" (":default" is the
+// implicit tag) and a "namespace/" prefix, which a single-tenant vmon also resolves without the
+// namespace. It returns the name the sandbox should report as its alias.
+func (d *Driver) ResolveTemplate(ctx context.Context, ref string) (store.Template, string, error) {
+	tpl, alias, err := d.LookupTemplate(ctx, ref)
+	if err != nil {
+		return store.Template{}, "", err
+	}
+	if tpl.Status != store.TemplateReady {
+		return store.Template{}, "", errdefs.NotFound("template %q is not ready (status %s)", ref, tpl.Status)
+	}
+	return tpl, alias, nil
+}
+
+// LookupTemplate is ResolveTemplate without the readiness check.
+func (d *Driver) LookupTemplate(ctx context.Context, ref string) (store.Template, string, error) {
+	ref = strings.ToLower(strings.TrimSpace(ref))
+	if ref == "" {
+		return store.Template{}, "", errdefs.InvalidArgument("templateID is required")
+	}
+	for _, cand := range templateCandidates(ref) {
+		tpl, err := d.store.TemplateByAlias(ctx, cand)
+		if err == nil {
+			return tpl, cand, nil
+		}
+		if !errdefs.Is(err, errdefs.KindNotFound) {
+			return store.Template{}, "", err
+		}
+		tpl, err = d.store.GetTemplate(ctx, cand)
+		if err == nil {
+			alias := ""
+			if len(tpl.Aliases) > 0 {
+				alias = tpl.Aliases[0]
+			}
+			return tpl, alias, nil
+		}
+		if !errdefs.Is(err, errdefs.KindNotFound) {
+			return store.Template{}, "", err
+		}
+	}
+	return store.Template{}, "", errdefs.NotFound("template %q not found", ref)
+}
+
+// templateCandidates lists the names ref may be stored under, most specific first.
+func templateCandidates(ref string) []string {
+	name, tag := ref, ""
+	if i := strings.LastIndexByte(ref, ':'); i > strings.LastIndexByte(ref, '/') {
+		name, tag = ref[:i], ref[i+1:]
+	}
+	var out []string
+	add := func(n string) {
+		for _, o := range out {
+			if o == n {
+				return
+			}
+		}
+		out = append(out, n)
+	}
+	withTag := func(n string) {
+		if tag == "" || tag == "default" {
+			add(n)
+		}
+		if tag != "" {
+			add(n + ":" + tag)
+		}
+	}
+	add(ref)
+	withTag(name)
+	if i := strings.IndexByte(name, '/'); i >= 0 {
+		withTag(name[i+1:])
+	}
+	return out
+}

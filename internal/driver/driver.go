@@ -1,0 +1,220 @@
+// Package driver owns sandbox records and their lifecycle: it validates what clients ask for,
+// resolves templates, reserves capacity, asks a node to boot or destroy sandboxes, enforces
+// timeouts, recovers state after a restart, and answers ingress lookups from memory.
+//
+// It talks to nodes only through the Node interface below (in-process for `--role all`, an RPC
+// client when split) and to persistence only through the store. It never touches runtimes,
+// network namespaces, files or HTTP; the api package turns its errors into E2B responses.
+package driver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/vibemon/vmon/internal/node"
+	"github.com/vibemon/vmon/internal/store"
+)
+
+// Node is what the driver needs from a node. Implementations must treat destroying a sandbox that
+// is already gone as success, and roll back their own partial work when a create fails.
+type Node interface {
+	CreateSandbox(ctx context.Context, spec node.CreateSpec) (node.Info, error)
+	DestroySandbox(ctx context.Context, id string) error
+}
+
+// MetricsNode is optionally implemented by a Node that can sample a sandbox's resource use. Without
+// it, Metrics reports the sandbox's configured limits only.
+type MetricsNode interface {
+	SandboxMetrics(ctx context.Context, id string) (Metric, error)
+}
+
+// Metric is one resource sample of a sandbox (bytes for memory and disk).
+type Metric struct {
+	Timestamp  time.Time
+	CPUCount   int
+	CPUUsedPct float64
+	MemUsed    int64
+	MemTotal   int64
+	MemCache   int64
+	DiskUsed   int64
+	DiskTotal  int64
+}
+
+// Sandbox is a sandbox record as the driver hands it out.
+type Sandbox = store.Sandbox
+
+// ErrNotImplemented marks features vmon does not support yet (pause, auto-pause, volumes); the API
+// answers 501 for it.
+var ErrNotImplemented = errors.New("not supported yet")
+
+// CapacityErrorCode is E2B's error_code for a node that cannot take more sandboxes.
+const CapacityErrorCode = "sandbox_capacity_unavailable"
+
+// Clock abstracts time so tests can drive expiry without sleeping.
+type Clock interface {
+	Now() time.Time
+	// At returns a channel that receives once the clock reaches t (at once if it already has).
+	At(t time.Time) <-chan time.Time
+}
+
+type realClock struct{}
+
+func (realClock) Now() time.Time                  { return time.Now() }
+func (realClock) At(t time.Time) <-chan time.Time { return time.After(time.Until(t)) }
+
+// Options configure a Driver. Store, Node and Logger are required.
+type Options struct {
+	Store  *store.Store
+	Node   Node
+	Logger *slog.Logger
+	// NodeID is recorded on each sandbox so a multi-node driver can tell them apart; "" is fine for
+	// one node.
+	NodeID string
+	// Clock defaults to the real clock.
+	Clock Clock
+	// BootConcurrency is how many sandboxes may boot at once (`--boot-concurrency`); default 4.
+	BootConcurrency int
+	// BootQueueTimeout bounds how long a create waits for a boot slot before failing with 503;
+	// default 30 s, so a client never waits forever behind a stuck boot.
+	BootQueueTimeout time.Duration
+	// CreateTimeout bounds one node create call; default 2 min.
+	CreateTimeout time.Duration
+	// MaxSandboxes caps sandboxes that are starting or running on the node (derived from host
+	// memory by the caller); 0 means no cap. Past it, creates fail with 429.
+	MaxSandboxes int
+	// DefaultTimeout applies when a create or connect gives none; default 300 s (E2B's v2 default).
+	DefaultTimeout time.Duration
+	// MaxTimeout is the largest timeout a client may ask for (`--max-sandbox-timeout`); default 24 h.
+	MaxTimeout time.Duration
+}
+
+// Driver orchestrates sandboxes. Create it with New, call Recover before serving, Close at exit.
+type Driver struct {
+	store *store.Store
+	node  Node
+	log   *slog.Logger
+	clock Clock
+	opts  Options
+
+	bootSlots chan struct{}
+	// createMu makes the capacity check and the insert of the reserving record one step.
+	createMu sync.Mutex
+	// locks serialise operations on one sandbox (kill, timeout changes, expiry).
+	locks keyedMutex
+
+	mu sync.Mutex
+	// routes are the running sandboxes ingress may reach, kept in memory for the hot path.
+	routes map[string]Route // +checklocks:mu
+	// deadlines holds the current expiry per running sandbox; heap entries that disagree with it
+	// are stale and skipped.
+	deadlines map[string]time.Time // +checklocks:mu
+	heap      deadlineHeap         // +checklocks:mu
+
+	wake   chan struct{}
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// New returns a Driver and starts its expiry loop.
+func New(opts Options) (*Driver, error) {
+	if opts.Store == nil || opts.Node == nil || opts.Logger == nil {
+		return nil, errors.New("driver: Store, Node and Logger are required")
+	}
+	if opts.Clock == nil {
+		opts.Clock = realClock{}
+	}
+	if opts.BootConcurrency <= 0 {
+		opts.BootConcurrency = 4
+	}
+	if opts.BootQueueTimeout <= 0 {
+		opts.BootQueueTimeout = 30 * time.Second
+	}
+	if opts.CreateTimeout <= 0 {
+		opts.CreateTimeout = 2 * time.Minute
+	}
+	if opts.DefaultTimeout <= 0 {
+		opts.DefaultTimeout = 300 * time.Second
+	}
+	if opts.MaxTimeout <= 0 {
+		opts.MaxTimeout = 24 * time.Hour
+	}
+	if opts.DefaultTimeout > opts.MaxTimeout {
+		return nil, fmt.Errorf("driver: default timeout %v exceeds max timeout %v", opts.DefaultTimeout, opts.MaxTimeout)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	d := &Driver{
+		store:     opts.Store,
+		node:      opts.Node,
+		log:       opts.Logger,
+		clock:     opts.Clock,
+		opts:      opts,
+		bootSlots: make(chan struct{}, opts.BootConcurrency),
+		routes:    map[string]Route{},
+		deadlines: map[string]time.Time{},
+		wake:      make(chan struct{}, 1),
+		cancel:    cancel,
+	}
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		d.reapLoop(ctx)
+	}()
+	return d, nil
+}
+
+// Close stops the expiry loop and waits for expiry kills in flight. Sandboxes keep running; a
+// restarted driver recovers them.
+func (d *Driver) Close() error {
+	d.cancel()
+	d.wg.Wait()
+	return nil
+}
+
+// MaxTimeout returns the largest timeout a client may ask for.
+func (d *Driver) MaxTimeout() time.Duration { return d.opts.MaxTimeout }
+
+// now is the driver's notion of the current time, truncated to what the store keeps so that
+// in-memory and stored times compare equal.
+func (d *Driver) now() time.Time {
+	return d.clock.Now().UTC().Truncate(time.Millisecond)
+}
+
+// keyedMutex is a set of mutexes created on demand, one per key, dropped when unused.
+type keyedMutex struct {
+	mu sync.Mutex
+	m  map[string]*keyedEntry // +checklocks:mu
+}
+
+type keyedEntry struct {
+	mu   sync.Mutex
+	refs int
+}
+
+// Lock locks key and returns its unlock function.
+func (k *keyedMutex) Lock(key string) (unlock func()) {
+	k.mu.Lock()
+	if k.m == nil {
+		k.m = map[string]*keyedEntry{}
+	}
+	e := k.m[key]
+	if e == nil {
+		e = &keyedEntry{}
+		k.m[key] = e
+	}
+	e.refs++
+	k.mu.Unlock()
+	e.mu.Lock()
+	return func() {
+		e.mu.Unlock()
+		k.mu.Lock()
+		e.refs--
+		if e.refs == 0 {
+			delete(k.m, key)
+		}
+		k.mu.Unlock()
+	}
+}

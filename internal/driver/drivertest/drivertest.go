@@ -1,0 +1,198 @@
+// Package drivertest provides test doubles for the driver's dependencies: a Node that keeps
+// sandboxes in memory and a Clock that only moves when told. It is for tests only and must never be
+// linked into vmon's binaries.
+package drivertest
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/vibemon/vmon/internal/errdefs"
+	"github.com/vibemon/vmon/internal/node"
+)
+
+// Node is an in-memory driver.Node. Set the exported fields before use; they are read under its
+// lock.
+type Node struct {
+	mu      sync.Mutex
+	running map[string]node.CreateSpec
+	creates []node.CreateSpec
+	destroy []string
+
+	// CreateErr, when set, fails every create.
+	CreateErr error
+	// DestroyErr, when set, fails every destroy.
+	DestroyErr error
+	// Gate, when set, makes CreateSandbox block until it is closed (or ctx ends). Entered receives
+	// the id of each create as it starts waiting.
+	Gate    chan struct{}
+	Entered chan string
+	// Destroyed receives the id of every destroy call (if non-nil, buffered by the caller).
+	Destroyed chan string
+	// EnvdVersion is reported by created sandboxes; default "0.6.13".
+	EnvdVersion string
+	// StartedAt is reported by created sandboxes; zero lets the driver use its clock.
+	StartedAt time.Time
+}
+
+// NewNode returns a Node whose Destroyed channel is buffered for 1000 calls.
+func NewNode() *Node {
+	return &Node{Destroyed: make(chan string, 1000)}
+}
+
+// CreateSandbox records spec and "boots" it.
+func (n *Node) CreateSandbox(ctx context.Context, spec node.CreateSpec) (node.Info, error) {
+	n.mu.Lock()
+	gate, entered, err := n.Gate, n.Entered, n.CreateErr
+	n.creates = append(n.creates, spec)
+	n.mu.Unlock()
+	if entered != nil {
+		entered <- spec.ID
+	}
+	if gate != nil {
+		select {
+		case <-gate:
+		case <-ctx.Done():
+			return node.Info{}, ctx.Err()
+		}
+	}
+	if err != nil {
+		return node.Info{}, err
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.running == nil {
+		n.running = map[string]node.CreateSpec{}
+	}
+	n.running[spec.ID] = spec
+	v := n.EnvdVersion
+	if v == "" {
+		v = "0.6.13"
+	}
+	return node.Info{ID: spec.ID, StartedAt: n.StartedAt, EnvdVersion: v}, nil
+}
+
+// DestroySandbox removes id; an unknown id succeeds, as the Node contract requires.
+func (n *Node) DestroySandbox(_ context.Context, id string) error {
+	n.mu.Lock()
+	err := n.DestroyErr
+	n.destroy = append(n.destroy, id)
+	if err == nil {
+		delete(n.running, id)
+	}
+	ch := n.Destroyed
+	n.mu.Unlock()
+	if ch != nil {
+		select {
+		case ch <- id:
+		default:
+		}
+	}
+	return err
+}
+
+// Alive reports whether id is running; it fits driver.Recover.
+func (n *Node) Alive(id string) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	_, ok := n.running[id]
+	return ok
+}
+
+// Spec returns the create spec of a running sandbox.
+func (n *Node) Spec(id string) (node.CreateSpec, bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	s, ok := n.running[id]
+	return s, ok
+}
+
+// Running returns how many sandboxes run.
+func (n *Node) Running() int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return len(n.running)
+}
+
+// Creates returns every create spec received, in order.
+func (n *Node) Creates() []node.CreateSpec {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return append([]node.CreateSpec(nil), n.creates...)
+}
+
+// Destroys returns every destroyed id, in order.
+func (n *Node) Destroys() []string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return append([]string(nil), n.destroy...)
+}
+
+// Set runs f under the node's lock, to change the exported fields while the node is in use.
+func (n *Node) Set(f func(n *Node)) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	f(n)
+}
+
+// Forget drops id as if its runtime died.
+func (n *Node) Forget(id string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	delete(n.running, id)
+}
+
+// ErrBoot is a ready-made create failure.
+var ErrBoot = errdefs.Unavailable("boot failed")
+
+// Clock is a manual driver.Clock.
+type Clock struct {
+	mu      sync.Mutex
+	now     time.Time
+	waiters []waiter
+}
+
+type waiter struct {
+	at time.Time
+	ch chan time.Time
+}
+
+// NewClock returns a Clock set to start.
+func NewClock(start time.Time) *Clock { return &Clock{now: start} }
+
+// Now returns the clock's time.
+func (c *Clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+// At returns a channel that receives once the clock reaches t.
+func (c *Clock) At(t time.Time) <-chan time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ch := make(chan time.Time, 1)
+	if !t.After(c.now) {
+		ch <- c.now
+		return ch
+	}
+	c.waiters = append(c.waiters, waiter{at: t, ch: ch})
+	return ch
+}
+
+// Advance moves the clock forward by d and fires every timer that came due.
+func (c *Clock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+	kept := c.waiters[:0]
+	for _, w := range c.waiters {
+		if w.at.After(c.now) {
+			kept = append(kept, w)
+			continue
+		}
+		w.ch <- c.now
+	}
+	c.waiters = kept
+}

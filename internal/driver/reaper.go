@@ -1,0 +1,99 @@
+package driver
+
+import (
+	"container/heap"
+	"context"
+	"time"
+)
+
+// maxConcurrentExpiries bounds node destroy calls issued by the expiry loop at once, so a burst of
+// sandboxes expiring together does not stampede the node.
+const maxConcurrentExpiries = 8
+
+type deadline struct {
+	at time.Time
+	id string
+}
+
+// deadlineHeap is a min-heap of deadlines by time.
+type deadlineHeap []deadline
+
+func (h deadlineHeap) Len() int           { return len(h) }
+func (h deadlineHeap) Less(i, j int) bool { return h[i].at.Before(h[j].at) }
+func (h deadlineHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *deadlineHeap) Push(x any)        { *h = append(*h, x.(deadline)) }
+func (h *deadlineHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
+}
+
+// arm schedules id to expire at t, replacing any earlier schedule. Old heap entries stay in the
+// heap and are skipped when they surface, which keeps updates O(log n) without an index.
+func (d *Driver) arm(id string, t time.Time) {
+	d.mu.Lock()
+	d.deadlines[id] = t
+	heap.Push(&d.heap, deadline{at: t, id: id})
+	d.mu.Unlock()
+	select {
+	case d.wake <- struct{}{}:
+	default:
+	}
+}
+
+// current reports whether e is id's live schedule. Caller holds d.mu.
+func (d *Driver) current(e deadline) bool {
+	t, ok := d.deadlines[e.id]
+	return ok && t.Equal(e.at)
+}
+
+// reapLoop is the single goroutine that expires sandboxes: it sleeps until the earliest deadline
+// (or until a new one is armed), then kills everything due.
+func (d *Driver) reapLoop(ctx context.Context) {
+	slots := make(chan struct{}, maxConcurrentExpiries)
+	for {
+		d.mu.Lock()
+		for d.heap.Len() > 0 && !d.current(d.heap[0]) {
+			heap.Pop(&d.heap)
+		}
+		var fire <-chan time.Time
+		if d.heap.Len() > 0 {
+			fire = d.clock.At(d.heap[0].at)
+		}
+		d.mu.Unlock()
+
+		select {
+		case <-ctx.Done():
+			return
+		case <-d.wake:
+			continue
+		case <-fire:
+		}
+
+		now := d.now()
+		var due []string
+		d.mu.Lock()
+		for d.heap.Len() > 0 && !d.heap[0].at.After(now) {
+			e := heap.Pop(&d.heap).(deadline)
+			if d.current(e) {
+				delete(d.deadlines, e.id)
+				due = append(due, e.id)
+			}
+		}
+		d.mu.Unlock()
+		for _, id := range due {
+			select {
+			case slots <- struct{}{}:
+			case <-ctx.Done():
+				return
+			}
+			d.wg.Add(1)
+			go func() {
+				defer d.wg.Done()
+				defer func() { <-slots }()
+				d.expire(ctx, id)
+			}()
+		}
+	}
+}

@@ -1,0 +1,214 @@
+package ingress
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/vibemon/vmon/internal/agentproto"
+)
+
+type fakeSandboxes map[string]Target
+
+func (f fakeSandboxes) Target(_ context.Context, id string) (Target, error) {
+	t, ok := f[id]
+	if !ok {
+		return Target{}, errors.New("not found")
+	}
+	return t, nil
+}
+
+func (f fakeSandboxes) Targets(context.Context) []Target {
+	var out []Target
+	for _, t := range f {
+		out = append(out, t)
+	}
+	return out
+}
+
+// upstream serves handler and returns a target whose envd and ports all reach it.
+func upstream(t *testing.T, id, token, traffic string, handler http.HandlerFunc) Target {
+	srv := httptest.NewServer(handler)
+	t.Cleanup(srv.Close)
+	dial := func(ctx context.Context, _ int) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "tcp", srv.Listener.Addr().String())
+	}
+	return Target{
+		ID: id, AccessToken: token, TrafficToken: traffic,
+		Envd: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) { return dial(ctx, 0) }},
+		Dial: dial,
+	}
+}
+
+func echoHandler(name string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Upstream", name)
+		w.Header().Set("X-Host", r.Host)
+		w.Header().Set("X-Traffic", r.Header.Get(HeaderTrafficToken))
+		io.WriteString(w, r.Method+" "+r.URL.RequestURI())
+	}
+}
+
+func do(t *testing.T, h http.Handler, method, target, host string, hdr map[string]string) *httptest.ResponseRecorder {
+	t.Helper()
+	req := httptest.NewRequest(method, target, nil)
+	if host != "" {
+		req.Host = host
+	}
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	return rec
+}
+
+func TestRouting(t *testing.T) {
+	sbs := fakeSandboxes{
+		"abc123": upstream(t, "abc123", "tok-a", "", echoHandler("a")),
+		"def456": upstream(t, "def456", "tok-b", "secret", echoHandler("b")),
+	}
+	p := New(slog.New(slog.DiscardHandler), sbs, "localhost")
+
+	cases := []struct {
+		name       string
+		method     string
+		target     string
+		host       string
+		hdr        map[string]string
+		wantStatus int
+		wantUp     string
+		wantBody   string
+	}{
+		{name: "headers to envd", method: "GET", target: "/health", host: "127.0.0.1:3000",
+			hdr:        map[string]string{HeaderSandboxID: "abc123", HeaderSandboxPort: "49983"},
+			wantStatus: 200, wantUp: "a", wantBody: "GET /health"},
+		{name: "host name to envd", method: "POST", target: "/process.Process/Start?x=1", host: "49983-abc123.localhost",
+			wantStatus: 200, wantUp: "a", wantBody: "POST /process.Process/Start?x=1"},
+		{name: "host name to a guest port", method: "GET", target: "/index.html", host: "8000-abc123.localhost:443",
+			wantStatus: 200, wantUp: "a", wantBody: "GET /index.html"},
+		{name: "unknown sandbox", method: "GET", target: "/health", host: "49983-nope.localhost",
+			wantStatus: 502},
+		{name: "one header only", method: "GET", target: "/health",
+			hdr: map[string]string{HeaderSandboxID: "abc123"}, wantStatus: 400},
+		{name: "bad id", method: "GET", target: "/health",
+			hdr: map[string]string{HeaderSandboxID: "ABC-1", HeaderSandboxPort: "49983"}, wantStatus: 400},
+		{name: "init is node-only", method: "POST", target: "/init", host: "49983-abc123.localhost", wantStatus: 403},
+		{name: "traffic token missing", method: "GET", target: "/", host: "8000-def456.localhost", wantStatus: 403},
+		{name: "traffic token given", method: "GET", target: "/", host: "8000-def456.localhost",
+			hdr: map[string]string{HeaderTrafficToken: "secret"}, wantStatus: 200, wantUp: "b", wantBody: "GET /"},
+		{name: "traffic token not needed for envd", method: "GET", target: "/health", host: "49983-def456.localhost",
+			wantStatus: 200, wantUp: "b"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			rec := do(t, p, tc.method, tc.target, tc.host, tc.hdr)
+			if rec.Code != tc.wantStatus {
+				t.Fatalf("status %d, want %d; body %s", rec.Code, tc.wantStatus, rec.Body)
+			}
+			if tc.wantUp != "" && rec.Header().Get("X-Upstream") != tc.wantUp {
+				t.Fatalf("reached %q, want %q", rec.Header().Get("X-Upstream"), tc.wantUp)
+			}
+			if tc.wantBody != "" && rec.Body.String() != tc.wantBody {
+				t.Fatalf("body %q, want %q", rec.Body, tc.wantBody)
+			}
+			if rec.Code == 200 && rec.Header().Get("X-Traffic") != "" {
+				t.Fatal("traffic token leaked to the guest")
+			}
+		})
+	}
+}
+
+func TestNotFoundBody(t *testing.T) {
+	p := New(slog.New(slog.DiscardHandler), fakeSandboxes{}, "localhost")
+	rec := do(t, p, "GET", "/health", "", map[string]string{HeaderSandboxID: "gone1", HeaderSandboxPort: "49983"})
+	if rec.Code != http.StatusBadGateway {
+		t.Fatalf("status %d", rec.Code)
+	}
+	var body map[string]any
+	if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil {
+		t.Fatal(err)
+	}
+	if body["sandboxId"] != "gone1" || body["message"] != "The sandbox was not found" || body["code"] != float64(502) {
+		t.Fatalf("body %v", body)
+	}
+}
+
+func TestClosedPortIs502(t *testing.T) {
+	target := upstream(t, "abc123", "tok", "", echoHandler("a"))
+	target.Dial = func(context.Context, int) (net.Conn, error) { return nil, errors.New("connection refused") }
+	p := New(slog.New(slog.DiscardHandler), fakeSandboxes{"abc123": target}, "localhost")
+	if rec := do(t, p, "GET", "/", "9999-abc123.localhost", nil); rec.Code != http.StatusBadGateway {
+		t.Fatalf("status %d", rec.Code)
+	}
+}
+
+func TestSignedURLWithoutHeaders(t *testing.T) {
+	sbs := fakeSandboxes{
+		"abc123": upstream(t, "abc123", "tok-a", "", echoHandler("a")),
+		"def456": upstream(t, "def456", "tok-b", "", echoHandler("b")),
+	}
+	p := New(slog.New(slog.DiscardHandler), sbs, "localhost")
+	sig := agentproto.FileSignature("hello.txt", "read", "user", "tok-b", 0)
+	url := "/files?path=hello.txt&username=user&signature=" + strings.ReplaceAll(sig, "+", "%2B")
+	req := httptest.NewRequest("GET", url, nil)
+	req.Host = "127.0.0.1:3000"
+	if !p.Match(req) {
+		t.Fatal("signed URL not matched as ingress")
+	}
+	rec := do(t, p, "GET", url, "127.0.0.1:3000", nil)
+	if rec.Code != 200 || rec.Header().Get("X-Upstream") != "b" {
+		t.Fatalf("status %d upstream %q", rec.Code, rec.Header().Get("X-Upstream"))
+	}
+	// A write signature does not open a read, and a tampered one opens nothing.
+	wsig := agentproto.FileSignature("hello.txt", "write", "user", "tok-b", 0)
+	for _, s := range []string{wsig, sig[:len(sig)-2] + "AA"} {
+		u := "/files?path=hello.txt&username=user&signature=" + strings.ReplaceAll(s, "+", "%2B")
+		if rec := do(t, p, "GET", u, "127.0.0.1:3000", nil); rec.Code != http.StatusUnauthorized {
+			t.Fatalf("signature %q: status %d", s, rec.Code)
+		}
+	}
+	// Expired signatures are refused.
+	esig := agentproto.FileSignature("hello.txt", "read", "user", "tok-b", 1000)
+	u := "/files?path=hello.txt&username=user&signature_expiration=1000&signature=" + strings.ReplaceAll(esig, "+", "%2B")
+	if rec := do(t, p, "GET", u, "127.0.0.1:3000", nil); rec.Code != http.StatusUnauthorized {
+		t.Fatalf("expired: status %d", rec.Code)
+	}
+}
+
+func TestMatch(t *testing.T) {
+	p := New(slog.New(slog.DiscardHandler), fakeSandboxes{}, "localhost")
+	for host, want := range map[string]bool{
+		"127.0.0.1:3000":           false,
+		"api.localhost":            false,
+		"49983-abc.localhost":      true,
+		"49983-abc.localhost:443":  true,
+		"49983-abc.other.com":      false,
+		"x-abc.localhost":          false,
+		"99999999-abc.localhost":   false,
+		"49983-abc.sub.localhost":  false,
+		"8080-a1b2c3.LOCALHOST:80": true,
+	} {
+		req := httptest.NewRequest("GET", "/sandboxes", nil)
+		req.Host = host
+		if got := p.Match(req); got != want {
+			t.Errorf("Match(%q) = %v, want %v", host, got, want)
+		}
+	}
+}
+
+func TestFileSignatureVector(t *testing.T) {
+	// The vector from the E2B SDK's own test suite.
+	got := agentproto.FileSignature("hello.txt", "read", "user", "0tQG31xiMp0IOQfaz9dcwi72L1CPo8e0", 0)
+	if want := "v1_gUtH/s9YCJWgCizjfUxuWfhFE4QSydOWEIIvfLwDr6E"; got != want {
+		t.Fatalf("got %s want %s", got, want)
+	}
+}

@@ -1,0 +1,68 @@
+// Package rootfs owns each sandbox's writable root filesystem: an overlayfs mount whose lower layer
+// is a template rootfs and whose upper and work layers live in the sandbox's own directory, so a
+// sandbox's disk use is only what it writes and the template is shared by every sandbox.
+//
+// It mounts and unmounts exactly three directories under a sandbox directory (root, upper, work)
+// and must never write to a template (a lower layer) nor touch anything else in the sandbox
+// directory: the node owns that directory and keeps other state there. It also answers the mount
+// questions other packages have (Mounted for recovery, LowerInUse before a template's old rootfs
+// is deleted) and removes trees that may still contain mounts (RemoveTree), so mount table
+// parsing lives in one place.
+package rootfs
+
+import (
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+
+	"github.com/vibemon/vmon/internal/errdefs"
+)
+
+// ErrUnsupported is returned (wrapped) where overlay mounts cannot be made (non-Linux builds).
+var ErrUnsupported = errors.New("overlay root filesystems are not supported on this OS")
+
+// Names of the directories Prepare creates inside a sandbox directory.
+const (
+	rootName  = "root"
+	upperName = "upper"
+	workName  = "work"
+)
+
+// RootDir is where Prepare mounts the merged root of the sandbox in sandboxDir.
+func RootDir(sandboxDir string) string { return filepath.Join(sandboxDir, rootName) }
+
+// UpperDir is where the sandbox's own writes land; its size is the sandbox's disk use.
+func UpperDir(sandboxDir string) string { return filepath.Join(sandboxDir, upperName) }
+
+func workDir(sandboxDir string) string { return filepath.Join(sandboxDir, workName) }
+
+func validateDirs(lowerDir, sandboxDir string) error {
+	if !filepath.IsAbs(lowerDir) || !filepath.IsAbs(sandboxDir) {
+		return errdefs.InvalidArgument("template and sandbox directories must be absolute paths")
+	}
+	l, s := filepath.Clean(lowerDir), filepath.Clean(sandboxDir)
+	// An upper layer inside the lower one (or the reverse) would let writes reach the template.
+	if l == s || within(s, l) || within(l, s) {
+		return errdefs.InvalidArgument("sandbox directory and template must not overlap")
+	}
+	// The legacy mount data format has no escaping that every kernel honours.
+	if strings.ContainsAny(l+s, ",:\\\n") {
+		return errdefs.InvalidArgument("template and sandbox paths must not contain ',', ':', '\\' or newlines")
+	}
+	return nil
+}
+
+// within reports whether path is strictly inside dir (both clean).
+func within(path, dir string) bool {
+	rel, err := filepath.Rel(dir, path)
+	return err == nil && rel != "." && rel != ".." && !strings.HasPrefix(rel, "../")
+}
+
+// overlayOptions renders the mount data for one sandbox. index and xino are turned off because the
+// lower layer is shared by many mounts: neither feature is needed and both pin state to one lower
+// directory.
+func overlayOptions(lowerDir, sandboxDir string) string {
+	return fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s,index=off,xino=off",
+		lowerDir, UpperDir(sandboxDir), workDir(sandboxDir))
+}

@@ -1,0 +1,210 @@
+package rootfs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/vibemon/vmon/internal/errdefs"
+)
+
+// Prepare mounts the sandbox's writable root at RootDir(sandboxDir): an overlay of lowerDir
+// (read-only, never modified) with upper and work layers in sandboxDir. It returns the merged
+// directory. If that directory is already a mount point (recovery after a restart) it is returned
+// as is. A failed Prepare leaves nothing it created behind.
+func Prepare(ctx context.Context, lowerDir, sandboxDir string) (string, error) {
+	if err := validateDirs(lowerDir, sandboxDir); err != nil {
+		return "", err
+	}
+	lowerDir, sandboxDir = filepath.Clean(lowerDir), filepath.Clean(sandboxDir)
+	root := RootDir(sandboxDir)
+	if ok, err := Mounted(root); err != nil {
+		return "", err
+	} else if ok {
+		return root, nil
+	}
+	var lowerStat unix.Stat_t
+	if err := unix.Stat(lowerDir, &lowerStat); err != nil {
+		return "", errdefs.Wrap(errdefs.KindNotFound, fmt.Errorf("stat template rootfs %s: %w", lowerDir, err),
+			"template root filesystem is missing")
+	}
+	if lowerStat.Mode&unix.S_IFMT != unix.S_IFDIR {
+		return "", errdefs.InvalidArgument("template root filesystem is not a directory")
+	}
+	if err := os.MkdirAll(sandboxDir, 0o711); err != nil {
+		return "", fmt.Errorf("create sandbox dir: %w", err)
+	}
+
+	ok := false
+	var created []string
+	defer func() {
+		if ok {
+			return
+		}
+		for i := len(created) - 1; i >= 0; i-- {
+			_ = os.RemoveAll(created[i])
+		}
+	}()
+	mkdir := func(dir string, mode os.FileMode) error {
+		if err := os.Mkdir(dir, mode); err != nil {
+			if errors.Is(err, os.ErrExist) {
+				return nil
+			}
+			return fmt.Errorf("create %s: %w", dir, err)
+		}
+		created = append(created, dir)
+		return nil
+	}
+	upper := UpperDir(sandboxDir)
+	for _, d := range []string{upper, workDir(sandboxDir), root} {
+		if err := mkdir(d, 0o755); err != nil {
+			return "", err
+		}
+	}
+	// The merged root directory takes its owner and mode from the upper layer's root, so copy
+	// them from the template or the guest's "/" would be root-only.
+	if err := os.Chown(upper, int(lowerStat.Uid), int(lowerStat.Gid)); err != nil {
+		return "", fmt.Errorf("chown upper dir: %w", err)
+	}
+	if err := os.Chmod(upper, os.FileMode(lowerStat.Mode&0o7777)); err != nil {
+		return "", fmt.Errorf("chmod upper dir: %w", err)
+	}
+	if err := unix.Mount("overlay", root, "overlay", 0, overlayOptions(lowerDir, sandboxDir)); err != nil {
+		return "", fmt.Errorf("mount overlay at %s: %w", root, err)
+	}
+	ok = true
+	return root, nil
+}
+
+// Release unmounts the sandbox's root (lazily if it is still busy, e.g. a runtime process that
+// has not exited yet) and removes the root, upper and work directories. A sandbox that was never
+// prepared, or was already released, is success.
+func Release(ctx context.Context, sandboxDir string) error {
+	sandboxDir = filepath.Clean(sandboxDir)
+	root := RootDir(sandboxDir)
+	// Loop because a root may have been mounted more than once (a crash between mount and record).
+	for range 8 {
+		mounted, err := Mounted(root)
+		if err != nil {
+			return err
+		}
+		if !mounted {
+			break
+		}
+		err = unix.Unmount(root, 0)
+		if errors.Is(err, syscall.EBUSY) {
+			err = unix.Unmount(root, unix.MNT_DETACH)
+		}
+		if err != nil && !errors.Is(err, syscall.EINVAL) && !errors.Is(err, syscall.ENOENT) {
+			return fmt.Errorf("unmount %s: %w", root, err)
+		}
+	}
+	if mounted, err := Mounted(root); err != nil {
+		return err
+	} else if mounted {
+		// Never remove files through a live mount: that would only write whiteouts.
+		return fmt.Errorf("unmount %s: still mounted", root)
+	}
+	for _, d := range []string{root, workDir(sandboxDir), UpperDir(sandboxDir)} {
+		if err := os.RemoveAll(d); err != nil {
+			return fmt.Errorf("remove %s: %w", d, err)
+		}
+	}
+	return nil
+}
+
+// Mounted reports whether path is a mount point in this process's mount namespace.
+func Mounted(path string) (bool, error) {
+	entries, err := readMountInfo()
+	if err != nil {
+		return false, err
+	}
+	path = resolve(path)
+	for _, e := range entries {
+		if e.MountPoint == path {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// LowerInUse reports whether any overlay mount uses dir as a lower layer, so a template build
+// can tell whether an old rootfs may be deleted.
+func LowerInUse(dir string) (bool, error) {
+	entries, err := readMountInfo()
+	if err != nil {
+		return false, err
+	}
+	dir = resolve(dir)
+	for _, e := range entries {
+		if e.FSType != "overlay" {
+			continue
+		}
+		for _, l := range overlayLowerDirs(e.SuperOptions) {
+			if filepath.Clean(l) == dir {
+				return true, nil
+			}
+		}
+	}
+	return false, nil
+}
+
+// resolve cleans path and resolves symlinks when it exists, since mountinfo holds real paths.
+func resolve(path string) string {
+	path = filepath.Clean(path)
+	if r, err := filepath.EvalSymlinks(path); err == nil {
+		return r
+	}
+	return path
+}
+
+func readMountInfo() ([]mountEntry, error) {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return nil, fmt.Errorf("read mount table: %w", err)
+	}
+	defer f.Close()
+	return parseMountInfo(f)
+}
+
+// RemoveTree removes dir and everything below it after unmounting (lazily, deepest first) every
+// mount at or below it. It is for trees a crashed tool may have left mounts in, e.g. a template
+// build where mmdebstrap mounts /proc, /sys and /dev into the target: a plain RemoveAll would
+// walk into those mounts and delete host files through them. If a mount cannot be removed the
+// tree is left alone.
+func RemoveTree(dir string) error {
+	dir = resolve(dir)
+	for range 8 {
+		entries, err := readMountInfo()
+		if err != nil {
+			return err
+		}
+		var under []string
+		for _, e := range entries {
+			if e.MountPoint == dir || within(e.MountPoint, dir) {
+				under = append(under, e.MountPoint)
+			}
+		}
+		if len(under) == 0 {
+			if err := os.RemoveAll(dir); err != nil {
+				return fmt.Errorf("remove %s: %w", dir, err)
+			}
+			return nil
+		}
+		// Deepest first, so a parent mount is not detached from under its children's paths.
+		sort.Slice(under, func(i, j int) bool { return len(under[i]) > len(under[j]) })
+		for _, m := range under {
+			if err := unix.Unmount(m, unix.MNT_DETACH); err != nil &&
+				!errors.Is(err, syscall.EINVAL) && !errors.Is(err, syscall.ENOENT) {
+				return fmt.Errorf("unmount %s: %w", m, err)
+			}
+		}
+	}
+	return fmt.Errorf("remove %s: mounts below it keep reappearing", dir)
+}

@@ -1,0 +1,34 @@
+//go:build !linux
+
+package rootfs
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+)
+
+// Prepare is only implemented on Linux.
+func Prepare(ctx context.Context, lowerDir, sandboxDir string) (string, error) {
+	return "", fmt.Errorf("%w (%s)", ErrUnsupported, runtime.GOOS)
+}
+
+// Release is only implemented on Linux.
+func Release(ctx context.Context, sandboxDir string) error {
+	return fmt.Errorf("%w (%s)", ErrUnsupported, runtime.GOOS)
+}
+
+// Mounted is only implemented on Linux.
+func Mounted(path string) (bool, error) {
+	return false, fmt.Errorf("%w (%s)", ErrUnsupported, runtime.GOOS)
+}
+
+// LowerInUse is only implemented on Linux.
+func LowerInUse(dir string) (bool, error) {
+	return false, fmt.Errorf("%w (%s)", ErrUnsupported, runtime.GOOS)
+}
+
+// RemoveTree is only implemented on Linux.
+func RemoveTree(dir string) error {
+	return fmt.Errorf("%w (%s)", ErrUnsupported, runtime.GOOS)
+}

@@ -1,0 +1,127 @@
+package gvisor
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"slices"
+	"strings"
+	"time"
+)
+
+// runsc is the one place runsc is invoked. Every invocation carries the same global flags, above
+// all --root: runsc keeps a sandbox's state under its root and finds nothing without it, and the
+// flags a sandbox was created with must match the ones later commands use.
+type runsc struct {
+	path  string
+	flags []string
+	log   *slog.Logger
+}
+
+// containerState is `runsc state` / `runsc list --format=json` output (the OCI state).
+type containerState struct {
+	ID     string `json:"id"`
+	Status string `json:"status"` // created, running, paused, stopped
+	Pid    int    `json:"pid"`    // the sandbox (sentry) process
+	Bundle string `json:"bundle"`
+}
+
+// errNotExist is returned (wrapped) when runsc has no container with the id.
+var errNotExist = errors.New("runsc: container does not exist")
+
+func (c *runsc) command(ctx context.Context, sub string, args ...string) *exec.Cmd {
+	argv := append(append(slices.Clone(c.flags), sub), args...)
+	cmd := exec.CommandContext(ctx, c.path, argv...)
+	cmd.SysProcAttr = sysProcAttr()
+	// runsc must not inherit the caller's environment knobs (e.g. a TMPDIR on a vanished dir).
+	cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+	return cmd
+}
+
+// run runs a short runsc command and returns its stdout; the error carries stderr.
+func (c *runsc) run(ctx context.Context, sub string, args ...string) ([]byte, error) {
+	cmd := c.command(ctx, sub, args...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	start := time.Now()
+	err := cmd.Run()
+	c.log.Debug("runsc", "cmd", sub, "args", args, "took", time.Since(start), "err", err)
+	if err != nil {
+		msg := strings.TrimSpace(stderr.String())
+		if strings.Contains(msg, "does not exist") {
+			return stdout.Bytes(), fmt.Errorf("runsc %s: %w: %s", sub, errNotExist, msg)
+		}
+		return stdout.Bytes(), fmt.Errorf("runsc %s: %w: %s", sub, err, msg)
+	}
+	return stdout.Bytes(), nil
+}
+
+// create sets up the sandbox (sentry and gofer) without starting the init process. The sandbox
+// inherits out as the container's stdout and stderr and runs in its own session, so it neither
+// depends on this process's pipes nor dies with it.
+func (c *runsc) create(ctx context.Context, id, bundle, pidFile string, out *os.File) error {
+	cmd := c.command(ctx, "create", "--bundle", bundle, "--pid-file", pidFile, id)
+	cmd.Stdout, cmd.Stderr = out, out
+	start := time.Now()
+	err := cmd.Run()
+	c.log.Debug("runsc", "cmd", "create", "id", id, "took", time.Since(start), "err", err)
+	if err != nil {
+		return fmt.Errorf("runsc create: %w", err)
+	}
+	return nil
+}
+
+func (c *runsc) start(ctx context.Context, id string) error {
+	_, err := c.run(ctx, "start", id)
+	return err
+}
+
+func (c *runsc) state(ctx context.Context, id string) (containerState, error) {
+	out, err := c.run(ctx, "state", id)
+	if err != nil {
+		return containerState{}, err
+	}
+	var st containerState
+	if err := json.Unmarshal(out, &st); err != nil {
+		return containerState{}, fmt.Errorf("runsc state: decode %q: %w", out, err)
+	}
+	return st, nil
+}
+
+func (c *runsc) list(ctx context.Context) ([]containerState, error) {
+	out, err := c.run(ctx, "list", "--format=json")
+	if err != nil {
+		return nil, err
+	}
+	var sts []containerState // runsc prints "null" when there is none
+	if err := json.Unmarshal(out, &sts); err != nil {
+		return nil, fmt.Errorf("runsc list: decode %q: %w", out, err)
+	}
+	return sts, nil
+}
+
+func (c *runsc) kill(ctx context.Context, id, signal string) error {
+	_, err := c.run(ctx, "kill", id, signal)
+	return err
+}
+
+// deleteForce kills the sandbox if it still runs and removes its state and cgroup.
+func (c *runsc) deleteForce(ctx context.Context, id string) error {
+	_, err := c.run(ctx, "delete", "--force", id)
+	return err
+}
+
+// exec runs args in the sandbox and returns its combined output.
+func (c *runsc) exec(ctx context.Context, id string, args []string) ([]byte, error) {
+	cmd := c.command(ctx, "exec", append([]string{id}, args...)...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return out, fmt.Errorf("runsc exec: %w", err)
+	}
+	return out, nil
+}

@@ -1,0 +1,306 @@
+// Package gvisor runs sandboxes with gVisor's runsc: one runsc sandbox (sentry + gofer) per vmon
+// sandbox, created detached so it outlives the vmon process and is found again after a restart.
+//
+// It owns the runsc state directory (--root), the OCI bundle and console log it writes into a
+// sandbox's StateDir, and the host cgroup runsc creates for each sandbox. It must never create or
+// remove the sandbox's root filesystem, network namespace or agent directory (the node prepares
+// and tears those down), nor read node records.
+package gvisor
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/vibemon/vmon/internal/errdefs"
+	"github.com/vibemon/vmon/internal/runtime"
+)
+
+// Options configure a Runtime.
+type Options struct {
+	// RunscPath is the runsc binary; empty means "runsc" from PATH.
+	RunscPath string
+	// RootDir is runsc's state directory (--root), e.g. <data-dir>/runsc. Every Runtime value
+	// with the same RootDir sees the same sandboxes.
+	RootDir string
+	// Platform is runsc's --platform; empty means systrap (works without /dev/kvm).
+	Platform string
+	// CgroupParent is the host cgroup under which runsc creates one cgroup per sandbox
+	// (/<CgroupParent>/<id>); empty means "vmon".
+	CgroupParent string
+	// IgnoreCgroups runs runsc with --ignore-cgroups: CPU and memory limits are then neither
+	// enforced nor shown to the guest. Only for hosts where runsc cannot manage cgroups.
+	IgnoreCgroups bool
+	// DebugLogDir, if set, turns on runsc debug logs, one file per command, in that directory.
+	DebugLogDir string
+	Logger      *slog.Logger
+}
+
+// Runtime implements runtime.Runtime with runsc. It keeps no state of its own: everything lives
+// in runsc's root directory, so a fresh value after a restart sees every running sandbox.
+type Runtime struct {
+	cli          *runsc
+	cgroupParent string
+	ignoreCgs    bool
+	log          *slog.Logger
+}
+
+var _ runtime.Runtime = (*Runtime)(nil)
+
+// Files the runtime writes into a sandbox's StateDir.
+const (
+	bundleConfig = "config.json"
+	consoleLog   = "console.log" // the init process's stdout and stderr, and runsc create's errors
+	pidFileName  = "sandbox.pid"
+)
+
+// ConsoleLog is the file holding a sandbox's init stdout and stderr (and runsc create's errors).
+func ConsoleLog(stateDir string) string { return filepath.Join(stateDir, consoleLog) }
+
+// New checks that runsc can run here and returns a Runtime. It returns an error wrapping
+// runtime.ErrUnsupported when runsc is missing or the OS is not Linux.
+func New(opts Options) (*Runtime, error) {
+	if err := supported(); err != nil {
+		return nil, err
+	}
+	path := opts.RunscPath
+	if path == "" {
+		path = "runsc"
+	}
+	resolved, err := exec.LookPath(path)
+	if err != nil {
+		return nil, fmt.Errorf("%w: runsc binary %q not found (run scripts/install-runsc.sh): %v",
+			runtime.ErrUnsupported, path, err)
+	}
+	if !filepath.IsAbs(opts.RootDir) {
+		return nil, errors.New("gvisor: RootDir must be an absolute path")
+	}
+	if err := os.MkdirAll(opts.RootDir, 0o700); err != nil {
+		return nil, fmt.Errorf("gvisor: create runsc root: %w", err)
+	}
+	platform := opts.Platform
+	if platform == "" {
+		platform = "systrap"
+	}
+	parent := strings.Trim(opts.CgroupParent, "/")
+	if parent == "" {
+		parent = "vmon"
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	flags := []string{
+		"--root=" + opts.RootDir,
+		"--platform=" + platform,
+		// gVisor's own netstack on the link the node puts in the sandbox's namespace.
+		"--network=sandbox",
+		// The agent channel: envd dials a host socket bind-mounted into the guest. "open" only;
+		// "create"/"all" make checkpoint fail on bound host sockets.
+		"--host-uds=open",
+		// The root is already a host overlayfs per sandbox (internal/rootfs); a second, in-memory
+		// overlay would put the guest's writes in RAM instead of the upper dir.
+		"--overlay2=none",
+		// sudo in the guest (setuid binaries); the elevation stays inside the sentry.
+		"--allow-suid",
+	}
+	if opts.IgnoreCgroups {
+		flags = append(flags, "--ignore-cgroups")
+	}
+	if opts.DebugLogDir != "" {
+		flags = append(flags, "--debug", "--debug-log="+filepath.Clean(opts.DebugLogDir)+"/")
+	}
+	return &Runtime{
+		cli:          &runsc{path: resolved, flags: flags, log: log},
+		cgroupParent: parent,
+		ignoreCgs:    opts.IgnoreCgroups,
+		log:          log,
+	}, nil
+}
+
+// Start writes the OCI bundle into spec.StateDir and creates and starts the sandbox. It returns
+// once the init process runs. A failed Start leaves no runsc state, process or cgroup behind.
+func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (err error) {
+	began := time.Now()
+	cgPath := ""
+	if !r.ignoreCgs {
+		cgPath = cgroupPath(r.cgroupParent, spec.ID)
+	}
+	oci, err := buildSpec(spec, cgPath)
+	if err != nil {
+		return err
+	}
+	if !filepath.IsAbs(spec.StateDir) {
+		return errdefs.InvalidArgument("sandbox state directory must be an absolute path")
+	}
+	if _, err := r.cli.state(ctx, spec.ID); err == nil {
+		return errdefs.Conflict("sandbox %q already exists", spec.ID)
+	} else if !errors.Is(err, errNotExist) {
+		return err
+	}
+	if err := checkTmpDir(spec.RootDir); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(spec.StateDir, 0o700); err != nil {
+		return fmt.Errorf("create state dir: %w", err)
+	}
+	if err := writeJSON(filepath.Join(spec.StateDir, bundleConfig), oci); err != nil {
+		return err
+	}
+	logPath := filepath.Join(spec.StateDir, consoleLog)
+	out, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return fmt.Errorf("open console log: %w", err)
+	}
+	defer out.Close() // the sandbox holds its own copy of the descriptor
+
+	defer func() {
+		if err == nil {
+			return
+		}
+		// Teardown must run even when ctx is what failed Start.
+		if derr := r.Destroy(context.WithoutCancel(ctx), spec.ID); derr != nil {
+			r.log.Warn("gvisor: rollback of failed start", "id", spec.ID, "err", derr)
+		}
+	}()
+	if err := r.cli.create(ctx, spec.ID, spec.StateDir, filepath.Join(spec.StateDir, pidFileName), out); err != nil {
+		return fmt.Errorf("%w: %s", err, tail(logPath, 2048))
+	}
+	if err := r.cli.start(ctx, spec.ID); err != nil {
+		return err
+	}
+	r.log.Info("gvisor: sandbox started", "id", spec.ID, "took", time.Since(began).Round(time.Millisecond))
+	return nil
+}
+
+// Status reports running only when runsc says so and the sandbox process is really alive: runsc
+// keeps reporting "running" for a sandbox whose sentry was killed (e.g. by the host OOM killer).
+// A sandbox that was created but never started (a Start interrupted by a crash) is stopped.
+func (r *Runtime) Status(ctx context.Context, id string) (runtime.Status, error) {
+	if err := validateID(id); err != nil {
+		return runtime.StatusUnknown, err
+	}
+	st, err := r.cli.state(ctx, id)
+	if errors.Is(err, errNotExist) {
+		return runtime.StatusNotFound, nil
+	}
+	if err != nil {
+		return runtime.StatusUnknown, err
+	}
+	switch st.Status {
+	case "running", "paused":
+		if sandboxAlive(st.Pid, id) {
+			return runtime.StatusRunning, nil
+		}
+		return runtime.StatusStopped, nil
+	case "created", "stopped":
+		return runtime.StatusStopped, nil
+	default:
+		return runtime.StatusUnknown, nil
+	}
+}
+
+// Destroy kills the sandbox, removes its runsc state and its host cgroup. A sandbox that is
+// already gone is success; so is one runsc lost track of but whose cgroup still holds processes
+// (those are killed).
+func (r *Runtime) Destroy(ctx context.Context, id string) error {
+	if err := validateID(id); err != nil {
+		return err
+	}
+	// SIGKILL first so delete does not wait for a graceful stop; failure means it is not running.
+	if err := r.cli.kill(ctx, id, "KILL"); err != nil && !errors.Is(err, errNotExist) {
+		r.log.Debug("gvisor: kill before delete", "id", id, "err", err)
+	}
+	if err := r.cli.deleteForce(ctx, id); err != nil && !errors.Is(err, errNotExist) {
+		return fmt.Errorf("destroy sandbox %s: %w", id, err)
+	}
+	if !r.ignoreCgs {
+		if err := removeCgroups(r.cgroupParent, id); err != nil {
+			return fmt.Errorf("destroy sandbox %s: %w", id, err)
+		}
+	}
+	return nil
+}
+
+// List returns the ids of every sandbox in runsc's root, running or not.
+func (r *Runtime) List(ctx context.Context) ([]string, error) {
+	sts, err := r.cli.list(ctx)
+	if err != nil {
+		return nil, err
+	}
+	ids := make([]string, 0, len(sts))
+	for _, s := range sts {
+		ids = append(ids, s.ID)
+	}
+	return ids, nil
+}
+
+// Exec runs args in sandbox id as root and returns the combined output. It is for diagnostics,
+// tests and the runtime benchmark; the node talks to the guest through envd, never through this.
+func (r *Runtime) Exec(ctx context.Context, id string, args ...string) ([]byte, error) {
+	if err := validateID(id); err != nil {
+		return nil, err
+	}
+	if len(args) == 0 {
+		return nil, errdefs.InvalidArgument("empty command")
+	}
+	return r.cli.exec(ctx, id, args)
+}
+
+// checkTmpDir makes sure the rootfs has a real /tmp directory to bind over the guest's /tmp. The
+// guest writes the upper layer, so on a later start (restore, recovery) /tmp may be a symlink it
+// planted: binding it would resolve on the host and expose a host directory. Refuse that.
+func checkTmpDir(rootDir string) error {
+	p := filepath.Join(rootDir, tmpDir)
+	fi, err := os.Lstat(p)
+	if errors.Is(err, os.ErrNotExist) {
+		if err := os.Mkdir(p, 0o755); err != nil {
+			return fmt.Errorf("create /tmp in rootfs: %w", err)
+		}
+		return os.Chmod(p, 0o777|os.ModeSticky) // Mkdir is subject to umask and drops the sticky bit
+	}
+	if err != nil {
+		return fmt.Errorf("stat /tmp in rootfs: %w", err)
+	}
+	if !fi.IsDir() {
+		return errdefs.InvalidArgument("the sandbox's /tmp is not a directory")
+	}
+	return nil
+}
+
+func writeJSON(path string, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return fmt.Errorf("encode %s: %w", filepath.Base(path), err)
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return fmt.Errorf("write %s: %w", filepath.Base(path), err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("write %s: %w", filepath.Base(path), err)
+	}
+	return nil
+}
+
+// tail returns up to n trailing bytes of a file, for error messages.
+func tail(path string, n int64) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	if fi, err := f.Stat(); err == nil && fi.Size() > n {
+		_, _ = f.Seek(-n, io.SeekEnd)
+	}
+	b, _ := io.ReadAll(f)
+	return strings.TrimSpace(string(b))
+}

@@ -1,0 +1,95 @@
+package gvisor
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+func supported() error { return nil }
+
+// sysProcAttr puts runsc (and so the sandbox it forks) in its own session: a signal to vmon's
+// process group or terminal never reaches a sandbox.
+func sysProcAttr() *syscall.SysProcAttr { return &syscall.SysProcAttr{Setsid: true} }
+
+// sandboxAlive reports whether pid is the runsc sandbox process of id. The command line is checked
+// so a recycled pid is not mistaken for the sandbox; a zombie has an empty command line.
+func sandboxAlive(pid int, id string) bool {
+	if pid <= 0 {
+		return false
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil || len(b) == 0 {
+		return false
+	}
+	args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+	return strings.HasPrefix(filepath.Base(args[0]), "runsc") && args[len(args)-1] == id
+}
+
+// removeCgroups removes what is left of sandbox id's cgroup in every mounted hierarchy (cgroup v2,
+// or each v1 controller). runsc delete normally removes them; this covers a sandbox runsc lost
+// track of (e.g. a crash inside runsc create): its processes are killed first, since a cgroup
+// with members cannot be removed.
+func removeCgroups(parent, id string) error {
+	mounts, err := cgroupMounts()
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, m := range mounts {
+		dir := filepath.Join(m, parent, id)
+		if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err := removeCgroup(dir); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func removeCgroup(dir string) error {
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if procs, err := os.ReadFile(filepath.Join(dir, "cgroup.procs")); err == nil {
+			for _, f := range strings.Fields(string(procs)) {
+				if pid, err := strconv.Atoi(f); err == nil && pid > 0 {
+					_ = syscall.Kill(pid, syscall.SIGKILL)
+				}
+			}
+		}
+		err := syscall.Rmdir(dir)
+		if err == nil || errors.Is(err, syscall.ENOENT) {
+			return nil
+		}
+		// EBUSY until killed members have exited.
+		if !errors.Is(err, syscall.EBUSY) || time.Now().After(deadline) {
+			return fmt.Errorf("remove cgroup %s: %w", dir, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// cgroupMounts returns the mount points of every cgroup (v1) and cgroup2 hierarchy.
+func cgroupMounts() ([]string, error) {
+	b, err := os.ReadFile("/proc/self/mounts")
+	if err != nil {
+		return nil, fmt.Errorf("read mounts: %w", err)
+	}
+	var out []string
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) >= 3 && (f[2] == "cgroup" || f[2] == "cgroup2") {
+			out = append(out, f[1])
+		}
+	}
+	return out, nil
+}

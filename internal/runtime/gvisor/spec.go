@@ -1,0 +1,157 @@
+package gvisor
+
+import (
+	"fmt"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/vibemon/vmon/internal/errdefs"
+	"github.com/vibemon/vmon/internal/runtime"
+)
+
+// idPattern is what runsc accepts as a container id.
+var idPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}$`)
+
+func validateID(id string) error {
+	if !idPattern.MatchString(id) {
+		return errdefs.InvalidArgument("invalid sandbox id")
+	}
+	return nil
+}
+
+// allCaps is every capability gVisor implements. The guest gets all of them because gVisor's
+// sentry, not the guest's capability set, is the security boundary: the guest's root is root of
+// its own kernel, as it is in an E2B microVM (sudo, ptrace, ip, mount all behave as there).
+var allCaps = []string{
+	"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_DAC_READ_SEARCH", "CAP_FOWNER", "CAP_FSETID",
+	"CAP_KILL", "CAP_SETGID", "CAP_SETUID", "CAP_SETPCAP", "CAP_LINUX_IMMUTABLE",
+	"CAP_NET_BIND_SERVICE", "CAP_NET_BROADCAST", "CAP_NET_ADMIN", "CAP_NET_RAW", "CAP_IPC_LOCK",
+	"CAP_IPC_OWNER", "CAP_SYS_MODULE", "CAP_SYS_RAWIO", "CAP_SYS_CHROOT", "CAP_SYS_PTRACE",
+	"CAP_SYS_PACCT", "CAP_SYS_ADMIN", "CAP_SYS_BOOT", "CAP_SYS_NICE", "CAP_SYS_RESOURCE",
+	"CAP_SYS_TIME", "CAP_SYS_TTY_CONFIG", "CAP_MKNOD", "CAP_LEASE", "CAP_AUDIT_WRITE",
+	"CAP_AUDIT_CONTROL", "CAP_SETFCAP", "CAP_MAC_OVERRIDE", "CAP_MAC_ADMIN", "CAP_SYSLOG",
+	"CAP_WAKE_ALARM", "CAP_BLOCK_SUSPEND", "CAP_AUDIT_READ", "CAP_PERFMON", "CAP_BPF",
+	"CAP_CHECKPOINT_RESTORE",
+}
+
+const defaultPath = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+// cpuPeriodUS is the CFS period limits are expressed in (the kernel's default).
+const cpuPeriodUS = 100_000
+
+// tmpDir is the rootfs-relative directory bind-mounted over the guest's /tmp.
+const tmpDir = "tmp"
+
+// buildSpec renders the OCI runtime spec for one sandbox. cgroupsPath is empty when runsc runs
+// with --ignore-cgroups. It is a pure function so the result can be compared with a saved file.
+func buildSpec(s runtime.Spec, cgroupsPath string) (*specs.Spec, error) {
+	if err := validateID(s.ID); err != nil {
+		return nil, err
+	}
+	if len(s.Args) == 0 {
+		return nil, errdefs.InvalidArgument("sandbox init command is empty")
+	}
+	if !filepath.IsAbs(s.RootDir) {
+		return nil, errdefs.InvalidArgument("sandbox root directory must be an absolute path")
+	}
+	if s.CPUs < 0 || s.MemoryMB < 0 {
+		return nil, errdefs.InvalidArgument("negative resource limit")
+	}
+	hostname := s.Hostname
+	if hostname == "" {
+		hostname = s.ID
+	}
+	env := slices.Clone(s.Env)
+	if !slices.ContainsFunc(env, func(e string) bool { return strings.HasPrefix(e, "PATH=") }) {
+		env = append([]string{defaultPath}, env...)
+	}
+
+	mounts := []specs.Mount{
+		{Destination: "/proc", Type: "proc", Source: "proc"},
+		{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755"}},
+		{Destination: "/dev/pts", Type: "devpts", Source: "devpts",
+			Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"}},
+		{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "nodev", "mode=1777"}},
+		{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
+		// Without an explicit /tmp mount gVisor mounts an in-memory tmpfs over an empty /tmp. Binding
+		// the rootfs's own /tmp keeps files there on disk (counted as the sandbox's disk, not its
+		// memory) and part of the rootfs a checkpoint leaves on the host.
+		{Destination: "/tmp", Type: "bind", Source: filepath.Join(s.RootDir, tmpDir), Options: []string{"rbind", "rw"}},
+	}
+	for _, m := range s.Mounts {
+		if !filepath.IsAbs(m.HostPath) || !filepath.IsAbs(m.GuestPath) {
+			return nil, errdefs.InvalidArgument("mount paths must be absolute")
+		}
+		mode := "rw"
+		if m.ReadOnly {
+			mode = "ro"
+		}
+		mounts = append(mounts, specs.Mount{
+			Destination: filepath.Clean(m.GuestPath), Type: "bind", Source: filepath.Clean(m.HostPath),
+			Options: []string{"rbind", mode},
+		})
+	}
+
+	netns := specs.LinuxNamespace{Type: specs.NetworkNamespace, Path: s.NetNSPath}
+	spec := &specs.Spec{
+		Version: specs.Version,
+		Process: &specs.Process{
+			User: specs.User{UID: 0, GID: 0},
+			Args: slices.Clone(s.Args),
+			Env:  env,
+			Cwd:  "/",
+			Capabilities: &specs.LinuxCapabilities{
+				Bounding:  allCaps,
+				Effective: allCaps,
+				Permitted: allCaps,
+			},
+			Rlimits: []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: 1 << 20, Soft: 1 << 20}},
+			// sudo must be able to raise privileges (runsc also needs --allow-suid for that).
+			NoNewPrivileges: false,
+		},
+		Root:     &specs.Root{Path: s.RootDir, Readonly: false},
+		Hostname: hostname,
+		Mounts:   mounts,
+		Linux: &specs.Linux{
+			Namespaces: []specs.LinuxNamespace{
+				{Type: specs.PIDNamespace},
+				{Type: specs.IPCNamespace},
+				{Type: specs.UTSNamespace},
+				{Type: specs.MountNamespace},
+				netns,
+			},
+			CgroupsPath: cgroupsPath,
+			Resources:   resources(s, cgroupsPath != ""),
+		},
+	}
+	return spec, nil
+}
+
+// resources renders the CPU and memory limits. runsc applies them to the sandbox's host cgroup and
+// derives from that cgroup what the guest sees (--total-memory, --cpu-num), so they are only set
+// when runsc manages cgroups.
+func resources(s runtime.Spec, withCgroups bool) *specs.LinuxResources {
+	if !withCgroups || (s.CPUs == 0 && s.MemoryMB == 0) {
+		return nil
+	}
+	r := &specs.LinuxResources{}
+	if s.CPUs > 0 {
+		quota := int64(s.CPUs) * cpuPeriodUS
+		period := uint64(cpuPeriodUS)
+		r.CPU = &specs.LinuxCPU{Quota: &quota, Period: &period}
+	}
+	if s.MemoryMB > 0 {
+		limit := int64(s.MemoryMB) << 20
+		r.Memory = &specs.LinuxMemory{Limit: &limit}
+	}
+	return r
+}
+
+// cgroupPath is the host cgroup runsc creates for sandbox id under parent.
+func cgroupPath(parent, id string) string {
+	return fmt.Sprintf("/%s/%s", strings.Trim(parent, "/"), id)
+}

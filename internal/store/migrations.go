@@ -1,0 +1,68 @@
+package store
+
+// migrations are applied in order; migrations[i] brings the schema from version i to i+1. Never
+// edit an applied migration: append a new one.
+var migrations = []string{
+	// 1: initial schema.
+	`
+CREATE TABLE api_keys (
+	id          TEXT PRIMARY KEY,
+	name        TEXT NOT NULL,
+	hash        TEXT NOT NULL UNIQUE,
+	mask        TEXT NOT NULL,
+	created_at  INTEGER NOT NULL,
+	revoked_at  INTEGER
+);
+
+CREATE TABLE templates (
+	id               TEXT PRIMARY KEY,
+	build_id         TEXT NOT NULL DEFAULT '',
+	cpu              INTEGER NOT NULL,
+	memory_mb        INTEGER NOT NULL,
+	disk_mb          INTEGER NOT NULL,
+	envd_version     TEXT NOT NULL DEFAULT '',
+	status           TEXT NOT NULL CHECK (status IN ('waiting','building','ready','error')),
+	rootfs           TEXT NOT NULL DEFAULT '',
+	default_user     TEXT NOT NULL DEFAULT '',
+	default_workdir  TEXT NOT NULL DEFAULT '',
+	public           INTEGER NOT NULL DEFAULT 0,
+	spawn_count      INTEGER NOT NULL DEFAULT 0,
+	last_spawned_at  INTEGER,
+	created_at       INTEGER NOT NULL,
+	updated_at       INTEGER NOT NULL
+);
+
+-- Aliases (E2B "names", e.g. "base", "ns/name", "name:tag") are unique across templates.
+CREATE TABLE template_aliases (
+	alias        TEXT PRIMARY KEY,
+	template_id  TEXT NOT NULL REFERENCES templates(id) ON DELETE CASCADE,
+	position     INTEGER NOT NULL
+);
+CREATE INDEX template_aliases_template ON template_aliases(template_id, position);
+
+CREATE TABLE sandboxes (
+	id                     TEXT PRIMARY KEY,
+	template_id            TEXT NOT NULL,
+	alias                  TEXT NOT NULL DEFAULT '',
+	state                  TEXT NOT NULL CHECK (state IN ('creating','running','paused','killed')),
+	metadata               TEXT NOT NULL DEFAULT '{}',
+	env_vars               TEXT NOT NULL DEFAULT '{}',
+	envd_access_token      TEXT NOT NULL DEFAULT '',
+	traffic_access_token   TEXT NOT NULL DEFAULT '',
+	allow_public_traffic   INTEGER NOT NULL DEFAULT 1,
+	allow_internet_access  INTEGER,
+	cpu                    INTEGER NOT NULL,
+	memory_mb              INTEGER NOT NULL,
+	disk_mb                INTEGER NOT NULL,
+	envd_version           TEXT NOT NULL DEFAULT '',
+	started_at             INTEGER NOT NULL,
+	end_at                 INTEGER NOT NULL,
+	killed_at              INTEGER,
+	kill_reason            TEXT NOT NULL DEFAULT '',
+	node_id                TEXT NOT NULL DEFAULT '',
+	network                TEXT NOT NULL DEFAULT '{}'
+);
+-- Listing pages by (started_at, id) within a state.
+CREATE INDEX sandboxes_state_started ON sandboxes(state, started_at, id);
+`,
+}

@@ -1,0 +1,36 @@
+#!/bin/sh
+# Installs the Debian packages vmon and its tests need. Idempotent and non-interactive; run as root.
+#
+#   mmdebstrap        builds the base template from Debian packages
+#   iproute2          ip netns / ip link, for debugging and the networking layer
+#   iptables          sandbox uplink filtering (networking layer)
+#   libnss-myhostname makes *.localhost names resolve to loopback (E2B_DOMAIN=localhost setups)
+#   busybox-static    the tiny rootfs of the runtime tests
+#   ca-certificates, curl, file  used by the scripts and tests
+# Node.js and npm (for the SDK end-to-end tests) are expected to be installed already.
+set -eu
+
+PACKAGES="mmdebstrap iproute2 iptables libnss-myhostname busybox-static ca-certificates curl file"
+
+missing=""
+for p in $PACKAGES; do
+	if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
+		missing="$missing $p"
+	fi
+done
+
+if [ -z "$missing" ]; then
+	echo "all packages installed:$(printf ' %s' $PACKAGES)"
+else
+	echo "installing:$missing"
+	export DEBIAN_FRONTEND=noninteractive
+	apt-get update -q
+	# shellcheck disable=SC2086
+	apt-get install -y -q --no-install-recommends $missing
+fi
+
+# libnss-myhostname only resolves names once "myhostname" is in the hosts line of nsswitch.conf.
+if ! grep -Eq '^hosts:.*\bmyhostname\b' /etc/nsswitch.conf; then
+	sed -i -E 's/^(hosts:.*)$/\1 myhostname/' /etc/nsswitch.conf
+	echo "added myhostname to /etc/nsswitch.conf"
+fi

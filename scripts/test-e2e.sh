@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Runs the end-to-end suite: the official e2b npm SDK (pinned in test/e2e/package-lock.json)
+# against real `vmon serve` processes on a test data dir holding the base template.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repo=$(pwd)
+export VMON_BIN="${VMON_BIN:-$repo/bin/vmon}"
+export VMON_TEST_DATA_DIR="${VMON_TEST_DATA_DIR:-/var/lib/vmon-test}"
+mkdir -p "$VMON_TEST_DATA_DIR"
+
+# Reuse a base template already built for the default data dir: templates are read-only lower
+# layers, so hard links are safe and save a rebuild.
+if [ ! -e "$VMON_TEST_DATA_DIR/templates/base/manifest.json" ] && [ -e /var/lib/vmon/templates/base/manifest.json ]; then
+  mkdir -p "$VMON_TEST_DATA_DIR/templates"
+  cp -al /var/lib/vmon/templates/base "$VMON_TEST_DATA_DIR/templates/base"
+fi
+"$VMON_BIN" template build base --data-dir "$VMON_TEST_DATA_DIR"
+
+cd test/e2e
+npm ci --no-audit --no-fund
+npm test

@@ -1,0 +1,197 @@
+// Ingress, both ways the SDK addresses a sandbox:
+//  - header mode (E2B_SANDBOX_URL, plain HTTP): E2b-Sandbox-Id / E2b-Sandbox-Port
+//    headers, reaching a server bound to the guest's loopback;
+//  - host mode (only E2B_DOMAIN, TLS with `--tls self-signed` on :443):
+//    <port>-<id>.localhost names, in a child node process that trusts vmon's CA.
+
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import fs from 'node:fs';
+import https from 'node:https';
+import path from 'node:path';
+import { describe } from 'node:test';
+import { Sandbox } from 'e2b';
+import { useServer, runId, killQuietly, waitFor, E2E_DIR } from '../lib/harness.js';
+import { MiB, hashStream } from '../lib/data.js';
+
+const RUN = runId('ingress');
+
+describe('header mode (E2b-Sandbox-Id / E2b-Sandbox-Port)', () => {
+  const srv = useServer({ name: 'ingress-headers' });
+  let sbx;
+  let server;
+
+  srv.before(async () => {
+    sbx = await Sandbox.create({ ...srv.sdkOpts, metadata: { run: RUN } });
+  });
+  srv.after(async () => {
+    await killQuietly(srv.sdkOpts, sbx);
+  });
+
+  const get = (id, port, p = '/', extra = {}) =>
+    fetch(`${srv.apiUrl}${p}`, { headers: { 'E2b-Sandbox-Id': id, 'E2b-Sandbox-Port': String(port), ...extra } });
+
+  srv.test('reaches an HTTP server bound to the guest loopback', async () => {
+    await sbx.commands.run(
+      `mkdir -p /home/user/www && printf 'served-%s\\n' ${RUN} > /home/user/www/marker.txt && head -c ${5 * MiB} /dev/urandom > /home/user/www/big.bin && sha256sum /home/user/www/big.bin`,
+    );
+    server = await sbx.commands.run('python3 -m http.server 8000 --bind 127.0.0.1', {
+      background: true,
+      cwd: '/home/user/www',
+      timeoutMs: 0,
+    });
+    // The guest itself sees the server only on loopback.
+    await waitFor(
+      async () => (await sbx.commands.run('curl -s -o /dev/null -w %{http_code} http://127.0.0.1:8000/marker.txt')).stdout === '200',
+      { timeoutMs: 20_000, what: 'python http.server listening in the guest' },
+    );
+    const res = await get(sbx.sandboxId, 8000, '/marker.txt');
+    assert.equal(res.status, 200);
+    assert.equal(await res.text(), `served-${RUN}\n`);
+
+    const want = (await sbx.commands.run('sha256sum /home/user/www/big.bin | cut -d" " -f1')).stdout.trim();
+    const big = await get(sbx.sandboxId, 8000, '/big.bin');
+    assert.equal(big.status, 200);
+    assert.deepEqual(await hashStream(big.body), { bytes: 5 * MiB, sha256: want }, '5 MiB through the tunnel intact');
+
+    const missing = await get(sbx.sandboxId, 8000, '/no-such-file');
+    assert.equal(missing.status, 404, 'the guest server’s own status passes through');
+    await missing.text();
+  });
+
+  srv.test('concurrent requests through the tunnel', async () => {
+    const results = await Promise.all(
+      Array.from({ length: 16 }, async () => {
+        const res = await get(sbx.sandboxId, 8000, '/marker.txt');
+        return `${res.status} ${await res.text()}`;
+      }),
+    );
+    for (const r of results) assert.equal(r, `200 served-${RUN}\n`);
+  });
+
+  srv.test('a closed guest port → 502', async () => {
+    const res = await get(sbx.sandboxId, 8001, '/');
+    assert.equal(res.status, 502);
+    await res.text();
+  });
+
+  srv.test('an unknown sandbox → 502 with E2B’s JSON body', async () => {
+    const id = 'nonexistent0sandbox';
+    for (const port of [8000, 49983]) {
+      const res = await get(id, port, '/');
+      assert.equal(res.status, 502);
+      assert.match(res.headers.get('content-type') || '', /application\/json/);
+      assert.deepEqual(await res.json(), { sandboxId: id, message: 'The sandbox was not found', code: 502 });
+    }
+  });
+
+  srv.test('after kill the same address answers 502', async () => {
+    const id = sbx.sandboxId;
+    assert.equal(await sbx.kill(), true);
+    const res = await get(id, 8000, '/marker.txt');
+    assert.equal(res.status, 502);
+    assert.deepEqual(await res.json(), { sandboxId: id, message: 'The sandbox was not found', code: 502 });
+    sbx = undefined;
+  });
+});
+
+describe('host mode over TLS (--tls self-signed, E2B_DOMAIN=localhost)', () => {
+  // Port 443 because the SDK builds https://<port>-<id>.<domain> URLs without a port.
+  const srv = useServer({
+    name: 'ingress-tls',
+    port: 443,
+    tls: true,
+    args: ['--tls', 'self-signed', '--domain', 'localhost'],
+  });
+
+  srv.test('the CA is written to the data dir and its path printed', async () => {
+    const want = path.join(srv.dataDir, 'tls', 'ca.pem');
+    assert.equal(srv.caPathPrinted, want, 'vmon prints the CA path for NODE_EXTRA_CA_CERTS');
+    const st = fs.statSync(want);
+    assert.ok(st.isFile());
+    assert.match(fs.readFileSync(want, 'utf8'), /^-----BEGIN CERTIFICATE-----/m);
+    const keyFiles = fs.readdirSync(path.dirname(want)).filter((f) => /key/.test(f));
+    for (const f of keyFiles) {
+      const mode = fs.statSync(path.join(path.dirname(want), f)).mode & 0o777;
+      assert.equal(mode & 0o077, 0, `${f} is private (mode ${mode.toString(8)})`);
+    }
+  });
+
+  let childSandboxId;
+
+  srv.test('the unchanged SDK with only E2B_DOMAIN set: create, run, files, getHost, signed URL, 502', async () => {
+    const env = { ...process.env };
+    for (const k of Object.keys(env)) if (k.startsWith('E2B_')) delete env[k];
+    Object.assign(env, {
+      NODE_EXTRA_CA_CERTS: srv.caPath,
+      E2B_DOMAIN: 'localhost',
+      E2B_API_KEY: srv.apiKey,
+      E2E_RUN: RUN,
+    });
+    const script = path.join(E2E_DIR, 'lib', 'tls-client.js');
+    const child = spawn(process.execPath, ['--dns-result-order=ipv4first', script], {
+      cwd: E2E_DIR,
+      env,
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    let stdout = '';
+    let stderr = '';
+    child.stdout.on('data', (d) => (stdout += d));
+    child.stderr.on('data', (d) => (stderr += d));
+    const timer = setTimeout(() => child.kill('SIGKILL'), 180_000);
+    const code = await new Promise((resolve) => child.on('exit', (c, s) => resolve(c ?? s)));
+    clearTimeout(timer);
+    const line = stdout.split('\n').find((l) => l.startsWith('E2E_RESULT='));
+    assert.ok(line, `child printed no result (exit ${code})\nstdout:\n${stdout}\nstderr:\n${stderr}`);
+    const out = JSON.parse(line.slice('E2E_RESULT='.length));
+    const ctx = `\nchild observations: ${JSON.stringify(out, null, 2)}\nchild stderr:\n${stderr.slice(-3000)}`;
+    childSandboxId = out.sandboxId;
+
+    assert.equal(out.error, undefined, `the child failed${ctx}`);
+    assert.equal(code, 0, `child exit code${ctx}`);
+    assert.equal(out.env.E2B_API_URL, null);
+    assert.equal(out.env.E2B_SANDBOX_URL, null);
+    assert.match(out.sandboxId, /^[a-z0-9]+$/);
+    assert.deepEqual(out.run, { stdout: 'hi\nuser\n', exitCode: 0 }, ctx);
+    assert.equal(out.read, `over-tls-${RUN}`, ctx);
+    assert.deepEqual(out.listed, [out.sandboxId], ctx);
+    assert.equal(out.host, `8000-${out.sandboxId}.localhost`, ctx);
+    assert.equal(out.http?.status, 200, `GET https://${out.host}/marker.txt${ctx}`);
+    assert.equal(out.http.text, `served-${RUN}\n`, ctx);
+    assert.match(out.signedUrl, new RegExp(`^https://49983-${out.sandboxId}\\.localhost/files\\?`), ctx);
+    assert.equal(out.signed?.status, 200, `signed download URL${ctx}`);
+    assert.equal(out.signed.text, `over-tls-${RUN}`, ctx);
+    assert.equal(out.unknown?.status, 502, `unknown sandbox host${ctx}`);
+    assert.deepEqual(out.unknown.json, { sandboxId: 'nonexistent0sandbox', message: 'The sandbox was not found', code: 502 }, ctx);
+    assert.equal(out.killed, true, ctx);
+    assert.equal(out.afterKill?.status, 502, `after kill${ctx}`);
+    assert.equal(out.isRunningAfterKill, false, ctx);
+  });
+
+  srv.test('nothing of this run is left', async () => {
+    assert.ok(childSandboxId, 'the child created a sandbox');
+    // This process has no NODE_EXTRA_CA_CERTS: ask the list endpoint over
+    // https with the CA pinned on the request.
+    const body = await new Promise((resolve, reject) => {
+      const req = https.request(
+        {
+          hostname: '127.0.0.1',
+          port: 443,
+          path: `/v2/sandboxes?metadata=${encodeURIComponent(`run=${RUN}`)}`,
+          servername: 'api.localhost',
+          headers: { Host: 'api.localhost', 'X-API-KEY': srv.apiKey },
+          ca: fs.readFileSync(srv.caPath),
+        },
+        (res) => {
+          let data = '';
+          res.on('data', (d) => (data += d));
+          res.on('end', () => resolve({ status: res.statusCode, data }));
+        },
+      );
+      req.on('error', reject);
+      req.end();
+    });
+    assert.equal(body.status, 200, body.data);
+    assert.deepEqual(JSON.parse(body.data), [], `no sandbox of this run listed (child created ${childSandboxId})`);
+  });
+});

@@ -1,0 +1,240 @@
+// Restart recovery: `kill -9` of `vmon serve` during activity, restart on the
+// same data dir; live sandboxes come back usable with their files and
+// processes, a sandbox whose runtime died meanwhile is reported gone, and once
+// everything is killed and the server stopped nothing is left on the host.
+
+import assert from 'node:assert/strict';
+import { execFile } from 'node:child_process';
+import fs from 'node:fs';
+import path from 'node:path';
+import { after, before, describe } from 'node:test';
+import { Sandbox, SandboxNotFoundError } from 'e2b';
+import { useServer, runId, listAll, killQuietly, waitFor, sleep, dataDir } from '../lib/harness.js';
+
+// Hooks live inside describe(): Node 20 does not await root-level hooks in order.
+describe('restart recovery', () => {
+  const RUN = runId('recovery');
+  const live = []; // { sbx, content, tickPid }
+  let doomed; // sandbox whose runtime we kill while the server is down
+  let hostBaseline;
+
+  function pgrep(pattern) {
+    return new Promise((resolve, reject) => {
+      execFile('pgrep', ['-f', pattern], (err, stdout) => {
+        if (err && err.code === 1) return resolve([]); // no match
+        if (err) return reject(err);
+        resolve(
+          stdout
+            .split('\n')
+            .filter(Boolean)
+            .map(Number)
+            .filter((pid) => pid !== process.pid),
+        );
+      });
+    });
+  }
+
+  function cmdline(pid) {
+    try {
+      return fs.readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0').join(' ').trim();
+    } catch {
+      return '(gone)';
+    }
+  }
+
+  function mountsUnder(dir) {
+    return fs
+      .readFileSync('/proc/self/mountinfo', 'utf8')
+      .split('\n')
+      .filter((l) => l.includes(dir));
+  }
+
+  function netnsEntries() {
+    try {
+      return fs.readdirSync('/run/netns').filter((n) => n.startsWith('vmon-'));
+    } catch (err) {
+      if (err.code === 'ENOENT') return [];
+      throw err;
+    }
+  }
+
+  /** Paths under `dir` whose name contains one of `ids`, with their type. */
+  function pathsWithIds(dir, ids) {
+    const found = [];
+    const walk = (d, depth) => {
+      let entries;
+      try {
+        entries = fs.readdirSync(d, { withFileTypes: true });
+      } catch {
+        return;
+      }
+      for (const e of entries) {
+        const p = path.join(d, e.name);
+        const type = e.isDirectory() ? 'dir' : e.isSocket() ? 'socket' : e.isFile() ? 'file' : e.isSymbolicLink() ? 'symlink' : 'other';
+        if (ids.some((id) => e.name.includes(id))) found.push({ path: p, type });
+        if (e.isDirectory() && depth < 8) walk(p, depth + 1);
+      }
+    };
+    walk(dir, 0);
+    return found;
+  }
+
+  // Registered before useServer(): the baseline is taken before the server
+  // starts, and leftovers are killed before it stops (hooks run in order).
+  before(async () => {
+    // What the host had before this file's server and sandboxes existed
+    // (earlier files' leftovers are theirs to answer for).
+    hostBaseline = {
+      netns: netnsEntries(),
+      mounts: mountsUnder(dataDir()),
+      runsc: await pgrep('runsc'),
+    };
+  });
+
+  after(async () => {
+    if (srv.proc) await killQuietly(srv.sdkOpts, ...live.map((l) => l.sbx), doomed);
+  });
+
+  const srv = useServer({ name: 'recovery' });
+
+  srv.test('sandboxes survive kill -9 of the server and a restart', async () => {
+    for (const n of ['1', '2']) {
+      const sbx = await Sandbox.create({ ...srv.sdkOpts, timeoutMs: 900_000, metadata: { run: RUN, n } });
+      const content = `persist-${n}-${RUN}`;
+      await sbx.files.write('/home/user/persist.txt', content);
+      await sbx.commands.run(`echo ${content}-viacmd > /tmp/persist-cmd.txt`);
+      // A long background process that leaves a trail we can check later.
+      const tick = await sbx.commands.run('while true; do date +%s%N >> /home/user/ticks; sleep 0.2; done', {
+        background: true,
+        timeoutMs: 0,
+      });
+      live.push({ sbx, content, tickPid: tick.pid, tick });
+    }
+    doomed = await Sandbox.create({ ...srv.sdkOpts, timeoutMs: 900_000, metadata: { run: RUN, n: 'doomed' } });
+    const infoBefore = new Map();
+    for (const { sbx } of live) infoBefore.set(sbx.sandboxId, await sbx.getInfo());
+
+    // "During activity": a streaming command is in flight on sandbox 1 and an
+    // upload is running on sandbox 2 when the server dies.
+    const streaming = live[0].sbx.commands.run('for i in $(seq 1 100); do echo s$i; sleep 0.1; done', { timeoutMs: 0 });
+    const streamingDone = streaming.then(
+      () => 'resolved',
+      (err) => err,
+    );
+    const upload = live[1].sbx.files
+      .write('/home/user/during.bin', new Blob([new Uint8Array(8 * 1024 * 1024)]))
+      .then(
+        () => 'resolved',
+        (err) => err,
+      );
+    await sleep(300);
+
+    const runtimePids = await pgrep(doomed.sandboxId);
+    await srv.kill9();
+    // Background handles lose their stream with the server; that is expected.
+    for (const l of live) l.tick.wait().catch(() => {});
+    const streamResult = await streamingDone;
+    await upload;
+    assert.notEqual(streamResult, 'resolved', 'a command streaming through a killed server cannot complete normally');
+
+    // The sandbox processes do not depend on the server process.
+    for (const { sbx } of live) {
+      assert.ok((await pgrep(sbx.sandboxId)).length > 0, `runtime processes of ${sbx.sandboxId} survive the server's SIGKILL`);
+    }
+
+    // Kill the doomed sandbox's runtime while the server is down.
+    assert.ok(runtimePids.length > 0, `found runtime processes for ${doomed.sandboxId} (pgrep -f <id>)`);
+    for (const pid of runtimePids) {
+      try {
+        process.kill(pid, 'SIGKILL');
+      } catch (err) {
+        if (err.code !== 'ESRCH') throw err;
+      }
+    }
+    await waitFor(async () => (await pgrep(doomed.sandboxId)).length === 0, {
+      timeoutMs: 10_000,
+      what: `runtime of ${doomed.sandboxId} to die`,
+    });
+
+    await srv.restart();
+
+    for (const { sbx, content, tickPid } of live) {
+      const id = sbx.sandboxId;
+      const info = await Sandbox.getInfo(id, srv.sdkOpts);
+      assert.equal(info.state, 'running', `${id} is running after restart`);
+      assert.deepEqual(info.metadata, infoBefore.get(id).metadata, 'metadata kept');
+      assert.ok(Math.abs(info.endAt - infoBefore.get(id).endAt) <= 1000, `expiry kept: ${info.endAt.toISOString()}`);
+
+      const again = await Sandbox.connect(id, srv.sdkOpts);
+      assert.equal(await again.files.read('/home/user/persist.txt'), content, 'file written before the crash');
+      assert.equal((await again.commands.run('cat /tmp/persist-cmd.txt')).stdout, `${content}-viacmd\n`);
+
+      const procs = await again.commands.list();
+      assert.ok(
+        procs.some((p) => p.pid === tickPid),
+        `background process ${tickPid} still listed after restart: ${JSON.stringify(procs)}`,
+      );
+      const count = async () => Number((await again.commands.run('wc -l < /home/user/ticks')).stdout.trim());
+      const c1 = await count();
+      await sleep(1200);
+      const c2 = await count();
+      assert.ok(c2 > c1, `background process still running (ticks ${c1} → ${c2})`);
+
+      // New work is fine too.
+      assert.equal((await again.commands.run('echo after-restart')).stdout, 'after-restart\n');
+    }
+
+    // The sandbox whose runtime died is reported gone, not running (allow the
+    // server a moment in case it reconciles just after answering /health).
+    await waitFor(
+      async () => {
+        try {
+          await Sandbox.getInfo(doomed.sandboxId, srv.sdkOpts);
+          return false;
+        } catch (err) {
+          if (err instanceof SandboxNotFoundError) return true;
+          throw err;
+        }
+      },
+      { timeoutMs: 15_000, what: `${doomed.sandboxId}, whose runtime died while the server was down, to be reported gone` },
+    );
+    await assert.rejects(Sandbox.connect(doomed.sandboxId, srv.sdkOpts), SandboxNotFoundError);
+    const listed = await listAll(srv.sdkOpts, { metadata: { run: RUN } });
+    assert.deepEqual(
+      listed.map((s) => s.sandboxId).sort(),
+      live.map((l) => l.sbx.sandboxId).sort(),
+      'only the live sandboxes are listed',
+    );
+    assert.equal(await Sandbox.kill(doomed.sandboxId, srv.sdkOpts), false);
+  });
+
+  srv.test('after killing everything and stopping the server nothing is left', async () => {
+    assert.equal(live.length, 2, 'needs the sandboxes of the previous test');
+    for (const { sbx } of live) assert.equal(await Sandbox.kill(sbx.sandboxId, srv.sdkOpts), true);
+    assert.deepEqual(await listAll(srv.sdkOpts, { metadata: { run: RUN } }), []);
+    const ids = [...live.map((l) => l.sbx.sandboxId), doomed.sandboxId];
+
+    await srv.stop();
+
+    for (const id of ids) {
+      const pids = await pgrep(id);
+      assert.deepEqual(pids.map((p) => `${p}: ${cmdline(p)}`), [], `no processes for ${id}`);
+    }
+    const runsc = (await pgrep('runsc')).filter((p) => !hostBaseline.runsc.includes(p));
+    assert.deepEqual(runsc.map((p) => `${p}: ${cmdline(p)}`), [], 'no runsc processes started by this file remain');
+
+    const mounts = mountsUnder(srv.dataDir);
+    const newMounts = mounts.filter((m) => !hostBaseline.mounts.includes(m));
+    assert.deepEqual(newMounts, [], `no new mounts under ${srv.dataDir}`);
+    assert.deepEqual(mounts.filter((m) => ids.some((id) => m.includes(id))), [], 'no mounts for these sandboxes');
+
+    const netns = netnsEntries();
+    assert.deepEqual(netns.filter((n) => !hostBaseline.netns.includes(n)), [], 'no new /run/netns/vmon-* entries');
+    assert.deepEqual(netns.filter((n) => ids.some((id) => n.includes(id))), [], 'no netns named for these sandboxes');
+
+    // Regular files (logs, records) may stay; directories and sockets of a
+    // killed sandbox may not.
+    const leftovers = pathsWithIds(srv.dataDir, ids).filter((p) => p.type !== 'file');
+    assert.deepEqual(leftovers, [], 'no directories or sockets left for killed sandboxes');
+  });
+});
