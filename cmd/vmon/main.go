@@ -10,11 +10,9 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	"strings"
 	"syscall"
 
 	"github.com/spf13/cobra"
-	"github.com/spf13/pflag"
 
 	"github.com/vibemon/vmon/internal/config"
 )
@@ -69,9 +67,4 @@ func defaultEnvdPath() string {
 		exe = resolved
 	}
 	return filepath.Join(filepath.Dir(exe), "envd")
-}
-
-func flagString(fs *pflag.FlagSet, name string) string {
-	v, _ := fs.GetString(name)
-	return strings.TrimSpace(v)
 }

@@ -494,3 +494,28 @@ func TestNewWithoutRunsc(t *testing.T) {
 		t.Fatalf("New without runsc = %v, want ErrUnsupported", err)
 	}
 }
+
+// TestIgnoreCgroups covers hosts where runsc cannot manage cgroups: the sandbox runs without any
+// host cgroup of its own (and without limits).
+func TestIgnoreCgroups(t *testing.T) {
+	_, fx := setup(t)
+	opts := fx.opts
+	opts.IgnoreCgroups = true
+	rt, err := New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	s := newSandbox(t, fx, rt, func(s *runtime.Spec) { s.CPUs, s.MemoryMB = 1, 128 })
+	if err := rt.Start(ctx, s.spec); err != nil {
+		t.Fatal(err)
+	}
+	wantStatus(t, rt, s.spec.ID, runtime.StatusRunning)
+	if d := cgroupDirs(t, s.spec.ID); len(d) != 0 {
+		t.Fatalf("cgroups created with IgnoreCgroups: %v", d)
+	}
+	if err := rt.Destroy(ctx, s.spec.ID); err != nil {
+		t.Fatal(err)
+	}
+	wantStatus(t, rt, s.spec.ID, runtime.StatusNotFound)
+}

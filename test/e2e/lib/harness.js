@@ -4,7 +4,7 @@
 // Contract with the server (see issue 3 and test/e2e/README.md):
 //   vmon serve --data-dir <dir> --listen 127.0.0.1:<port> [extra flags]
 //   prints E2B_API_KEY=… / E2B_API_URL=… / E2B_SANDBOX_URL=… on first start,
-//   keeps the admin key in <dir>/api-key (0600), answers GET /health with 200.
+//   keeps the admin key in <dir>/api-key (0600), answers GET /health with a 2xx.
 //
 // Environment:
 //   VMON_BIN            path of the vmon binary (default <repo>/bin/vmon)
@@ -255,7 +255,7 @@ export class VmonServer {
         } else {
           status = await probe(`${this.apiUrl}/health`);
         }
-        if (status === 200) break;
+        if (status >= 200 && status < 300) break;
         lastErr = new Error(`GET /health answered ${status}`);
       } catch (err) {
         lastErr = err;

@@ -99,8 +99,9 @@ describe('commands', () => {
   });
 
   srv.test("user 'root' vs default user", async () => {
-    const root = await sbx.commands.run('whoami; id -u; pwd', { user: 'root' });
-    assert.equal(root.stdout, 'root\n0\n/root\n');
+    // As in E2B's envd, the template's default workdir applies to every user; HOME is the user's.
+    const root = await sbx.commands.run('whoami; id -u; pwd; echo $HOME', { user: 'root' });
+    assert.equal(root.stdout, 'root\n0\n/home/user\n/root\n');
     const user = await sbx.commands.run('whoami', { user: 'user' });
     assert.equal(user.stdout, 'user\n');
     // root can do what user cannot

@@ -109,8 +109,10 @@ describe('files', () => {
     const st = await sbx.files.getInfo('/root/e2e-root.txt', { user: 'root' });
     assert.equal(st.owner, 'root');
     assert.equal(await sbx.files.read('/root/e2e-root.txt', { user: 'root' }), 'r');
-    // the default user may not write into /root
-    await assert.rejects(sbx.files.write('/root/e2e-user.txt', 'u'));
+    // As E2B's envd does, uploads are written by envd and handed to the requesting user, even
+    // where that user could not write itself.
+    await sbx.files.write('/root/e2e-user.txt', 'u');
+    assert.equal((await sbx.files.getInfo('/root/e2e-user.txt', { user: 'root' })).owner, 'user');
     // relative paths resolve against the chosen user's home
     const w = await sbx.files.write('rel-root.txt', 'x', { user: 'root' });
     assert.equal(w.path, '/root/rel-root.txt');
