@@ -70,7 +70,8 @@ func serve(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 			return fmt.Errorf("build template base: %w", err)
 		}
 	}
-	if err := syncTemplates(ctx, st, c.DataDir); err != nil {
+	manifests, err := syncTemplates(ctx, st, c.DataDir)
+	if err != nil {
 		return err
 	}
 	envdPath, err := installEnvd(c)
@@ -94,6 +95,7 @@ func serve(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 		NetNS:     netnsAdapter{},
 		Templates: templateRoots{dataDir: c.DataDir},
 		EnvdPath:  envdPath,
+		Warm:      warmSpecs(manifests, c.WarmPool),
 		Log:       log.With("component", "node"),
 	})
 	if err != nil {
@@ -135,6 +137,12 @@ func serve(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 	if len(live) > 0 {
 		log.Info("recovered running sandboxes", "count", len(live))
 	}
+	n.StartWarmPool()
+	defer func() {
+		if err := n.Close(context.WithoutCancel(ctx)); err != nil {
+			log.Warn("stopping the warm pool", "err", err)
+		}
+	}()
 
 	domain := ""
 	if c.TLSEnabled() {
@@ -274,11 +282,24 @@ func ensureAdminKey(ctx context.Context, st *store.Store, dataDir string) (strin
 	return plain, nil
 }
 
+// warmSpecs keeps size pre-started sandboxes of the base template in its default shape.
+func warmSpecs(ms []template.Manifest, size int) []node.WarmSpec {
+	if size == 0 {
+		return nil
+	}
+	for _, m := range ms {
+		if m.ID == template.BaseID {
+			return []node.WarmSpec{{TemplateID: m.ID, CPUs: m.CPUs, MemoryMB: m.MemoryMB, Size: size}}
+		}
+	}
+	return nil
+}
+
 // syncTemplates registers every built template with the store so the API can resolve it.
-func syncTemplates(ctx context.Context, st *store.Store, dataDir string) error {
+func syncTemplates(ctx context.Context, st *store.Store, dataDir string) ([]template.Manifest, error) {
 	ms, err := template.List(dataDir)
 	if err != nil {
-		return fmt.Errorf("list templates: %w", err)
+		return nil, fmt.Errorf("list templates: %w", err)
 	}
 	for _, m := range ms {
 		err := st.PutTemplate(ctx, store.Template{
@@ -289,10 +310,10 @@ func syncTemplates(ctx context.Context, st *store.Store, dataDir string) error {
 			CreatedAt: m.BuiltAt, UpdatedAt: m.BuiltAt,
 		})
 		if err != nil {
-			return fmt.Errorf("register template %s: %w", m.ID, err)
+			return nil, fmt.Errorf("register template %s: %w", m.ID, err)
 		}
 	}
-	return nil
+	return ms, nil
 }
 
 // installEnvd copies envd into <data-dir>/bin, which sandboxes mount read-only. Replacing it by

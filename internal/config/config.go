@@ -23,6 +23,7 @@ type Serve struct {
 	EnvdPath          string
 	BootConcurrency   int
 	MaxSandboxes      int
+	WarmPool          int
 	MaxSandboxTimeout time.Duration
 	TLS               string
 	TLSCert           string
@@ -44,6 +45,7 @@ func BindServe(fs *pflag.FlagSet, c *Serve) {
 	fs.StringVar(&c.Platform, "gvisor-platform", "systrap", "gVisor platform: systrap or ptrace")
 	fs.StringVar(&c.EnvdPath, "envd-path", "", "envd binary to run in sandboxes (default: envd beside the vmon binary)")
 	fs.IntVar(&c.BootConcurrency, "boot-concurrency", 4, "sandboxes booted at the same time")
+	fs.IntVar(&c.WarmPool, "warm-pool", 1, "pre-started sandboxes kept per template, so creates skip the boot (0 disables)")
 	fs.IntVar(&c.MaxSandboxes, "max-sandboxes", 0, "sandboxes this node holds at most (0: derived from memory)")
 	fs.DurationVar(&c.MaxSandboxTimeout, "max-sandbox-timeout", 24*time.Hour, "longest sandbox timeout a client may ask for")
 	fs.StringVar(&c.TLS, "tls", "", `"self-signed" to serve HTTPS with a CA and wildcard certificate made in the data dir`)
@@ -98,6 +100,9 @@ func (c *Serve) Validate() error {
 	}
 	if c.BootConcurrency < 1 || c.BootConcurrency > 32 {
 		return fmt.Errorf("--boot-concurrency must be between 1 and 32")
+	}
+	if c.WarmPool < 0 || c.WarmPool > 32 {
+		return fmt.Errorf("--warm-pool must be between 0 and 32")
 	}
 	if c.MaxSandboxTimeout <= 0 {
 		return fmt.Errorf("--max-sandbox-timeout must be positive")

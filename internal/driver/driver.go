@@ -33,16 +33,7 @@ type MetricsNode interface {
 }
 
 // Metric is one resource sample of a sandbox (bytes for memory and disk).
-type Metric struct {
-	Timestamp  time.Time
-	CPUCount   int
-	CPUUsedPct float64
-	MemUsed    int64
-	MemTotal   int64
-	MemCache   int64
-	DiskUsed   int64
-	DiskTotal  int64
-}
+type Metric = node.Metrics
 
 // Sandbox is a sandbox record as the driver hands it out.
 type Sandbox = store.Sandbox

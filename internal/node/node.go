@@ -55,14 +55,21 @@ type Options struct {
 	Templates Templates
 	// EnvdPath is the envd binary bind-mounted into every sandbox.
 	EnvdPath string
-	// BootTimeout bounds how long a create waits for envd to come up.
+	// BootTimeout bounds how long a boot waits for envd to come up.
 	BootTimeout time.Duration
-	Log         *slog.Logger
+	// Warm lists the pre-started sandboxes to keep per template shape (the warm path).
+	Warm []WarmSpec
+	Log  *slog.Logger
 }
 
 const (
 	guestBinDir = "/opt/vmon/bin"
 	netnsPrefix = "vmon-"
+	// sandboxIDFile names, inside a sandbox's directory, the API sandbox id it was handed to. Its
+	// absence marks a pre-started sandbox nobody claimed, which recovery discards.
+	sandboxIDFile = "sandbox-id"
+	// accessTokenFile keeps the envd access token so a restarted node can still call envd.
+	accessTokenFile = "access-token"
 )
 
 var idRe = regexp.MustCompile(`^[a-z0-9]+$`)
@@ -71,20 +78,29 @@ var idRe = regexp.MustCompile(`^[a-z0-9]+$`)
 type Node struct {
 	opts Options
 	log  *slog.Logger
+	pool *pool
 
 	mu sync.Mutex
+	// sandboxes are keyed by API sandbox id.
 	// +checklocks:mu
 	sandboxes map[string]*sandbox
 }
 
+// sandbox is one booted sandbox. runtimeID names its directory, network namespace and runtime
+// container; it equals the API id unless the sandbox was pre-started before it had one.
 type sandbox struct {
+	runtimeID string
 	id        string
-	dir       string
+	template  string
+	cpus      int
+	memoryMB  int
+	// token is envd's access token, sent on the node's own envd calls.
+	token     string
 	ch        *agent.Channel
 	startedAt time.Time
 }
 
-// New returns a node; call Recover before serving.
+// New returns a node; call Recover before serving and Close at exit.
 func New(opts Options) (*Node, error) {
 	if opts.BootTimeout == 0 {
 		opts.BootTimeout = 60 * time.Second
@@ -92,25 +108,70 @@ func New(opts Options) (*Node, error) {
 	if err := os.MkdirAll(filepath.Join(opts.DataDir, "sandboxes"), 0o700); err != nil {
 		return nil, fmt.Errorf("create sandboxes dir: %w", err)
 	}
-	return &Node{opts: opts, log: opts.Log, sandboxes: map[string]*sandbox{}}, nil
+	n := &Node{opts: opts, log: opts.Log, sandboxes: map[string]*sandbox{}}
+	n.pool = newPool(n, opts.Warm)
+	return n, nil
 }
 
-func (n *Node) sandboxDir(id string) string {
-	return filepath.Join(n.opts.DataDir, "sandboxes", id)
+func (n *Node) sandboxDir(runtimeID string) string {
+	return filepath.Join(n.opts.DataDir, "sandboxes", runtimeID)
 }
 
-// CreateSandbox boots a sandbox and returns once envd has accepted its /init.
-func (n *Node) CreateSandbox(ctx context.Context, spec CreateSpec) (info Info, retErr error) {
+// CreateSandbox hands out a sandbox and returns once envd has accepted its /init: a pre-started
+// one of the same shape when the warm pool has it, else a freshly booted one.
+func (n *Node) CreateSandbox(ctx context.Context, spec CreateSpec) (Info, error) {
 	if !idRe.MatchString(spec.ID) {
 		return Info{}, errdefs.InvalidArgument("invalid sandbox id %q", spec.ID)
 	}
-	templateRoot, err := n.opts.Templates.RootFS(ctx, spec.TemplateID)
+	if sb := n.pool.take(spec); sb != nil {
+		info, err := n.handOut(ctx, sb, spec)
+		if err == nil {
+			return info, nil
+		}
+		// A pre-started sandbox that cannot be initialised is broken; boot a fresh one instead.
+		n.log.Warn("pre-started sandbox failed; booting a new one", "runtime_id", sb.runtimeID, "err", err)
+	}
+	sb, err := n.boot(ctx, spec.ID, spec.TemplateID, spec.CPUs, spec.MemoryMB)
 	if err != nil {
 		return Info{}, err
 	}
-	dir := n.sandboxDir(spec.ID)
+	return n.handOut(ctx, sb, spec)
+}
+
+// handOut binds a booted sandbox to its API id and delivers /init; on failure it is destroyed.
+func (n *Node) handOut(ctx context.Context, sb *sandbox, spec CreateSpec) (Info, error) {
+	sb.id, sb.token = spec.ID, spec.AccessToken
+	dir := n.sandboxDir(sb.runtimeID)
+	// The token goes first: a sandbox-id file marks a handed-out sandbox, which recovery adopts.
+	err := writeFileAtomic(filepath.Join(dir, accessTokenFile), []byte(spec.AccessToken))
+	if err == nil {
+		err = writeFileAtomic(filepath.Join(dir, sandboxIDFile), []byte(spec.ID))
+	}
+	if err == nil {
+		bootCtx, cancel := context.WithTimeout(ctx, n.opts.BootTimeout)
+		err = n.initEnvd(bootCtx, sb.ch, spec)
+		cancel()
+	}
+	if err != nil {
+		_ = n.teardown(context.WithoutCancel(ctx), sb.runtimeID, sb.ch)
+		return Info{}, errdefs.Wrap(errdefs.KindUnavailable, err, "sandbox did not start")
+	}
+	sb.startedAt = time.Now()
+	n.mu.Lock()
+	n.sandboxes[spec.ID] = sb
+	n.mu.Unlock()
+	return Info{ID: spec.ID, StartedAt: sb.startedAt, EnvdVersion: agentproto.EnvdVersion}, nil
+}
+
+// boot assembles and starts a sandbox up to a connected envd (not yet initialised).
+func (n *Node) boot(ctx context.Context, runtimeID, templateID string, cpus, memoryMB int) (_ *sandbox, retErr error) {
+	templateRoot, err := n.opts.Templates.RootFS(ctx, templateID)
+	if err != nil {
+		return nil, err
+	}
+	dir := n.sandboxDir(runtimeID)
 	if err := os.Mkdir(dir, 0o700); err != nil {
-		return Info{}, fmt.Errorf("create sandbox dir: %w", err)
+		return nil, fmt.Errorf("create sandbox dir: %w", err)
 	}
 	var undo []func()
 	defer func() {
@@ -126,28 +187,28 @@ func (n *Node) CreateSandbox(ctx context.Context, spec CreateSpec) (info Info, r
 
 	agentDir := filepath.Join(dir, "agent")
 	if err := os.Mkdir(agentDir, 0o755); err != nil {
-		return Info{}, fmt.Errorf("create agent dir: %w", err)
+		return nil, fmt.Errorf("create agent dir: %w", err)
 	}
 	root, err := n.opts.RootFS.Prepare(ctx, templateRoot, dir)
 	if err != nil {
-		return Info{}, fmt.Errorf("prepare root filesystem: %w", err)
+		return nil, fmt.Errorf("prepare root filesystem: %w", err)
 	}
 	undo = append(undo, func() { _ = n.opts.RootFS.Release(teardownCtx, dir) })
 
-	nsPath, err := n.opts.NetNS.Create(ctx, netnsPrefix+spec.ID)
+	nsPath, err := n.opts.NetNS.Create(ctx, netnsPrefix+runtimeID)
 	if err != nil {
-		return Info{}, fmt.Errorf("create network namespace: %w", err)
+		return nil, fmt.Errorf("create network namespace: %w", err)
 	}
-	undo = append(undo, func() { _ = n.opts.NetNS.Delete(teardownCtx, netnsPrefix+spec.ID) })
+	undo = append(undo, func() { _ = n.opts.NetNS.Delete(teardownCtx, netnsPrefix+runtimeID) })
 
-	ch, err := agent.Listen(agentDir, n.log.With("sandbox", spec.ID))
+	ch, err := agent.Listen(agentDir, n.log.With("runtime_id", runtimeID))
 	if err != nil {
-		return Info{}, err
+		return nil, err
 	}
 	undo = append(undo, func() { _ = ch.Close() })
 
 	rspec := runtime.Spec{
-		ID:        spec.ID,
+		ID:        runtimeID,
 		RootDir:   root,
 		StateDir:  dir,
 		Hostname:  "vmon",
@@ -158,24 +219,20 @@ func (n *Node) CreateSandbox(ctx context.Context, spec CreateSpec) (info Info, r
 		},
 		Args:     []string{guestBinDir + "/" + filepath.Base(n.opts.EnvdPath), "--agent-socket", agentproto.GuestSocket},
 		Env:      []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
-		CPUs:     spec.CPUs,
-		MemoryMB: spec.MemoryMB,
+		CPUs:     cpus,
+		MemoryMB: memoryMB,
 	}
 	if err := n.opts.Runtime.Start(ctx, rspec); err != nil {
-		return Info{}, fmt.Errorf("start runtime: %w", err)
+		return nil, fmt.Errorf("start runtime: %w", err)
 	}
-	undo = append(undo, func() { _ = n.opts.Runtime.Destroy(teardownCtx, spec.ID) })
+	undo = append(undo, func() { _ = n.opts.Runtime.Destroy(teardownCtx, runtimeID) })
 
-	bootCtx, cancel := context.WithTimeout(ctx, n.opts.BootTimeout)
+	waitCtx, cancel := context.WithTimeout(ctx, n.opts.BootTimeout)
 	defer cancel()
-	if err := n.initEnvd(bootCtx, ch, spec); err != nil {
-		return Info{}, errdefs.Wrap(errdefs.KindUnavailable, err, "sandbox did not start")
+	if err := ch.WaitConnected(waitCtx); err != nil {
+		return nil, errdefs.Wrap(errdefs.KindUnavailable, err, "sandbox did not start")
 	}
-	sb := &sandbox{id: spec.ID, dir: dir, ch: ch, startedAt: time.Now()}
-	n.mu.Lock()
-	n.sandboxes[spec.ID] = sb
-	n.mu.Unlock()
-	return Info{ID: spec.ID, StartedAt: sb.startedAt, EnvdVersion: agentproto.EnvdVersion}, nil
+	return &sandbox{runtimeID: runtimeID, template: templateID, cpus: cpus, memoryMB: memoryMB, ch: ch}, nil
 }
 
 // initEnvd waits for envd and delivers the sandbox's /init state, retrying until it succeeds,
@@ -202,6 +259,10 @@ func (n *Node) initEnvd(ctx context.Context, ch *agent.Channel, spec CreateSpec)
 			return err
 		}
 		req.Header.Set("Content-Type", "application/json")
+		// envd needs the current token to replace one; after a restore /init is sent again.
+		if spec.AccessToken != "" {
+			req.Header.Set("X-Access-Token", spec.AccessToken)
+		}
 		resp, err := client.Do(req)
 		if err == nil {
 			msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
@@ -233,18 +294,26 @@ func (n *Node) DestroySandbox(ctx context.Context, id string) error {
 	sb := n.sandboxes[id]
 	delete(n.sandboxes, id)
 	n.mu.Unlock()
-	ctx = context.WithoutCancel(ctx)
+	runtimeID, ch := id, (*agent.Channel)(nil)
+	if sb != nil {
+		runtimeID, ch = sb.runtimeID, sb.ch
+	}
+	return n.teardown(context.WithoutCancel(ctx), runtimeID, ch)
+}
+
+// teardown removes a sandbox's runtime, channel, namespace, root and directory.
+func (n *Node) teardown(ctx context.Context, runtimeID string, ch *agent.Channel) error {
 	var errs []error
-	if err := n.opts.Runtime.Destroy(ctx, id); err != nil {
+	if err := n.opts.Runtime.Destroy(ctx, runtimeID); err != nil {
 		errs = append(errs, fmt.Errorf("destroy runtime: %w", err))
 	}
-	if sb != nil {
-		_ = sb.ch.Close()
+	if ch != nil {
+		_ = ch.Close()
 	}
-	if err := n.opts.NetNS.Delete(ctx, netnsPrefix+id); err != nil {
+	if err := n.opts.NetNS.Delete(ctx, netnsPrefix+runtimeID); err != nil {
 		errs = append(errs, fmt.Errorf("delete network namespace: %w", err))
 	}
-	dir := n.sandboxDir(id)
+	dir := n.sandboxDir(runtimeID)
 	if err := n.opts.RootFS.Release(ctx, dir); err != nil {
 		errs = append(errs, fmt.Errorf("release root filesystem: %w", err))
 	}
@@ -265,13 +334,23 @@ func (n *Node) Channel(id string) (*agent.Channel, bool) {
 	return sb.ch, true
 }
 
-// Running lists the ids of the sandboxes this node runs.
-func (n *Node) Running() []string {
+func (n *Node) lookup(id string) (*sandbox, bool) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	ids := make([]string, 0, len(n.sandboxes))
-	for id := range n.sandboxes {
-		ids = append(ids, id)
+	sb, ok := n.sandboxes[id]
+	return sb, ok
+}
+
+// Close stops refilling the warm pool and destroys the pre-started sandboxes nobody claimed.
+// Handed-out sandboxes keep running; the next start adopts them.
+func (n *Node) Close(ctx context.Context) error {
+	return n.pool.close(ctx)
+}
+
+func writeFileAtomic(path string, data []byte) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o600); err != nil {
+		return err
 	}
-	return ids
+	return os.Rename(tmp, path)
 }

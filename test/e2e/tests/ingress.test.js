@@ -85,6 +85,32 @@ describe('header mode (E2b-Sandbox-Id / E2b-Sandbox-Port)', () => {
     }
   });
 
+  srv.test('allowPublicTraffic:false → guest ports need the traffic access token; envd does not', async () => {
+    const priv = await Sandbox.create({ ...srv.sdkOpts, metadata: { run: RUN }, network: { allowPublicTraffic: false } });
+    try {
+      assert.match(priv.trafficAccessToken ?? '', /^\S{16,}$/, 'create returns a traffic access token');
+      assert.equal(sbx.trafficAccessToken, undefined, 'public sandboxes get none');
+      await priv.commands.run('python3 -m http.server 8001 --bind 127.0.0.1', { background: true, timeoutMs: 0 });
+      await waitFor(
+        async () => (await priv.commands.run('curl -s -o /dev/null -w %{http_code} http://127.0.0.1:8001/')).stdout === '200',
+        { timeoutMs: 20_000, what: 'http.server in the private sandbox' },
+      );
+      const denied = await get(priv.sandboxId, 8001, '/');
+      assert.equal(denied.status, 403);
+      assert.equal((await denied.json()).code, 403);
+      const wrong = await get(priv.sandboxId, 8001, '/', { 'e2b-traffic-access-token': 'wrong' });
+      assert.equal(wrong.status, 403);
+      await wrong.text();
+      const ok = await get(priv.sandboxId, 8001, '/', { 'e2b-traffic-access-token': priv.trafficAccessToken });
+      assert.equal(ok.status, 200);
+      await ok.text();
+      // The SDK's own envd traffic is authorised by the envd access token alone.
+      assert.equal((await priv.commands.run('echo private')).stdout, 'private\n');
+    } finally {
+      await killQuietly(srv.sdkOpts, priv);
+    }
+  });
+
   srv.test('after kill the same address answers 502', async () => {
     const id = sbx.sandboxId;
     assert.equal(await sbx.kill(), true);

@@ -69,6 +69,17 @@ describe('sandbox lifecycle', () => {
     assert.deepEqual(same.metadata, info.metadata);
   });
 
+  srv.test('getMetrics samples the sandbox (limits of base, memory in use)', async () => {
+    const metrics = await main.getMetrics();
+    assert.ok(Array.isArray(metrics) && metrics.length >= 1, `metrics: ${JSON.stringify(metrics)}`);
+    const m = metrics.at(-1);
+    assert.equal(m.cpuCount, 2, 'base has 2 vCPUs');
+    assert.ok(m.memTotal > 400 * 2 ** 20 && m.memTotal <= 512 * 2 ** 20, `memTotal ≈ 512 MiB, got ${m.memTotal}`);
+    assert.ok(m.memUsed > 0 && m.memUsed < m.memTotal, `memUsed ${m.memUsed}`);
+    assert.ok(m.diskTotal > 0 && m.diskUsed > 0, `disk ${m.diskUsed}/${m.diskTotal}`);
+    assert.ok(m.timestamp instanceof Date || typeof m.timestamp === 'string', 'timestamp');
+  });
+
   srv.test('an explicit timeoutMs sets endAt', async () => {
     const sbx = await Sandbox.create({ ...srv.sdkOpts, timeoutMs: 120_000, metadata: { run: RUN, role: 'ttl' } });
     created.push(sbx);

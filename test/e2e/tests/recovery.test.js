@@ -34,6 +34,21 @@ describe('restart recovery', () => {
     });
   }
 
+  // A sandbox served from the warm pool runs under the runtime id it was pre-started with; the
+  // node records the API id in <data-dir>/sandboxes/<runtime id>/sandbox-id.
+  const runtimeIds = new Map();
+  function rememberRuntimeIds() {
+    const dir = path.join(srv.dataDir, 'sandboxes');
+    for (const rid of fs.readdirSync(dir)) {
+      try {
+        runtimeIds.set(fs.readFileSync(path.join(dir, rid, 'sandbox-id'), 'utf8').trim(), rid);
+      } catch {
+        // not handed out yet
+      }
+    }
+  }
+  const rid = (id) => runtimeIds.get(id) ?? id;
+
   function cmdline(pid) {
     try {
       return fs.readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0').join(' ').trim();
@@ -129,7 +144,8 @@ describe('restart recovery', () => {
       );
     await sleep(300);
 
-    const runtimePids = await pgrep(doomed.sandboxId);
+    rememberRuntimeIds();
+    const runtimePids = await pgrep(rid(doomed.sandboxId));
     await srv.kill9();
     // Background handles lose their stream with the server; that is expected.
     for (const l of live) l.tick.wait().catch(() => {});
@@ -139,7 +155,7 @@ describe('restart recovery', () => {
 
     // The sandbox processes do not depend on the server process.
     for (const { sbx } of live) {
-      assert.ok((await pgrep(sbx.sandboxId)).length > 0, `runtime processes of ${sbx.sandboxId} survive the server's SIGKILL`);
+      assert.ok((await pgrep(rid(sbx.sandboxId))).length > 0, `runtime processes of ${sbx.sandboxId} survive the server's SIGKILL`);
     }
 
     // Kill the doomed sandbox's runtime while the server is down.
@@ -151,7 +167,7 @@ describe('restart recovery', () => {
         if (err.code !== 'ESRCH') throw err;
       }
     }
-    await waitFor(async () => (await pgrep(doomed.sandboxId)).length === 0, {
+    await waitFor(async () => (await pgrep(rid(doomed.sandboxId))).length === 0, {
       timeoutMs: 10_000,
       what: `runtime of ${doomed.sandboxId} to die`,
     });
@@ -212,7 +228,8 @@ describe('restart recovery', () => {
     assert.equal(live.length, 2, 'needs the sandboxes of the previous test');
     for (const { sbx } of live) assert.equal(await Sandbox.kill(sbx.sandboxId, srv.sdkOpts), true);
     assert.deepEqual(await listAll(srv.sdkOpts, { metadata: { run: RUN } }), []);
-    const ids = [...live.map((l) => l.sbx.sandboxId), doomed.sandboxId];
+    const apiIds = [...live.map((l) => l.sbx.sandboxId), doomed.sandboxId];
+    const ids = [...new Set([...apiIds, ...apiIds.map(rid)])];
 
     await srv.stop();
 
@@ -220,7 +237,10 @@ describe('restart recovery', () => {
       const pids = await pgrep(id);
       assert.deepEqual(pids.map((p) => `${p}: ${cmdline(p)}`), [], `no processes for ${id}`);
     }
-    const runsc = (await pgrep('runsc')).filter((p) => !hostBaseline.runsc.includes(p));
+    // Only runsc processes of this data dir: other vmon instances may run on the same host.
+    const runsc = (await pgrep('runsc'))
+      .filter((p) => !hostBaseline.runsc.includes(p))
+      .filter((p) => cmdline(p).includes(srv.dataDir));
     assert.deepEqual(runsc.map((p) => `${p}: ${cmdline(p)}`), [], 'no runsc processes started by this file remain');
 
     const mounts = mountsUnder(srv.dataDir);

@@ -1,0 +1,157 @@
+package node
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"sync"
+	"time"
+)
+
+// WarmSpec asks the node to keep Size pre-started sandboxes of one template shape. Creates of that
+// shape then only bind the sandbox to its id and deliver /init, skipping the boot.
+type WarmSpec struct {
+	TemplateID string
+	CPUs       int
+	MemoryMB   int
+	Size       int
+}
+
+// pool keeps pre-started sandboxes and refills them in the background, one boot at a time so
+// refills never crowd out the boots clients are waiting for.
+type pool struct {
+	n     *Node
+	specs []WarmSpec
+	kick  chan struct{}
+
+	mu sync.Mutex
+	// +checklocks:mu
+	ready map[int][]*sandbox
+	// +checklocks:mu
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+func newPool(n *Node, specs []WarmSpec) *pool {
+	return &pool{n: n, specs: specs, kick: make(chan struct{}, 1), ready: map[int][]*sandbox{}}
+}
+
+// StartWarmPool starts filling the warm pool. Call it after Recover, which discards the
+// pre-started sandboxes of a previous process.
+func (n *Node) StartWarmPool() {
+	p := n.pool
+	ctx, cancel := context.WithCancel(context.Background())
+	p.mu.Lock()
+	p.cancel = cancel
+	p.done = make(chan struct{})
+	p.mu.Unlock()
+	go p.loop(ctx)
+	p.signal()
+}
+
+func (p *pool) signal() {
+	select {
+	case p.kick <- struct{}{}:
+	default:
+	}
+}
+
+func (p *pool) loop(ctx context.Context) {
+	defer close(p.done)
+	for {
+		backoff := p.fill(ctx)
+		timer := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return
+		case <-p.kick:
+		case <-timer.C:
+		}
+		timer.Stop()
+	}
+}
+
+// fill boots sandboxes until every spec has its size, and says when to look again.
+func (p *pool) fill(ctx context.Context) time.Duration {
+	for i, ws := range p.specs {
+		for {
+			p.mu.Lock()
+			have := len(p.ready[i])
+			p.mu.Unlock()
+			if have >= ws.Size || ctx.Err() != nil {
+				break
+			}
+			sb, err := p.n.boot(ctx, newRuntimeID(), ws.TemplateID, ws.CPUs, ws.MemoryMB)
+			if err != nil {
+				if ctx.Err() == nil {
+					p.n.log.Warn("warm pool boot failed", "template", ws.TemplateID, "err", err)
+				}
+				return 5 * time.Second
+			}
+			p.mu.Lock()
+			if p.cancel == nil { // closed meanwhile
+				p.mu.Unlock()
+				_ = p.n.teardown(context.Background(), sb.runtimeID, sb.ch)
+				return time.Hour
+			}
+			p.ready[i] = append(p.ready[i], sb)
+			p.mu.Unlock()
+		}
+	}
+	// Pre-started sandboxes can die (e.g. the host OOM killer); look again now and then.
+	return time.Minute
+}
+
+// take hands out a pre-started sandbox of spec's shape, or nil.
+func (p *pool) take(spec CreateSpec) *sandbox {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for i, ws := range p.specs {
+		if ws.TemplateID != spec.TemplateID || ws.CPUs != spec.CPUs || ws.MemoryMB != spec.MemoryMB {
+			continue
+		}
+		if q := p.ready[i]; len(q) > 0 {
+			sb := q[0]
+			p.ready[i] = q[1:]
+			p.signal()
+			return sb
+		}
+	}
+	return nil
+}
+
+// close stops refilling and destroys what nobody claimed.
+func (p *pool) close(ctx context.Context) error {
+	p.mu.Lock()
+	cancel, done := p.cancel, p.done
+	p.cancel = nil
+	var all []*sandbox
+	for i, q := range p.ready {
+		all = append(all, q...)
+		delete(p.ready, i)
+	}
+	p.mu.Unlock()
+	if cancel != nil {
+		cancel()
+		<-done
+	}
+	var errs []error
+	for _, sb := range all {
+		errs = append(errs, p.n.teardown(ctx, sb.runtimeID, sb.ch))
+	}
+	return errors.Join(errs...)
+}
+
+// newRuntimeID names a pre-started sandbox; like sandbox ids it is [a-z0-9]{20}, with a "w" first
+// so operators can tell warm sandboxes apart in runsc and /run/netns listings.
+func newRuntimeID() string {
+	const alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
+	b := make([]byte, 20)
+	_, _ = rand.Read(b)
+	for i := range b {
+		b[i] = alphabet[int(b[i])%len(alphabet)]
+	}
+	b[0] = 'w'
+	return string(b)
+}
