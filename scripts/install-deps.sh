@@ -1,6 +1,7 @@
 #!/bin/sh
 # Installs the Debian packages vmon and its tests need. Idempotent and non-interactive; run as root.
 #
+#   make, git         build vmon
 #   mmdebstrap        builds the base template from Debian packages
 #   iproute2          ip netns / ip link, for debugging and the networking layer
 #   iptables          sandbox uplink filtering (networking layer)
@@ -10,7 +11,7 @@
 # Node.js and npm (for the SDK end-to-end tests) are expected to be installed already.
 set -eu
 
-PACKAGES="mmdebstrap iproute2 iptables libnss-myhostname busybox-static ca-certificates curl file"
+PACKAGES="make git mmdebstrap iproute2 iptables libnss-myhostname busybox-static ca-certificates curl file"
 
 missing=""
 for p in $PACKAGES; do

@@ -16,6 +16,13 @@ if [ ! -e "$VMON_TEST_DATA_DIR/templates/base/manifest.json" ] && [ -e /var/lib/
 fi
 "$VMON_BIN" template build base --data-dir "$VMON_TEST_DATA_DIR"
 
+# node:test with --test-concurrency/--test-timeout needs Node.js 20.11 or newer.
+node_major=$(node -p 'process.versions.node.split(".")[0]' 2>/dev/null || echo 0)
+if [ "$node_major" -lt 20 ]; then
+  echo "test-e2e: Node.js >= 20 is required for the SDK tests (found: $(node --version 2>/dev/null || echo none))" >&2
+  exit 1
+fi
+
 cd test/e2e
 npm ci --no-audit --no-fund
 npm test

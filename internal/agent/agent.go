@@ -46,6 +46,10 @@ type Channel struct {
 // accepting envd connections.
 func Listen(dir string, log *slog.Logger) (*Channel, error) {
 	path := filepath.Join(dir, agentproto.SocketName)
+	// sun_path holds 108 bytes including the terminating NUL.
+	if len(path) >= 108 {
+		return nil, fmt.Errorf("agent socket path is %d bytes, over the 107 a unix socket allows: use a shorter --data-dir", len(path))
+	}
 	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("remove stale agent socket: %w", err)
 	}

@@ -153,8 +153,10 @@ function probe(url, { ca, host, timeoutMs = 2000 } = {}) {
  * `{ tls: true, port: 443, args: ['--tls', 'self-signed', '--domain', 'localhost'] }`.
  */
 export class VmonServer {
-  constructor({ name, args = [], port, tls = false, domain = 'localhost' } = {}) {
+  constructor({ name, args = [], port, tls = false, domain = 'localhost', headerTlsCA } = {}) {
     this.name = name || 'vmon';
+    // With --tls-cert/--tls-key in header mode: the CA (PEM path) the client trusts for 127.0.0.1.
+    this.headerTlsCA = headerTlsCA;
     this.extraArgs = args;
     this.fixedPort = port;
     this.tls = tls;
@@ -172,6 +174,7 @@ export class VmonServer {
 
   /** Base URL of the API as the parent process reaches it. */
   get apiUrl() {
+    if (this.headerTlsCA) return `https://127.0.0.1:${this.port}`;
     return this.tls ? `https://api.${this.domain}` : `http://127.0.0.1:${this.port}`;
   }
 
@@ -252,6 +255,8 @@ export class VmonServer {
             ca: fs.readFileSync(caPath),
             host: `api.${this.domain}`,
           });
+        } else if (this.headerTlsCA) {
+          status = await probe(`${this.apiUrl}/health`, { ca: fs.readFileSync(this.headerTlsCA) });
         } else {
           status = await probe(`${this.apiUrl}/health`);
         }

@@ -5,7 +5,8 @@
 //    <port>-<id>.localhost names, in a child node process that trusts vmon's CA.
 
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
+import { execFileSync, spawn } from 'node:child_process';
+import os from 'node:os';
 import fs from 'node:fs';
 import https from 'node:https';
 import path from 'node:path';
@@ -219,5 +220,53 @@ describe('host mode over TLS (--tls self-signed, E2B_DOMAIN=localhost)', () => {
     });
     assert.equal(body.status, 200, body.data);
     assert.deepEqual(JSON.parse(body.data), [], `no sandbox of this run listed (child created ${childSandboxId})`);
+  });
+});
+
+describe('operator certificate (--tls-cert/--tls-key), header mode over HTTPS', () => {
+  const certDir = fs.mkdtempSync(path.join(os.tmpdir(), 'vmon-cert-'));
+  const cert = path.join(certDir, 'cert.pem');
+  const key = path.join(certDir, 'key.pem');
+  // An operator's own certificate for the listener's address, made before the server starts.
+  execFileSync('openssl', [
+    'req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:P-256', '-nodes',
+    '-keyout', key, '-out', cert, '-days', '1', '-subj', '/CN=127.0.0.1',
+    '-addext', 'subjectAltName=IP:127.0.0.1',
+  ], { stdio: 'ignore' });
+  const srv = useServer({ name: 'ingress-cert', headerTlsCA: cert, args: ['--tls-cert', cert, '--tls-key', key] });
+  srv.after(() => fs.rmSync(certDir, { recursive: true, force: true }));
+
+  srv.test('the SDK works over HTTPS with the operator certificate', async () => {
+    const env = { ...process.env };
+    for (const k of Object.keys(env)) if (k.startsWith('E2B_')) delete env[k];
+    Object.assign(env, {
+      NODE_EXTRA_CA_CERTS: cert,
+      E2B_API_KEY: srv.apiKey,
+      E2B_API_URL: srv.apiUrl,
+      E2B_SANDBOX_URL: srv.apiUrl,
+    });
+    const child = spawn(process.execPath, [path.join(E2E_DIR, 'lib', 'https-header-client.js')], {
+      cwd: E2E_DIR,
+      env,
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    let stdout = '';
+    let stderr = '';
+    child.stdout.on('data', (d) => (stdout += d));
+    child.stderr.on('data', (d) => (stderr += d));
+    const timer = setTimeout(() => child.kill('SIGKILL'), 120_000);
+    const code = await new Promise((resolve) => child.on('exit', (c, s) => resolve(c ?? s)));
+    clearTimeout(timer);
+    const line = stdout.split('\n').find((l) => l.startsWith('E2E_RESULT='));
+    assert.ok(line, `child printed no result (exit ${code})\n${stdout}\n${stderr}`);
+    const out = JSON.parse(line.slice('E2E_RESULT='.length));
+    assert.equal(out.error, undefined, `child failed: ${JSON.stringify(out)}\n${stderr}`);
+    assert.deepEqual(out.run, { stdout: 'tls\nuser\n', exitCode: 0 });
+    assert.equal(out.read, 'over-https');
+    assert.equal(out.killed, true);
+    // Plain HTTP on the TLS listener reaches neither the API nor a sandbox (Go answers 400).
+    const plain = await fetch(`http://127.0.0.1:${srv.port}/sandboxes`, { headers: { 'X-API-KEY': srv.apiKey } });
+    assert.equal(plain.status, 400);
+    assert.match(await plain.text(), /HTTP request to an HTTPS server/);
   });
 });

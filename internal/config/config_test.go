@@ -1,0 +1,79 @@
+package config
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spf13/pflag"
+)
+
+func parse(t *testing.T, args []string, env map[string]string) (*Serve, error) {
+	t.Helper()
+	for k, v := range env {
+		t.Setenv(k, v)
+	}
+	var c Serve
+	fs := pflag.NewFlagSet("serve", pflag.ContinueOnError)
+	BindServe(fs, &c)
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if err := ApplyEnv(fs); err != nil {
+		return nil, err
+	}
+	return &c, c.Validate()
+}
+
+func TestDefaults(t *testing.T) {
+	c, err := parse(t, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Listen != "127.0.0.1:3000" || c.DataDir != "/var/lib/vmon" || c.Domain != "localhost" ||
+		c.MaxSandboxTimeout != 24*time.Hour || c.Role != "all" || c.Runtime != "gvisor" || c.WarmPool != 1 {
+		t.Fatalf("defaults: %+v", c)
+	}
+}
+
+func TestEnvAndFlagPrecedence(t *testing.T) {
+	c, err := parse(t, []string{"--listen", "127.0.0.1:4000"}, map[string]string{
+		"VMON_LISTEN":              "127.0.0.1:5000",
+		"VMON_DATA_DIR":            "/srv/vmon",
+		"VMON_MAX_SANDBOX_TIMEOUT": "2h",
+		"VMON_BOOT_CONCURRENCY":    "8",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Listen != "127.0.0.1:4000" {
+		t.Fatalf("flag must win over env: %s", c.Listen)
+	}
+	if c.DataDir != "/srv/vmon" || c.MaxSandboxTimeout != 2*time.Hour || c.BootConcurrency != 8 {
+		t.Fatalf("env not applied: %+v", c)
+	}
+}
+
+func TestInvalid(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		env  map[string]string
+		want string
+	}{
+		{args: []string{"--role", "node"}, want: "gossip"},
+		{args: []string{"--role", "x"}, want: "--role"},
+		{args: []string{"--tls", "acme"}, want: "--tls"},
+		{args: []string{"--tls-cert", "a.pem"}, want: "go together"},
+		{args: []string{"--boot-concurrency", "0"}, want: "--boot-concurrency"},
+		{args: []string{"--boot-concurrency", "33"}, want: "--boot-concurrency"},
+		{args: []string{"--warm-pool", "-1"}, want: "--warm-pool"},
+		{args: []string{"--runtime", "firecracker"}, want: "not available"},
+		{args: []string{"--max-sandbox-timeout", "0s"}, want: "positive"},
+		{env: map[string]string{"VMON_BOOT_CONCURRENCY": "many"}, want: "VMON_BOOT_CONCURRENCY"},
+	} {
+		_, err := parse(t, tc.args, tc.env)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v %v: error %v, want it to mention %q", tc.args, tc.env, err, tc.want)
+		}
+	}
+}

@@ -1,0 +1,70 @@
+package doctor
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func find(t *testing.T, rs []Result, prefix string) Result {
+	t.Helper()
+	for _, r := range rs {
+		if strings.HasPrefix(r.Name, prefix) {
+			return r
+		}
+	}
+	t.Fatalf("no check named %q", prefix)
+	return Result{}
+}
+
+func TestMissingThingsFailWithAFix(t *testing.T) {
+	dir := t.TempDir()
+	rs := Run(context.Background(), Options{
+		DataDir:   dir,
+		RunscPath: filepath.Join(dir, "no-runsc"),
+		EnvdPath:  filepath.Join(dir, "no-envd"),
+	})
+	for _, name := range []string{"runtime", "envd"} {
+		r := find(t, rs, name)
+		if r.Level != Fail || r.Fix == "" {
+			t.Errorf("%s: %+v, want a failure with a fix", name, r)
+		}
+	}
+	if r := find(t, rs, "template base"); r.Level != Warn || !strings.Contains(r.Fix, "vmon template build base") {
+		t.Errorf("template: %+v", r)
+	}
+	var out bytes.Buffer
+	if Print(&out, rs) {
+		t.Fatal("Print reported success with failed checks")
+	}
+	if !strings.Contains(out.String(), "fix: ") {
+		t.Fatalf("output has no fixes:\n%s", out.String())
+	}
+}
+
+func TestSocketPathLength(t *testing.T) {
+	if r := checkSocketPath("/var/lib/vmon"); r.Level != OK {
+		t.Fatalf("short dir: %+v", r)
+	}
+	if r := checkSocketPath("/" + strings.Repeat("d", 80)); r.Level != Fail {
+		t.Fatalf("long dir: %+v", r)
+	}
+}
+
+func TestEnvdAndRunscFound(t *testing.T) {
+	// This test binary is a static-or-not Go ELF file; envd only needs to exist.
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := checkEnvd(exe); r.Level != OK {
+		t.Fatalf("envd: %+v", r)
+	}
+	// A Go binary without gvisor in its build info is reported as the wrong version.
+	if r := checkRunsc(Options{RunscPath: exe, RunscVersion: "160fafc42237"}); r.Level == OK {
+		t.Fatalf("a non-runsc binary passed the runsc check: %+v", r)
+	}
+}

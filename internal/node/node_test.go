@@ -1,0 +1,376 @@
+package node
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/yamux"
+
+	"github.com/vibemon/vmon/internal/agentproto"
+	"github.com/vibemon/vmon/internal/runtime"
+)
+
+// fakeRuntime "runs" a sandbox by dialling its agent socket like envd and answering /init.
+type fakeRuntime struct {
+	mu       sync.Mutex
+	running  map[string]func() // id -> stop
+	inits    map[string]map[string]any
+	failNext error
+}
+
+func newFakeRuntime() *fakeRuntime {
+	return &fakeRuntime{running: map[string]func(){}, inits: map[string]map[string]any{}}
+}
+
+func (f *fakeRuntime) Start(_ context.Context, spec runtime.Spec) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.failNext; err != nil {
+		f.failNext = nil
+		return err
+	}
+	f.running[spec.ID] = f.envd(spec.ID, filepath.Join(spec.Mounts[0].HostPath, agentproto.SocketName))
+	return nil
+}
+
+// envd connects to the socket and keeps redialling, as the real envd does after a restart.
+func (f *fakeRuntime) envd(id, sock string) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	handler := http.NewServeMux()
+	handler.HandleFunc("POST /init", func(w http.ResponseWriter, r *http.Request) {
+		var body map[string]any
+		_ = json.NewDecoder(r.Body).Decode(&body)
+		f.mu.Lock()
+		f.inits[id] = body
+		f.mu.Unlock()
+		w.WriteHeader(http.StatusNoContent)
+	})
+	go func() {
+		for ctx.Err() == nil {
+			conn, err := net.Dial("unix", sock)
+			if err != nil {
+				time.Sleep(10 * time.Millisecond)
+				continue
+			}
+			sess, err := yamux.Server(conn, agentproto.YamuxConfig())
+			if err != nil {
+				conn.Close()
+				continue
+			}
+			go func() { <-ctx.Done(); sess.Close() }()
+			_ = (&http.Server{Handler: handler}).Serve(sess)
+		}
+	}()
+	return cancel
+}
+
+func (f *fakeRuntime) Status(_ context.Context, id string) (runtime.Status, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, ok := f.running[id]; ok {
+		return runtime.StatusRunning, nil
+	}
+	return runtime.StatusNotFound, nil
+}
+
+func (f *fakeRuntime) Destroy(_ context.Context, id string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if stop, ok := f.running[id]; ok {
+		stop()
+		delete(f.running, id)
+	}
+	return nil
+}
+
+func (f *fakeRuntime) List(context.Context) ([]string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var ids []string
+	for id := range f.running {
+		ids = append(ids, id)
+	}
+	return ids, nil
+}
+
+type fakeRootFS struct{}
+
+func (fakeRootFS) Prepare(_ context.Context, _, dir string) (string, error) {
+	root := filepath.Join(dir, "root")
+	return root, os.MkdirAll(root, 0o755)
+}
+func (fakeRootFS) Release(_ context.Context, dir string) error {
+	return os.RemoveAll(filepath.Join(dir, "root"))
+}
+
+type fakeNetNS struct {
+	mu    sync.Mutex
+	names map[string]bool
+}
+
+func (f *fakeNetNS) Create(_ context.Context, name string) (string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.names[name] = true
+	return "/run/netns/" + name, nil
+}
+func (f *fakeNetNS) Delete(_ context.Context, name string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.names, name)
+	return nil
+}
+func (f *fakeNetNS) List(context.Context) ([]string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []string
+	for n := range f.names {
+		out = append(out, n)
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+type fakeTemplates struct{}
+
+func (fakeTemplates) RootFS(_ context.Context, id string) (string, error) {
+	if id != "base" {
+		return "", errors.New("unknown template")
+	}
+	return "/nonexistent/base", nil
+}
+
+type env struct {
+	dir string
+	rt  *fakeRuntime
+	ns  *fakeNetNS
+}
+
+func newEnv(t *testing.T) *env {
+	// Agent socket paths must fit a unix address (108 bytes); t.TempDir() names are too long.
+	dir, err := os.MkdirTemp("", "vn")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return &env{dir: dir, rt: newFakeRuntime(), ns: &fakeNetNS{names: map[string]bool{}}}
+}
+
+func (e *env) node(t *testing.T, warm []WarmSpec) *Node {
+	t.Helper()
+	n, err := New(Options{
+		DataDir: e.dir, Runtime: e.rt, RootFS: fakeRootFS{}, NetNS: e.ns, Templates: fakeTemplates{},
+		EnvdPath: "/usr/local/bin/envd", BootTimeout: 5 * time.Second, Warm: warm,
+		Log: slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = n.Close(context.Background()) })
+	return n
+}
+
+func spec(id string) CreateSpec {
+	return CreateSpec{ID: id, TemplateID: "base", CPUs: 2, MemoryMB: 512, AccessToken: "tok-" + id,
+		DefaultUser: "user", EnvVars: map[string]string{"A": "1"}}
+}
+
+func (e *env) sandboxDirs(t *testing.T) []string {
+	t.Helper()
+	ents, err := os.ReadDir(filepath.Join(e.dir, "sandboxes"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, d := range ents {
+		out = append(out, d.Name())
+	}
+	return out
+}
+
+func TestCreateDeliversInitAndDestroyCleansUp(t *testing.T) {
+	e := newEnv(t)
+	n := e.node(t, nil)
+	ctx := context.Background()
+	if _, err := n.CreateSandbox(ctx, spec("abc")); err != nil {
+		t.Fatal(err)
+	}
+	e.rt.mu.Lock()
+	init := e.rt.inits["abc"]
+	e.rt.mu.Unlock()
+	if init["accessToken"] != "tok-abc" || init["defaultUser"] != "user" {
+		t.Fatalf("init body %v", init)
+	}
+	if _, ok := n.Channel("abc"); !ok {
+		t.Fatal("no channel for a created sandbox")
+	}
+	if err := n.DestroySandbox(ctx, "abc"); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.DestroySandbox(ctx, "abc"); err != nil {
+		t.Fatalf("destroying a gone sandbox: %v", err)
+	}
+	if d := e.sandboxDirs(t); len(d) != 0 {
+		t.Fatalf("left dirs %v", d)
+	}
+	if ns, _ := e.ns.List(ctx); len(ns) != 0 {
+		t.Fatalf("left namespaces %v", ns)
+	}
+}
+
+func TestFailedStartRollsBack(t *testing.T) {
+	e := newEnv(t)
+	n := e.node(t, nil)
+	e.rt.failNext = errors.New("boom")
+	if _, err := n.CreateSandbox(context.Background(), spec("abc")); err == nil {
+		t.Fatal("create succeeded")
+	}
+	if d := e.sandboxDirs(t); len(d) != 0 {
+		t.Fatalf("left dirs %v", d)
+	}
+	if ns, _ := e.ns.List(context.Background()); len(ns) != 0 {
+		t.Fatalf("left namespaces %v", ns)
+	}
+	if _, err := n.CreateSandbox(context.Background(), spec("BAD-id")); err == nil {
+		t.Fatal("invalid id accepted")
+	}
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestWarmPoolHandsOutMatchingShapeAndRefills(t *testing.T) {
+	e := newEnv(t)
+	n := e.node(t, []WarmSpec{{TemplateID: "base", CPUs: 2, MemoryMB: 512, Size: 1}})
+	n.StartWarmPool()
+	ready := func() int {
+		n.pool.mu.Lock()
+		defer n.pool.mu.Unlock()
+		return len(n.pool.ready[0])
+	}
+	waitFor(t, "the pool to fill", func() bool { return ready() == 1 })
+	n.pool.mu.Lock()
+	warmID := n.pool.ready[0][0].runtimeID
+	n.pool.mu.Unlock()
+
+	// Another shape boots fresh and leaves the pool alone.
+	other := spec("big")
+	other.MemoryMB = 1024
+	if _, err := n.CreateSandbox(context.Background(), other); err != nil {
+		t.Fatal(err)
+	}
+	if ready() != 1 {
+		t.Fatal("a create of another shape took the warm sandbox")
+	}
+	// The matching shape gets the pre-started one, bound to its API id.
+	if _, err := n.CreateSandbox(context.Background(), spec("abc")); err != nil {
+		t.Fatal(err)
+	}
+	sb, _ := n.lookup("abc")
+	if sb.runtimeID != warmID {
+		t.Fatalf("abc runs as %s, want the warm %s", sb.runtimeID, warmID)
+	}
+	b, err := os.ReadFile(filepath.Join(e.dir, "sandboxes", warmID, sandboxIDFile))
+	if err != nil || string(b) != "abc" {
+		t.Fatalf("sandbox-id file: %q %v", b, err)
+	}
+	waitFor(t, "the pool to refill", func() bool { return ready() == 1 })
+
+	// Destroy by API id reaches the runtime id.
+	if err := n.DestroySandbox(context.Background(), "abc"); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := e.rt.Status(context.Background(), warmID); st != runtime.StatusNotFound {
+		t.Fatalf("warm runtime still %v", st)
+	}
+	// Close destroys the unclaimed pre-started sandbox but keeps handed-out ones.
+	if err := n.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	ids, _ := e.rt.List(context.Background())
+	if len(ids) != 1 || ids[0] != "big" {
+		t.Fatalf("after Close runtime has %v, want only [big]", ids)
+	}
+}
+
+func TestRecoverAdoptsHandedOutAndDiscardsTheRest(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	n1 := e.node(t, []WarmSpec{{TemplateID: "base", CPUs: 2, MemoryMB: 512, Size: 1}})
+	n1.StartWarmPool()
+	for _, id := range []string{"alive", "dead"} {
+		if _, err := n1.CreateSandbox(ctx, spec(id)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "the pool to fill", func() bool {
+		n1.pool.mu.Lock()
+		defer n1.pool.mu.Unlock()
+		return len(n1.pool.ready[0]) == 1
+	})
+	// The previous process dies without cleaning up; one sandbox's runtime dies with it and an
+	// orphan namespace is left behind.
+	n1.pool.mu.Lock()
+	n1.pool.cancel()
+	n1.pool.cancel = nil
+	n1.pool.mu.Unlock()
+	for _, id := range []string{"alive", "dead"} {
+		sb, _ := n1.lookup(id)
+		sb.ch.Close()
+	}
+	deadRID := func() string { sb, _ := n1.lookup("dead"); return sb.runtimeID }()
+	_ = e.rt.Destroy(ctx, deadRID)
+	_, _ = e.ns.Create(ctx, netnsPrefix+"orphan")
+
+	n2 := e.node(t, nil)
+	live, err := n2.Recover(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(live, []string{"alive"}) {
+		t.Fatalf("recovered %v, want [alive]", live)
+	}
+	sb, ok := n2.lookup("alive")
+	if !ok || sb.token != "tok-alive" {
+		t.Fatalf("adopted sandbox lost its token: %+v", sb)
+	}
+	// Only the adopted sandbox remains: the dead one, the unclaimed warm one and the orphan
+	// namespace are gone.
+	aliveRID := sb.runtimeID
+	if d := e.sandboxDirs(t); !slices.Equal(d, []string{aliveRID}) {
+		t.Fatalf("dirs %v, want [%s]", d, aliveRID)
+	}
+	if ids, _ := e.rt.List(ctx); !slices.Equal(ids, []string{aliveRID}) {
+		t.Fatalf("runtime %v, want [%s]", ids, aliveRID)
+	}
+	if ns, _ := e.ns.List(ctx); !slices.Equal(ns, []string{netnsPrefix + aliveRID}) {
+		t.Fatalf("namespaces %v", ns)
+	}
+	// The adopted sandbox's envd is reachable again.
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, envdURL("/init"), nil)
+	resp, err := sb.ch.Transport().RoundTrip(req)
+	if err != nil {
+		t.Fatalf("envd after recovery: %v", err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+}
