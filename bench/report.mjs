@@ -46,12 +46,12 @@ if (cold) {
   row('', '… of which the first `commands.run(\'true\')`', cold.firstRun);
 } else skipped(1, 'SDK create → first run, cold', failed.includes('1-sdk-cold') ? 'FAILED' : 'not run');
 if (rt) {
-  row(2, 'runsc `create` + `start` + `exec <id> true` (same rootfs, flags and config shape; overlay + netns ready)', rt.run,
+  row(2, 'runsc `run --detach` + `exec <id> true` (same rootfs, flags and config shape; overlay + netns ready)', rt.run,
     `${rt.n} sequential, 1 unmeasured warm-up; init \`sleep infinity\``);
-  row('', '… of which `runsc create` + `start`', rt.boot);
+  row('', '… of which `runsc run --detach`', rt.boot);
   row('', '… of which `runsc exec <id> true`', rt.exec);
   row('', 'overlay mount + `ip netns add` + lo up + config.json (not in the line above)', rt.setup);
-  row('', 'all of it: setup + create + start + exec', rt.full);
+  row('', 'all of it: setup + run + exec', rt.full);
 } else skipped(2, 'runsc run + exec', failed.includes('2-runtime') ? 'FAILED' : 'not run');
 if (warm) {
   row(3, `SDK create → first run, warm (\`--warm-pool ${meta.warmPool}\`)`, warm.total,
@@ -89,7 +89,7 @@ lines.push('Ratios (target ≤ 1.2 cold; warm p50 target ≤ 50 ms)');
 lines.push('');
 lines.push('| ratio | p50 | p95 |');
 lines.push('|---|---|---|');
-lines.push(`| SDK create→first run (1) / runsc create+start+exec (2) | ${ratios.p50 ?? '–'}${mark(ratios.p50, 1.2)} | ${ratios.p95 ?? '–'}${mark(ratios.p95, 1.2)} |`);
+lines.push(`| SDK create→first run (1) / runsc run+exec (2) | ${ratios.p50 ?? '–'}${mark(ratios.p50, 1.2)} | ${ratios.p95 ?? '–'}${mark(ratios.p95, 1.2)} |`);
 lines.push(`| SDK create→first run (1) / runsc incl. overlay+netns setup (2, all) | ${ratios.p50VsFull ?? '–'}${mark(ratios.p50VsFull, 1.2)} | ${ratios.p95VsFull ?? '–'}${mark(ratios.p95VsFull, 1.2)} |`);
 if (warm) lines.push(`| warm p50 (3) vs 50 ms target | ${ms(warm.total.p50)} ms${warm.total.p50 <= 50 ? ' ✓' : ' ✗'} | |`);
 

@@ -7,7 +7,7 @@
 // Per iteration (each cleaned up before the next, cleanup not timed):
 //   setup (timed separately): overlay of <data>/templates/base/<rootfs> with a fresh upper/work
 //     (mount -t overlay, the options vmon uses), `ip netns add` + loopback up, config.json;
-//   measured: `runsc create` + `runsc start` (as vmon does) + `runsc exec <id> true`.
+//   measured: `runsc run --detach` (as vmon does) + `runsc exec <id> true`.
 // The config is vmon's own config.json captured from a live sandbox (--template-config, written
 // by `sdk.mjs create --capture-config`) with the paths, netns, cgroup and init rewritten; the init
 // is `sleep infinity` instead of envd, since nothing here talks to envd.
@@ -174,19 +174,17 @@ async function bootAndExec(it) {
   const consoleFd = fs.openSync(path.join(it.dir, 'console.log'), 'a', 0o600);
   try {
     // detached: runsc (and the sandbox it forks) in its own session, as vmon runs it.
-    const c = await runsc('create', ['--bundle', it.dir, '--pid-file', path.join(it.dir, 'sandbox.pid'), it.id], {
+    const c = await runsc('run', ['--detach', '--bundle', it.dir, '--pid-file', path.join(it.dir, 'sandbox.pid'), it.id], {
       stdio: ['ignore', consoleFd, consoleFd],
       detached: true,
       timeoutMs: 60_000,
     });
     if (c.code !== 0) {
-      throw new Error(`runsc create exited ${c.code ?? c.signal}: ${fs.readFileSync(path.join(it.dir, 'console.log'), 'utf8').slice(-800)}`);
+      throw new Error(`runsc run --detach exited ${c.code ?? c.signal}: ${fs.readFileSync(path.join(it.dir, 'console.log'), 'utf8').slice(-800)}`);
     }
   } finally {
     fs.closeSync(consoleFd);
   }
-  const s = await runsc('start', [it.id], { timeoutMs: 60_000 });
-  if (s.code !== 0) throw new Error(`runsc start: ${s.stderr.trim()}`);
   const tStarted = now();
   const e = await runsc('exec', [it.id, 'true'], { timeoutMs: 60_000 });
   if (e.code !== 0) throw new Error(`runsc exec true exited ${e.code}: ${e.stderr.trim()}`);
@@ -204,8 +202,8 @@ for (const sig of ['SIGINT', 'SIGTERM']) {
 
 async function main() {
   fs.mkdirSync(runscRoot, { recursive: true, mode: 0o700 });
-  const runMs = []; // runsc create + start + exec true
-  const bootMs = []; // runsc create + start
+  const runMs = []; // runsc run --detach + exec true
+  const bootMs = []; // runsc run --detach
   const execMs = []; // first runsc exec true
   const setupMs = []; // overlay + netns + config.json
   const fullMs = []; // setup + run
@@ -225,7 +223,7 @@ async function main() {
         bootMs.push(tStarted - t1);
         execMs.push(t2 - tStarted);
         fullMs.push(t2 - t0);
-        process.stderr.write(`  [runtime] ${i - warmup + 1}/${n}: run+exec ${(t2 - t1).toFixed(1)} ms (create+start ${(tStarted - t1).toFixed(1)}, exec ${(t2 - tStarted).toFixed(1)}; setup ${(t1 - t0).toFixed(1)})\n`);
+        process.stderr.write(`  [runtime] ${i - warmup + 1}/${n}: run+exec ${(t2 - t1).toFixed(1)} ms (run ${(tStarted - t1).toFixed(1)}, exec ${(t2 - tStarted).toFixed(1)}; setup ${(t1 - t0).toFixed(1)})\n`);
       }
     } finally {
       await teardown(it);

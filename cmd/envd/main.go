@@ -2,9 +2,10 @@
 // use it. It serves its API over the agent channel (a unix socket the node bind-mounts into the
 // sandbox, see internal/agentproto) and, for tests and debugging, on an optional TCP address.
 //
-// As PID 1 (or with --init) it first re-executes itself as a child that runs the server and stays
-// behind as a minimal init: it reaps every zombie, including orphaned background processes that
-// the kernel reparents to PID 1, forwards SIGTERM/SIGINT to the child and exits with it.
+// As PID 1 (or with --init) it is also the sandbox's init, in the same process: it reaps every
+// zombie nobody waits for, including orphaned background processes the kernel reparents to PID 1,
+// while the processes it started stay for their own waiters (internal/envd/reaper). One process
+// instead of an init plus a server child saves a Go start-up on every sandbox boot.
 package main
 
 import (
@@ -23,6 +24,8 @@ import (
 
 	"github.com/vibemon/vmon/internal/agentproto"
 	"github.com/vibemon/vmon/internal/envd/channel"
+	"github.com/vibemon/vmon/internal/envd/process"
+	"github.com/vibemon/vmon/internal/envd/reaper"
 	"github.com/vibemon/vmon/internal/envd/server"
 )
 
@@ -43,7 +46,7 @@ func run(args []string) int {
 	fl := flag.NewFlagSet("envd", flag.ContinueOnError)
 	fl.StringVar(&cfg.socket, "agent-socket", agentproto.GuestSocket, "unix socket of the node's agent channel (empty: no channel)")
 	fl.StringVar(&cfg.listen, "listen", "", "also serve the API on this TCP address, e.g. 127.0.0.1:49983 (tests, debugging)")
-	fl.BoolVar(&cfg.initMode, "init", false, "run as init: re-exec as a child server and reap zombies (implied when PID 1)")
+	fl.BoolVar(&cfg.initMode, "init", false, "also act as init: reap orphaned zombies (implied when PID 1)")
 	fl.BoolVar(&cfg.setClock, "set-clock", true, "let POST /init set the system clock from its timestamp")
 	fl.TextVar(&cfg.logLevel, "log-level", slog.LevelInfo, "log level (debug, info, warn, error)")
 	version := fl.Bool("version", false, "print the envd protocol version and exit")
@@ -58,15 +61,19 @@ func run(args []string) int {
 		return 0
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: cfg.logLevel}))
+	var starter process.Starter
 	if cfg.initMode || os.Getpid() == 1 {
-		code, err := runInit(log, args)
+		r, err := reaper.New(log)
 		if err != nil {
 			log.Error("init failed", "err", err)
 			return 1
 		}
-		return code
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		go r.Run(ctx)
+		starter = r
 	}
-	if err := serve(cfg, log); err != nil {
+	if err := serve(cfg, log, starter); err != nil {
 		log.Error("envd failed", "err", err)
 		return 1
 	}
@@ -74,14 +81,14 @@ func run(args []string) int {
 }
 
 // serve runs the API on the agent channel and/or the TCP listener until SIGTERM or SIGINT.
-func serve(cfg config, log *slog.Logger) error {
+func serve(cfg config, log *slog.Logger, starter process.Starter) error {
 	if cfg.socket == "" && cfg.listen == "" {
 		return errors.New("nothing to serve: set --agent-socket and/or --listen")
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 
-	srv, err := server.New(server.Options{Logger: log, SetClock: cfg.setClock})
+	srv, err := server.New(server.Options{Logger: log, SetClock: cfg.setClock, Starter: starter})
 	if err != nil {
 		return fmt.Errorf("create server: %w", err)
 	}

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -66,7 +67,8 @@ func procStatus(pid int, field string) string {
 }
 
 // TestInitReapsOrphans runs envd --init: an orphaned background process must be reparented to
-// envd's init (a subreaper when not PID 1) and reaped when it exits; SIGTERM stops everything.
+// envd (a subreaper when not PID 1) and reaped when it exits, while the exit codes of the
+// processes envd waits for stay intact; SIGTERM stops everything.
 func TestInitReapsOrphans(t *testing.T) {
 	addr := "127.0.0.1:" + strconv.Itoa(freePort(t))
 	cmd := envdCommand("--init", "--agent-socket", "", "--listen", addr, "--set-clock=false")
@@ -129,7 +131,42 @@ func TestInitReapsOrphans(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 
-	// SIGTERM to init is forwarded to the server child; init exits with it.
+	// The reaper must never take the exit status of a process envd waits for itself: start many
+	// short commands, each leaving an orphan behind, and check every exit code arrives intact.
+	var wg sync.WaitGroup
+	codes := make(chan int32, 20)
+	for i := 0; i < 20; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			st, err := client.Start(ctx, connect.NewRequest(&pb.StartRequest{
+				Process: &pb.ProcessConfig{Cmd: "/bin/sh", Args: []string{"-c", "sleep 0.05 >/dev/null 2>&1 & exit 7"}}, Stdin: &no,
+			}))
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			for st.Receive() {
+				if end := st.Msg().GetEvent().GetEnd(); end != nil {
+					codes <- end.GetExitCode()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(codes)
+	n := 0
+	for c := range codes {
+		n++
+		if c != 7 {
+			t.Errorf("exit code %d, want 7", c)
+		}
+	}
+	if n != 20 {
+		t.Fatalf("%d of 20 commands reported an end", n)
+	}
+
+	// SIGTERM stops envd, init included.
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}

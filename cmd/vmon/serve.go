@@ -3,7 +3,9 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"crypto/tls"
+	"encoding/hex"
 	"fmt"
 	"io"
 	"log/slog"
@@ -89,14 +91,15 @@ func serve(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 		return fmt.Errorf("runtime: %w (run `vmon doctor`)", err)
 	}
 	n, err := node.New(node.Options{
-		DataDir:   c.DataDir,
-		Runtime:   rt,
-		RootFS:    rootfsAdapter{},
-		NetNS:     netnsAdapter{},
-		Templates: templateRoots{dataDir: c.DataDir},
-		EnvdPath:  envdPath,
-		Warm:      warmSpecs(manifests, c.WarmPool),
-		Log:       log.With("component", "node"),
+		DataDir:     c.DataDir,
+		Runtime:     rt,
+		RootFS:      rootfsAdapter{},
+		NetNS:       netnsAdapter{},
+		Templates:   templateRoots{dataDir: c.DataDir},
+		EnvdPath:    envdPath,
+		NetNSPrefix: netnsPrefix(c.DataDir),
+		Warm:        warmSpecs(manifests, c.WarmPool),
+		Log:         log.With("component", "node"),
 	})
 	if err != nil {
 		return err
@@ -280,6 +283,17 @@ func ensureAdminKey(ctx context.Context, st *store.Store, dataDir string) (strin
 		return "", nil // revoked since; don't advertise it
 	}
 	return plain, nil
+}
+
+// netnsPrefix scopes this node's network namespace names by its data dir, because /run/netns is
+// shared by every vmon on the host and recovery removes the namespaces it does not own.
+func netnsPrefix(dataDir string) string {
+	abs, err := filepath.Abs(dataDir)
+	if err != nil {
+		abs = dataDir
+	}
+	sum := sha256.Sum256([]byte(abs))
+	return "vmon-" + hex.EncodeToString(sum[:3]) + "-"
 }
 
 // warmSpecs keeps size pre-started sandboxes of the base template in its default shape.

@@ -202,7 +202,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			writeJSON(w, http.StatusForbidden, map[string]any{"code": http.StatusForbidden, "message": "this envd endpoint is not reachable through ingress"})
 			return
 		}
-		p.envd.ServeHTTP(w, r)
+		p.envd.ServeHTTP(&lazyEndStream{ResponseWriter: w}, r)
 		return
 	}
 	if target.TrafficToken != "" {
@@ -217,6 +217,38 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	p.ports.ServeHTTP(w, r)
 }
+
+// lazyEndStream switches to an endStreamWriter once the response turns out to be a Connect stream.
+type lazyEndStream struct {
+	http.ResponseWriter
+	es *endStreamWriter
+}
+
+func (l *lazyEndStream) WriteHeader(code int) {
+	if isConnectStream(l.Header().Get("Content-Type")) {
+		l.es = &endStreamWriter{ResponseWriter: l.ResponseWriter}
+	}
+	l.ResponseWriter.WriteHeader(code)
+}
+
+func (l *lazyEndStream) Write(b []byte) (int, error) {
+	if l.es != nil {
+		return l.es.Write(b)
+	}
+	return l.ResponseWriter.Write(b)
+}
+
+func (l *lazyEndStream) Flush() {
+	if l.es != nil {
+		l.es.Flush()
+		return
+	}
+	if f, ok := l.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+func (l *lazyEndStream) Unwrap() http.ResponseWriter { return l.ResponseWriter }
 
 // address finds the sandbox id and port a request is for; "" id means "find it by signature".
 func (p *Proxy) address(r *http.Request) (string, int, error) {

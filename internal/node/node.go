@@ -57,6 +57,9 @@ type Options struct {
 	EnvdPath string
 	// BootTimeout bounds how long a boot waits for envd to come up.
 	BootTimeout time.Duration
+	// NetNSPrefix starts the names of this node's network namespaces. Namespaces are host-global,
+	// so it must differ between nodes sharing a host (each recovery removes its own orphans).
+	NetNSPrefix string
 	// Warm lists the pre-started sandboxes to keep per template shape (the warm path).
 	Warm []WarmSpec
 	Log  *slog.Logger
@@ -64,7 +67,6 @@ type Options struct {
 
 const (
 	guestBinDir = "/opt/vmon/bin"
-	netnsPrefix = "vmon-"
 	// sandboxIDFile names, inside a sandbox's directory, the API sandbox id it was handed to. Its
 	// absence marks a pre-started sandbox nobody claimed, which recovery discards.
 	sandboxIDFile = "sandbox-id"
@@ -104,6 +106,9 @@ type sandbox struct {
 func New(opts Options) (*Node, error) {
 	if opts.BootTimeout == 0 {
 		opts.BootTimeout = 60 * time.Second
+	}
+	if opts.NetNSPrefix == "" {
+		opts.NetNSPrefix = "vmon-"
 	}
 	if err := os.MkdirAll(filepath.Join(opts.DataDir, "sandboxes"), 0o700); err != nil {
 		return nil, fmt.Errorf("create sandboxes dir: %w", err)
@@ -195,11 +200,11 @@ func (n *Node) boot(ctx context.Context, runtimeID, templateID string, cpus, mem
 	}
 	undo = append(undo, func() { _ = n.opts.RootFS.Release(teardownCtx, dir) })
 
-	nsPath, err := n.opts.NetNS.Create(ctx, netnsPrefix+runtimeID)
+	nsPath, err := n.opts.NetNS.Create(ctx, n.opts.NetNSPrefix+runtimeID)
 	if err != nil {
 		return nil, fmt.Errorf("create network namespace: %w", err)
 	}
-	undo = append(undo, func() { _ = n.opts.NetNS.Delete(teardownCtx, netnsPrefix+runtimeID) })
+	undo = append(undo, func() { _ = n.opts.NetNS.Delete(teardownCtx, n.opts.NetNSPrefix+runtimeID) })
 
 	ch, err := agent.Listen(agentDir, n.log.With("runtime_id", runtimeID))
 	if err != nil {
@@ -310,7 +315,7 @@ func (n *Node) teardown(ctx context.Context, runtimeID string, ch *agent.Channel
 	if ch != nil {
 		_ = ch.Close()
 	}
-	if err := n.opts.NetNS.Delete(ctx, netnsPrefix+runtimeID); err != nil {
+	if err := n.opts.NetNS.Delete(ctx, n.opts.NetNSPrefix+runtimeID); err != nil {
 		errs = append(errs, fmt.Errorf("delete network namespace: %w", err))
 	}
 	dir := n.sandboxDir(runtimeID)

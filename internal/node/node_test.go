@@ -15,9 +15,12 @@ import (
 	"testing"
 	"time"
 
+	"connectrpc.com/connect"
 	"github.com/hashicorp/yamux"
 
 	"github.com/vibemon/vmon/internal/agentproto"
+	"github.com/vibemon/vmon/internal/envd/gen/process"
+	"github.com/vibemon/vmon/internal/envd/gen/process/processconnect"
 	"github.com/vibemon/vmon/internal/runtime"
 )
 
@@ -56,6 +59,8 @@ func (f *fakeRuntime) envd(id, sock string) (stop func()) {
 		f.mu.Unlock()
 		w.WriteHeader(http.StatusNoContent)
 	})
+	path, h := processconnect.NewProcessHandler(fakeProcess{})
+	handler.Handle(path, h)
 	go func() {
 		for ctx.Err() == nil {
 			conn, err := net.Dial("unix", sock)
@@ -73,6 +78,18 @@ func (f *fakeRuntime) envd(id, sock string) (stop func()) {
 		}
 	}()
 	return cancel
+}
+
+// fakeProcess answers Start with a start and a successful end event, as envd does for `true`.
+type fakeProcess struct {
+	processconnect.UnimplementedProcessHandler
+}
+
+func (fakeProcess) Start(_ context.Context, _ *connect.Request[process.StartRequest], s *connect.ServerStream[process.StartResponse]) error {
+	if err := s.Send(&process.StartResponse{Event: &process.ProcessEvent{Event: &process.ProcessEvent_Start{Start: &process.ProcessEvent_StartEvent{Pid: 1}}}}); err != nil {
+		return err
+	}
+	return s.Send(&process.StartResponse{Event: &process.ProcessEvent{Event: &process.ProcessEvent_End{End: &process.ProcessEvent_EndEvent{Exited: true, Status: "exit status 0"}}}})
 }
 
 func (f *fakeRuntime) Status(_ context.Context, id string) (runtime.Status, error) {
@@ -339,7 +356,9 @@ func TestRecoverAdoptsHandedOutAndDiscardsTheRest(t *testing.T) {
 	}
 	deadRID := func() string { sb, _ := n1.lookup("dead"); return sb.runtimeID }()
 	_ = e.rt.Destroy(ctx, deadRID)
-	_, _ = e.ns.Create(ctx, netnsPrefix+"orphan")
+	_, _ = e.ns.Create(ctx, "vmon-orphan")
+	// Another node on the same host uses another prefix; recovery must leave its namespaces alone.
+	_, _ = e.ns.Create(ctx, "vmon-0other-abc")
 
 	n2 := e.node(t, nil)
 	live, err := n2.Recover(ctx)
@@ -362,7 +381,7 @@ func TestRecoverAdoptsHandedOutAndDiscardsTheRest(t *testing.T) {
 	if ids, _ := e.rt.List(ctx); !slices.Equal(ids, []string{aliveRID}) {
 		t.Fatalf("runtime %v, want [%s]", ids, aliveRID)
 	}
-	if ns, _ := e.ns.List(ctx); !slices.Equal(ns, []string{netnsPrefix + aliveRID}) {
+	if ns, _ := e.ns.List(ctx); !slices.Equal(ns, []string{"vmon-0other-abc", "vmon-" + aliveRID}) {
 		t.Fatalf("namespaces %v", ns)
 	}
 	// The adopted sandbox's envd is reachable again.

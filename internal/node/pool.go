@@ -4,8 +4,15 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"fmt"
+	"net/http"
 	"sync"
 	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/vibemon/vmon/internal/envd/gen/process"
+	"github.com/vibemon/vmon/internal/envd/gen/process/processconnect"
 )
 
 // WarmSpec asks the node to keep Size pre-started sandboxes of one template shape. Creates of that
@@ -89,6 +96,12 @@ func (p *pool) fill(ctx context.Context) time.Duration {
 				}
 				return 5 * time.Second
 			}
+			if err := p.n.warmUp(ctx, sb); err != nil {
+				// A sandbox that cannot run a shell would fail its client; replace it.
+				p.n.log.Warn("warm pool sandbox failed its warm-up", "template", ws.TemplateID, "err", err)
+				_ = p.n.teardown(context.WithoutCancel(ctx), sb.runtimeID, sb.ch)
+				return 5 * time.Second
+			}
 			p.mu.Lock()
 			if p.cancel == nil { // closed meanwhile
 				p.mu.Unlock()
@@ -154,4 +167,33 @@ func newRuntimeID() string {
 	}
 	b[0] = 'w'
 	return string(b)
+}
+
+// warmUp runs one login shell in a pre-started sandbox before it joins the pool. The first process
+// of a gVisor sandbox pays for loading bash, libc and the profile files into the sentry's caches;
+// doing it here keeps that cost off the client's first command. Before /init, envd has no token
+// and runs processes as root, which is enough to fill the caches.
+func (n *Node) warmUp(ctx context.Context, sb *sandbox) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	client := processconnect.NewProcessClient(&http.Client{Transport: sb.ch.Transport()}, envdURL(""))
+	stream, err := client.Start(ctx, connect.NewRequest(&process.StartRequest{
+		Process: &process.ProcessConfig{Cmd: "/bin/bash", Args: []string{"-l", "-c", "true"}},
+	}))
+	if err != nil {
+		return fmt.Errorf("start warm-up: %w", err)
+	}
+	defer stream.Close()
+	for stream.Receive() {
+		if end := stream.Msg().GetEvent().GetEnd(); end != nil {
+			if end.GetExitCode() != 0 {
+				return fmt.Errorf("warm-up exited with %d", end.GetExitCode())
+			}
+			return nil
+		}
+	}
+	if err := stream.Err(); err != nil {
+		return fmt.Errorf("warm-up: %w", err)
+	}
+	return errors.New("warm-up stream ended without an end event")
 }

@@ -71,8 +71,9 @@ func (n *Node) Recover(ctx context.Context) ([]string, error) {
 		errs = append(errs, fmt.Errorf("list network namespaces: %w", err))
 	}
 	for _, name := range names {
-		rid, ok := strings.CutPrefix(name, netnsPrefix)
-		if ok && !aliveRID[rid] {
+		rid, ok := strings.CutPrefix(name, n.opts.NetNSPrefix)
+		// A name that is not prefix+id belongs to another node sharing this host.
+		if ok && idRe.MatchString(rid) && !aliveRID[rid] {
 			errs = append(errs, n.opts.NetNS.Delete(ctx, name))
 		}
 	}

@@ -92,10 +92,12 @@ func serveOnce(ctx context.Context, socket string, handler http.Handler, log *sl
 		return false, fmt.Errorf("yamux server: %w", err)
 	}
 	log.Info("agent session established")
+	// No ReadHeaderTimeout: the only peer is the node, and with read deadlines on yamux streams
+	// under gVisor about one stream in 300 had its request context canceled mid-response (the
+	// SDK saw "canceled"). Streams die with the session, so nothing can hold one open forever.
 	srv := &http.Server{
-		Handler:           handler,
-		ReadHeaderTimeout: 30 * time.Second,
-		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelDebug),
+		Handler:  handler,
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug),
 	}
 	stop := context.AfterFunc(ctx, func() { _ = session.Close() })
 	defer stop()

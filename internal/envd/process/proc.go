@@ -31,6 +31,8 @@ type proc struct {
 	tag    *string
 	config *pb.ProcessConfig
 	cmd    *exec.Cmd
+	// starter started cmd and is told once cmd.Wait has collected it.
+	starter Starter
 
 	// ptmx is the PTY master of a PTY process (nil for pipe processes). It is non-blocking so
 	// reads can be given a deadline.
@@ -143,6 +145,7 @@ func (p *proc) run(onEnd func()) {
 	}
 	go func() {
 		waitErr := p.cmd.Wait()
+		p.starter.Forget(int(p.pid))
 		if p.timer != nil {
 			p.timer.Stop()
 		}

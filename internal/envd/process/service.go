@@ -16,6 +16,7 @@ import (
 	"maps"
 	"net/http"
 	"os"
+	"os/exec"
 	"slices"
 	"strconv"
 	"sync"
@@ -52,12 +53,28 @@ type Env interface {
 type Options struct {
 	Logger *slog.Logger
 	Env    Env
+	// Starter starts processes; nil uses exec.Cmd.Start. As PID 1, envd passes its reaper so
+	// the processes it waits for are not reaped from under it.
+	Starter Starter
+}
+
+type plainStarter struct{}
+
+func (plainStarter) Start(cmd *exec.Cmd) error { return cmd.Start() }
+func (plainStarter) Forget(int)                {}
+
+// Starter starts a child whose exit status the caller will collect with cmd.Wait, and is told
+// when that happened.
+type Starter interface {
+	Start(cmd *exec.Cmd) error
+	Forget(pid int)
 }
 
 // Service implements processconnect.ProcessHandler.
 type Service struct {
-	log *slog.Logger
-	env Env
+	log     *slog.Logger
+	env     Env
+	starter Starter
 
 	mu sync.Mutex
 	// procs holds running processes and, for retainExited, exited ones. +checklocks:mu
@@ -75,7 +92,11 @@ func New(opts Options) (*Service, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Service{log: log.With("component", "process"), env: opts.Env, procs: map[uint32]*proc{}}, nil
+	starter := opts.Starter
+	if starter == nil {
+		starter = plainStarter{}
+	}
+	return &Service{log: log.With("component", "process"), env: opts.Env, starter: starter, procs: map[uint32]*proc{}}, nil
 }
 
 // Start launches a process and streams its events.
@@ -135,7 +156,7 @@ func (s *Service) launch(ctx context.Context, req *connect.Request[pb.StartReque
 	if sp.pty != nil {
 		sp.stdin = false
 	}
-	p, err := spawn(sp, cfg, req.Msg.Tag)
+	p, err := spawn(sp, cfg, req.Msg.Tag, s.starter)
 	if err != nil {
 		return nil, err
 	}

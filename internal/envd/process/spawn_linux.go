@@ -29,7 +29,7 @@ type spec struct {
 
 // spawn starts the process described by s, in a new session (so it leads its own process group
 // and signals can reach its children) and with the user's credentials.
-func spawn(s spec, config *pb.ProcessConfig, tag *string) (*proc, error) {
+func spawn(s spec, config *pb.ProcessConfig, tag *string, st Starter) (*proc, error) {
 	exe, err := lookPath(s.path, s.env, s.dir)
 	if err != nil {
 		return nil, err
@@ -37,6 +37,7 @@ func spawn(s spec, config *pb.ProcessConfig, tag *string) (*proc, error) {
 	cmd := &exec.Cmd{Path: exe, Args: append([]string{s.path}, s.args...), Env: s.env, Dir: s.dir}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Credential: credential(s.user)}
 	p := newProc(cmd, config, tag)
+	p.starter = st
 	if s.pty != nil {
 		err = startPTY(p, s)
 	} else {
@@ -91,7 +92,7 @@ func startPipes(p *proc, s spec) (err error) {
 		p.stdin = inW
 	}
 	// Stdin nil means /dev/null: the process sees EOF at once (stdin:false).
-	if err := p.cmd.Start(); err != nil {
+	if err := p.starter.Start(p.cmd); err != nil {
 		return startError(p.cmd, err)
 	}
 	p.outputs = []output{{outR, kindStdout}, {errR, kindStderr}}
@@ -134,7 +135,7 @@ func startPTY(p *proc, s spec) (err error) {
 	p.cmd.Stdin, p.cmd.Stdout, p.cmd.Stderr = slave, slave, slave
 	p.cmd.SysProcAttr.Setctty = true
 	p.cmd.SysProcAttr.Ctty = 0 // the child's fd 0 is the slave
-	if err := p.cmd.Start(); err != nil {
+	if err := p.starter.Start(p.cmd); err != nil {
 		return startError(p.cmd, err)
 	}
 	p.ptmx = ptmx

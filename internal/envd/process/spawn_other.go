@@ -18,7 +18,7 @@ type spec struct {
 	stdin bool
 }
 
-func spawn(spec, *pb.ProcessConfig, *string) (*proc, error) {
+func spawn(spec, *pb.ProcessConfig, *string, Starter) (*proc, error) {
 	return nil, errdefs.Unavailable("starting processes is only supported on linux")
 }
 

@@ -35,6 +35,8 @@ type Options struct {
 	// SetClock lets /init set the guest's clock from its timestamp. Only the real agent sets it;
 	// tests run on a host whose clock must not move.
 	SetClock bool
+	// Starter starts the processes envd runs (see process.Options.Starter).
+	Starter process.Starter
 }
 
 // Server is envd's HTTP handler. It is safe for concurrent use.
@@ -70,7 +72,7 @@ func New(opts Options) (*Server, error) {
 		defaultUser: builtinDefaultUser,
 		envVars:     map[string]string{},
 	}
-	procs, err := process.New(process.Options{Logger: log, Env: s})
+	procs, err := process.New(process.Options{Logger: log, Env: s, Starter: opts.Starter})
 	if err != nil {
 		return nil, err
 	}

@@ -61,24 +61,20 @@ func (c *runsc) run(ctx context.Context, sub string, args ...string) ([]byte, er
 	return stdout.Bytes(), nil
 }
 
-// create sets up the sandbox (sentry and gofer) without starting the init process. The sandbox
-// inherits out as the container's stdout and stderr and runs in its own session, so it neither
-// depends on this process's pipes nor dies with it.
-func (c *runsc) create(ctx context.Context, id, bundle, pidFile string, out *os.File) error {
-	cmd := c.command(ctx, "create", "--bundle", bundle, "--pid-file", pidFile, id)
+// runDetached creates the sandbox (sentry and gofer) and starts its init process in one runsc
+// invocation: create then start would pay for a second runsc process on the create path. The
+// sandbox inherits out as the container's stdout and stderr and runs in its own session, so it
+// neither depends on this process's pipes nor dies with it.
+func (c *runsc) runDetached(ctx context.Context, id, bundle, pidFile string, out *os.File) error {
+	cmd := c.command(ctx, "run", "--detach", "--bundle", bundle, "--pid-file", pidFile, id)
 	cmd.Stdout, cmd.Stderr = out, out
 	start := time.Now()
 	err := cmd.Run()
-	c.log.Debug("runsc", "cmd", "create", "id", id, "took", time.Since(start), "err", err)
+	c.log.Debug("runsc", "cmd", "run", "id", id, "took", time.Since(start), "err", err)
 	if err != nil {
-		return fmt.Errorf("runsc create: %w", err)
+		return fmt.Errorf("runsc run: %w", err)
 	}
 	return nil
-}
-
-func (c *runsc) start(ctx context.Context, id string) error {
-	_, err := c.run(ctx, "start", id)
-	return err
 }
 
 func (c *runsc) state(ctx context.Context, id string) (containerState, error) {

@@ -1,0 +1,130 @@
+// Package reaper lets envd serve as the sandbox's init (PID 1) without a second process: it reaps
+// the zombies nobody waits for — background processes orphaned to PID 1 — while leaving envd's
+// own children to the exec.Cmd.Wait calls that want their exit status. It owns only the reaping
+// of untracked children; it never signals or starts processes itself.
+package reaper
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"sync"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// Reaper tracks the children envd starts and reaps every other exited child.
+type Reaper struct {
+	log *slog.Logger
+
+	// mu is held while a tracked child is started and while zombies are inspected, so a child
+	// that exits at once is tracked before the reaper can see it.
+	mu sync.Mutex
+	// +checklocks:mu
+	tracked map[int]struct{}
+	// kick asks Run for a sweep ahead of its next tick.
+	kick chan struct{}
+}
+
+// New makes this process a reaper of orphans (PID 1 is one already; otherwise it becomes a child
+// subreaper) and returns the Reaper; Run does the reaping.
+func New(log *slog.Logger) (*Reaper, error) {
+	if os.Getpid() != 1 {
+		if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+			return nil, fmt.Errorf("become subreaper: %w", err)
+		}
+	}
+	return &Reaper{log: log, tracked: map[int]struct{}{}, kick: make(chan struct{}, 1)}, nil
+}
+
+// Start starts cmd as a tracked child: its exit status stays for cmd.Wait. Call Forget after
+// Wait returns.
+func (r *Reaper) Start(cmd *exec.Cmd) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	r.tracked[cmd.Process.Pid] = struct{}{}
+	return nil
+}
+
+// Forget stops tracking pid once its waiter has reaped it. A tracked child that exited may
+// have left orphans behind, and it no longer hides other zombies from waitid, so sweep now.
+func (r *Reaper) Forget(pid int) {
+	r.mu.Lock()
+	delete(r.tracked, pid)
+	r.mu.Unlock()
+	select {
+	case r.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Run reaps untracked zombies every second and after every tracked child's exit, until ctx is
+// done. It polls instead of handling SIGCHLD: with a SIGCHLD handler installed, gVisor
+// occasionally broke envd's in-flight streams (about one command in 60 ended "canceled" at the
+// SDK), and a zombie that waits up to a second costs nothing.
+func (r *Reaper) Run(ctx context.Context) {
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		r.sweep()
+		select {
+		case <-ctx.Done():
+			return
+		case <-r.kick:
+		case <-tick.C:
+		}
+	}
+}
+
+// sweep reaps exited untracked children until none is left or a tracked one is next.
+func (r *Reaper) sweep() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for {
+		pid, err := peekExited()
+		if err != nil {
+			if !errors.Is(err, unix.ECHILD) {
+				r.log.Warn("reaper: waitid", "err", err)
+			}
+			return
+		}
+		if pid == 0 {
+			return
+		}
+		if _, ok := r.tracked[pid]; ok {
+			return
+		}
+		var ws unix.WaitStatus
+		if _, err := unix.Wait4(pid, &ws, unix.WNOHANG, nil); err != nil && !errors.Is(err, unix.ECHILD) {
+			r.log.Warn("reaper: wait4", "pid", pid, "err", err)
+			return
+		}
+	}
+}
+
+// peekExited returns the pid of an exited child without reaping it (WNOWAIT), or 0 if none.
+func peekExited() (int, error) {
+	var info unix.Siginfo
+	if err := unix.Waitid(unix.P_ALL, 0, &info, unix.WEXITED|unix.WNOHANG|unix.WNOWAIT, nil); err != nil {
+		return 0, err
+	}
+	return siginfoPid(&info), nil
+}
+
+// siginfoPid reads si_pid, which x/sys keeps opaque: for SIGCHLD it follows si_signo, si_errno and
+// si_code, padded to 8 bytes on 64-bit Linux (and unpadded on 32-bit).
+func siginfoPid(info *unix.Siginfo) int {
+	off := uintptr(12)
+	if unsafe.Sizeof(uintptr(0)) == 8 {
+		off = 16
+	}
+	return int(*(*int32)(unsafe.Add(unsafe.Pointer(info), off)))
+}

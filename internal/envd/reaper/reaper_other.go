@@ -1,0 +1,20 @@
+//go:build !linux
+
+package reaper
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"os/exec"
+)
+
+// Reaper is Linux-only; elsewhere New fails.
+type Reaper struct{}
+
+// New fails: reaping orphans needs Linux's subreaper support.
+func New(*slog.Logger) (*Reaper, error) { return nil, errors.New("reaper: not supported on this OS") }
+
+func (*Reaper) Start(cmd *exec.Cmd) error { return cmd.Start() }
+func (*Reaper) Forget(int)                {}
+func (*Reaper) Run(context.Context)       {}
