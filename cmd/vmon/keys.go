@@ -23,12 +23,7 @@ func keysCmd() *cobra.Command {
 		Use:   "create",
 		Short: "create an API key and print it once",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			st, err := store.Open(cmd.Context(), dataDir)
-			if err != nil {
-				return err
-			}
-			defer st.Close()
+		RunE: withStore(&dataDir, func(cmd *cobra.Command, st *store.Store, _ []string) error {
 			rec, plain, err := st.CreateAPIKey(cmd.Context(), name, time.Now())
 			if err != nil {
 				return err
@@ -36,7 +31,7 @@ func keysCmd() *cobra.Command {
 			fmt.Fprintf(cmd.ErrOrStderr(), "created key %s (%s); it is shown only once:\n", rec.ID, rec.Mask)
 			fmt.Fprintln(cmd.OutOrStdout(), plain)
 			return nil
-		},
+		}),
 	}
 	create.Flags().StringVar(&name, "name", "", "a name to recognise the key by")
 
@@ -44,12 +39,7 @@ func keysCmd() *cobra.Command {
 		Use:   "list",
 		Short: "list API keys (never their values)",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			st, err := store.Open(cmd.Context(), dataDir)
-			if err != nil {
-				return err
-			}
-			defer st.Close()
+		RunE: withStore(&dataDir, func(cmd *cobra.Command, st *store.Store, _ []string) error {
 			keys, err := st.ListAPIKeys(cmd.Context())
 			if err != nil {
 				return err
@@ -64,19 +54,14 @@ func keysCmd() *cobra.Command {
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", k.ID, k.Name, k.Mask, k.CreatedAt.Format(time.RFC3339), status)
 			}
 			return tw.Flush()
-		},
+		}),
 	}
 
 	revoke := &cobra.Command{
 		Use:   "revoke ID|KEY",
 		Short: "revoke an API key by its id or its value",
 		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			st, err := store.Open(cmd.Context(), dataDir)
-			if err != nil {
-				return err
-			}
-			defer st.Close()
+		RunE: withStore(&dataDir, func(cmd *cobra.Command, st *store.Store, args []string) error {
 			id := strings.TrimSpace(args[0])
 			if apikey.WellFormed(id) {
 				keys, err := st.ListAPIKeys(cmd.Context())
@@ -99,8 +84,20 @@ func keysCmd() *cobra.Command {
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "revoked %s\n", id)
 			return nil
-		},
+		}),
 	}
 	cmd.AddCommand(create, list, revoke)
 	return cmd
+}
+
+// withStore opens the store of *dataDir (read when the command runs, after flag parsing) around fn.
+func withStore(dataDir *string, fn func(*cobra.Command, *store.Store, []string) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, args []string) error {
+		st, err := store.Open(cmd.Context(), *dataDir)
+		if err != nil {
+			return err
+		}
+		defer st.Close()
+		return fn(cmd, st, args)
+	}
 }

@@ -4,6 +4,7 @@ package config
 
 import (
 	"fmt"
+	"net/netip"
 	"os"
 	"strings"
 	"time"
@@ -25,6 +26,10 @@ type Serve struct {
 	MaxSandboxes      int
 	WarmPool          int
 	MaxSandboxTimeout time.Duration
+	Net               string
+	NetPool           string
+	EgressInternal    string
+	VMMUser           string
 	TLS               string
 	TLSCert           string
 	TLSKey            string
@@ -48,6 +53,10 @@ func BindServe(fs *pflag.FlagSet, c *Serve) {
 	fs.IntVar(&c.WarmPool, "warm-pool", 1, "pre-started sandboxes kept per template, so creates skip the boot (0 disables)")
 	fs.IntVar(&c.MaxSandboxes, "max-sandboxes", 0, "sandboxes this node holds at most (0: derived from memory)")
 	fs.DurationVar(&c.MaxSandboxTimeout, "max-sandbox-timeout", 24*time.Hour, "longest sandbox timeout a client may ask for")
+	fs.StringVar(&c.Net, "net", "auto", "sandbox networking: auto (tap if CAP_NET_ADMIN, else none), tap, or user")
+	fs.StringVar(&c.NetPool, "net-pool", "172.20.0.0/16", "IPv4 prefix (/8-/30) the per-sandbox /30 leases are carved from")
+	fs.StringVar(&c.EgressInternal, "egress-internal-allow", "", "comma-separated CIDRs exempted from the always-denied ranges on this node")
+	fs.StringVar(&c.VMMUser, "vmm-user", "", "uid that owns sandbox links when VMMs drop privileges")
 	fs.StringVar(&c.TLS, "tls", "", `"self-signed" to serve HTTPS with a CA and wildcard certificate made in the data dir`)
 	fs.StringVar(&c.TLSCert, "tls-cert", "", "TLS certificate file (PEM) for the listener")
 	fs.StringVar(&c.TLSKey, "tls-key", "", "TLS private key file (PEM) for the listener")
@@ -101,6 +110,16 @@ func (c *Serve) Validate() error {
 	if c.BootConcurrency < 1 || c.BootConcurrency > 32 {
 		return fmt.Errorf("--boot-concurrency must be between 1 and 32")
 	}
+	switch c.Net {
+	case "auto", "tap":
+	case "user":
+		return fmt.Errorf("--net user is not available on Linux yet: use --net tap or auto")
+	default:
+		return fmt.Errorf("--net must be auto, tap or user, not %q", c.Net)
+	}
+	if err := validateNetPool(c.NetPool); err != nil {
+		return err
+	}
 	if c.WarmPool < 0 || c.WarmPool > 32 {
 		return fmt.Errorf("--warm-pool must be between 0 and 32")
 	}
@@ -115,3 +134,18 @@ func (c *Serve) Validate() error {
 
 // TLSEnabled reports whether the listener serves HTTPS.
 func (c *Serve) TLSEnabled() bool { return c.TLS != "" || c.TLSCert != "" }
+
+// validateNetPool checks --net-pool: an IPv4 prefix between /8 and /30 with no host bits.
+func validateNetPool(s string) error {
+	p, err := netip.ParsePrefix(s)
+	if err != nil || !p.Addr().Is4() {
+		return fmt.Errorf("--net-pool %q: not an IPv4 prefix", s)
+	}
+	if p.Bits() < 8 || p.Bits() > 30 {
+		return fmt.Errorf("--net-pool %q: prefix must be between /8 and /30", s)
+	}
+	if p.Masked() != p {
+		return fmt.Errorf("--net-pool %q: host bits are set (did you mean %s?)", s, p.Masked())
+	}
+	return nil
+}

@@ -54,6 +54,14 @@ func TestEnvAndFlagPrecedence(t *testing.T) {
 	}
 }
 
+func TestNetPoolEdges(t *testing.T) {
+	for _, ok := range []string{"10.0.0.0/8", "172.20.0.0/16", "192.168.7.4/30"} {
+		if _, err := parse(t, []string{"--net-pool", ok}, nil); err != nil {
+			t.Errorf("%s: %v", ok, err)
+		}
+	}
+}
+
 func TestInvalid(t *testing.T) {
 	for _, tc := range []struct {
 		args []string
@@ -70,10 +78,20 @@ func TestInvalid(t *testing.T) {
 		{args: []string{"--runtime", "firecracker"}, want: "not available"},
 		{args: []string{"--max-sandbox-timeout", "0s"}, want: "positive"},
 		{env: map[string]string{"VMON_BOOT_CONCURRENCY": "many"}, want: "VMON_BOOT_CONCURRENCY"},
+		{args: []string{"--net", "user"}, want: "not available on Linux"},
+		{args: []string{"--net", "slirp"}, want: "--net must be"},
+		{args: []string{"--net-pool", "172.20.0.1/16"}, want: "host bits"},
+		{args: []string{"--net-pool", "10.0.0.0/7"}, want: "between /8 and /30"},
+		{args: []string{"--net-pool", "10.0.0.0/31"}, want: "between /8 and /30"},
+		{args: []string{"--net-pool", "fd00::/64"}, want: "not an IPv4"},
+		{env: map[string]string{"VMON_NET_POOL": "nonsense"}, want: "--net-pool"},
 	} {
-		_, err := parse(t, tc.args, tc.env)
-		if err == nil || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("%v %v: error %v, want it to mention %q", tc.args, tc.env, err, tc.want)
-		}
+		// A subtest per case scopes t.Setenv to it.
+		t.Run(tc.want, func(t *testing.T) {
+			_, err := parse(t, tc.args, tc.env)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("%v %v: error %v, want it to mention %q", tc.args, tc.env, err, tc.want)
+			}
+		})
 	}
 }

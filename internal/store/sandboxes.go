@@ -111,6 +111,21 @@ func (s *Store) SetEndAt(ctx context.Context, id string, endAt time.Time) error 
 		toMillis(endAt), id)
 }
 
+// SetSandboxNetwork replaces a running record's network configuration (JSON) and its
+// allow_internet_access (nil: unset), as a live network update does.
+func (s *Store) SetSandboxNetwork(ctx context.Context, id string, network json.RawMessage, allowInternetAccess *bool) error {
+	n := string(network)
+	if n == "" {
+		n = "{}"
+	}
+	var internet sql.NullBool
+	if allowInternetAccess != nil {
+		internet = sql.NullBool{Bool: *allowInternetAccess, Valid: true}
+	}
+	return s.update(ctx, id, `UPDATE sandboxes SET network = ?, allow_internet_access = ? WHERE id = ? AND state = 'running'`,
+		n, internet, id)
+}
+
 // MarkKilled marks a record killed. Killing an already killed record succeeds and keeps the first
 // time and reason.
 func (s *Store) MarkKilled(ctx context.Context, id string, at time.Time, reason string) error {

@@ -328,3 +328,39 @@ func TestListSandboxes(t *testing.T) {
 		})
 	}
 }
+
+func TestSetSandboxNetwork(t *testing.T) {
+	ctx := context.Background()
+	s, _ := openTest(t)
+	sb := testSandbox("sb1", t0, nil)
+	if err := s.InsertSandbox(ctx, sb); err != nil {
+		t.Fatal(err)
+	}
+	no := false
+	if err := s.SetSandboxNetwork(ctx, "sb1", json.RawMessage(`{"denyOut":["0.0.0.0/0"]}`), &no); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.GetSandbox(ctx, "sb1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(got.Network) != `{"denyOut":["0.0.0.0/0"]}` || got.AllowInternetAccess == nil || *got.AllowInternetAccess {
+		t.Fatalf("record = %s %v", got.Network, got.AllowInternetAccess)
+	}
+	// Unset clears allow_internet_access; an empty config is stored as {}.
+	if err := s.SetSandboxNetwork(ctx, "sb1", nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ = s.GetSandbox(ctx, "sb1"); string(got.Network) != `{}` || got.AllowInternetAccess != nil {
+		t.Fatalf("after clearing: %s %v", got.Network, got.AllowInternetAccess)
+	}
+	if err := s.SetSandboxNetwork(ctx, "nope", nil, nil); !errdefs.Is(err, errdefs.KindNotFound) {
+		t.Fatalf("unknown id = %v", err)
+	}
+	if err := s.MarkKilled(ctx, "sb1", t0, "test"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetSandboxNetwork(ctx, "sb1", nil, nil); !errdefs.Is(err, errdefs.KindConflict) {
+		t.Fatalf("killed = %v, want Conflict", err)
+	}
+}
