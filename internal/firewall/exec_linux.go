@@ -1,0 +1,97 @@
+package firewall
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os/exec"
+	"runtime"
+	"strings"
+
+	vnetns "github.com/vishvananda/netns"
+)
+
+// execRunner runs iptables-restore/-save, inside netns when set.
+type execRunner struct {
+	netns string
+	tools Tools
+}
+
+func newRunner(netns string, tools Tools) (runner, error) {
+	return &execRunner{netns: netns, tools: tools}, nil
+}
+
+func (r *execRunner) restore(ctx context.Context, f family, script string) error {
+	bin := r.tools.Restore4
+	if f == v6 {
+		bin = r.tools.Restore6
+	}
+	// -w waits for the xtables lock under the legacy backend instead of failing; --noflush
+	// keeps every rule the transaction does not name.
+	_, err := r.exec(ctx, script, bin, "-w", "--noflush")
+	if err != nil {
+		// The script says which rule the kernel refused; long ones are cut for the log.
+		if len(script) > 4096 {
+			script = script[:4096] + "..."
+		}
+		return fmt.Errorf("%s: %w\n%s", bin, err, script)
+	}
+	return nil
+}
+
+func (r *execRunner) save(ctx context.Context, f family) (string, error) {
+	bin := r.tools.Save4
+	if f == v6 {
+		bin = r.tools.Save6
+	}
+	out, err := r.exec(ctx, "", bin)
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", bin, err)
+	}
+	return out, nil
+}
+
+func (r *execRunner) exec(ctx context.Context, stdin, bin string, args ...string) (string, error) {
+	var stdout, stderr bytes.Buffer
+	run := func() error {
+		cmd := exec.CommandContext(ctx, bin, args...)
+		cmd.Stdin = strings.NewReader(stdin)
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		return cmd.Run()
+	}
+	var err error
+	if r.netns == "" {
+		err = run()
+	} else {
+		err = inNetNS(r.netns, run)
+	}
+	if err != nil {
+		if msg := strings.TrimSpace(stderr.String()); msg != "" {
+			return "", fmt.Errorf("%w: %s", err, msg)
+		}
+		return "", err
+	}
+	return stdout.String(), nil
+}
+
+// inNetNS runs fn on an OS thread inside the namespace at path; a child process fn starts is
+// forked from that thread and so runs in the namespace too. The thread is never unlocked: it
+// exits with its goroutine, so no other goroutine is ever scheduled in the wrong namespace.
+func inNetNS(path string, fn func() error) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		ns, err := vnetns.GetFromPath(path)
+		if err != nil {
+			errc <- fmt.Errorf("open namespace %s: %w", path, err)
+			return
+		}
+		defer ns.Close()
+		if err := vnetns.Set(ns); err != nil {
+			errc <- fmt.Errorf("enter namespace %s: %w", path, err)
+			return
+		}
+		errc <- fn()
+	}()
+	return <-errc
+}

@@ -1,0 +1,262 @@
+package firewall
+
+import (
+	"fmt"
+	"net/netip"
+	"strings"
+
+	"github.com/vibemon/vmon/internal/egress"
+)
+
+// script builds one iptables-restore --noflush input: a transaction (COMMIT) per table.
+type script struct {
+	b     strings.Builder
+	table string
+}
+
+func (s *script) begin(table string) {
+	s.end()
+	s.table = table
+	fmt.Fprintf(&s.b, "*%s\n", table)
+}
+
+func (s *script) end() {
+	if s.table != "" {
+		s.b.WriteString("COMMIT\n")
+		s.table = ""
+	}
+}
+
+func (s *script) line(format string, args ...any) {
+	fmt.Fprintf(&s.b, format, args...)
+	s.b.WriteByte('\n')
+}
+
+// insertTop inserts rules at the top of a built-in chain so they read in the given order and run
+// before whatever else (Docker, ufw, a DROP policy) the host has there. Inserting at position 1
+// in reverse needs no rule-position lookups, which keeps the transaction flat as chains grow.
+func (s *script) insertTop(chain string, rules ...string) {
+	for i := len(rules) - 1; i >= 0; i-- {
+		s.line("-I %s 1 %s", chain, rules[i])
+	}
+}
+
+func (s *script) String() string {
+	s.end()
+	return s.b.String()
+}
+
+func tagged(rule string) string {
+	// The comment goes right before the target so iptables-save prints the rule as written.
+	i := strings.LastIndex(rule, " -j ")
+	return rule[:i] + " -m comment --comment " + Comment + rule[i:]
+}
+
+func hostPrefix(a netip.Addr, f family) string {
+	return netip.PrefixFrom(a, f.hostBits()).String()
+}
+
+// guest and pool for one family; the guest is invalid when the link has no address in it.
+func (l Link) guest(f family) netip.Addr {
+	if f == v6 {
+		return l.Guest6
+	}
+	return l.Guest
+}
+
+func (l Link) pool(f family) netip.Prefix {
+	if f == v6 {
+		return l.Pool6
+	}
+	return l.Pool
+}
+
+// renderInstall is everything a link carries from creation, in one transaction per table: the
+// guard with its refusal tail, the closed policy chain, the hooks in FORWARD and INPUT, the
+// connection mark, masquerading and the transparent-proxy slot.
+//
+// The layout keeps per-link rule count (and jumps) low: nf_tables re-validates every rule
+// reachable from a base chain on each commit, so that count, times the number of links, is
+// what makes an attach slower as the node fills up.
+func renderInstall(n names, l Link, f family) string {
+	iface := n.iface(l.Index)
+	guard, egr := n.chainName(chainGuard, l.Index), n.chainName(chainEgress, l.Index)
+	masq, proxy := n.chainName(chainMasquerade, l.Index), n.chainName(chainProxy, l.Index)
+	guest, pool := l.guest(f), l.pool(f)
+	refuse := []string{
+		"-p tcp -j REJECT --reject-with tcp-reset",
+		"-j REJECT --reject-with " + f.rejectOther(),
+	}
+	var s script
+
+	s.begin("filter")
+	s.line(":%s - [0:0]", guard)
+	if !l.Unrestricted {
+		s.line(":%s - [0:0]", egr)
+		// Closed until Attach: a silent DROP, so a sandbox that resumes before its policy is
+		// in place gets nothing out and learns nothing. The chain exists in both families
+		// even when the guard cannot reach it yet (no IPv6 guest), so policies are applied
+		// the same way and take effect the day the guest gets an address.
+		s.line("-A %s -j DROP", egr)
+	}
+	switch {
+	case !f.has(guest):
+		// No source of this family is the guest's: nothing of it leaves the link, and the
+		// rest of the guard would be dead rules the kernel still validates on every commit.
+		s.line("-A %s -j DROP", guard)
+	case l.Unrestricted:
+		s.line("-A %s ! -s %s -j DROP", guard, hostPrefix(guest, f))
+		if pool.IsValid() {
+			for _, r := range refuse {
+				s.line("-A %s -d %s %s", guard, pool, r)
+			}
+		}
+		s.line("-A %s -j ACCEPT", guard)
+	default:
+		s.line("-A %s ! -s %s -j DROP", guard, hostPrefix(guest, f))
+		// Established TCP is accepted before the policy so a live update only affects new
+		// connections; UDP and ICMP go through the policy on every packet.
+		s.line("-A %s -p tcp -m conntrack --ctstate ESTABLISHED -j ACCEPT", guard)
+		s.line("-A %s -j %s", guard, egr)
+		// What the policy RETURNs is refused here, fast: a reset for TCP, admin-prohibited
+		// for the rest (a closed policy chain DROPs and never returns).
+		for _, r := range refuse {
+			s.line("-A %s %s", guard, r)
+		}
+	}
+	// The only per-link rule in a built-in filter chain; what is the same for every link
+	// lives in the node-wide rules (renderGlobal).
+	s.insertTop("FORWARD", tagged(fmt.Sprintf("-i %s -j %s", iface, guard)))
+
+	s.begin("mangle")
+	s.insertTop("PREROUTING", tagged(fmt.Sprintf("-i %s -j CONNMARK --set-mark %d", iface, l.Mark())))
+
+	s.begin("nat")
+	if f.has(guest) {
+		s.line(":%s - [0:0]", masq)
+	}
+	if !l.Unrestricted {
+		s.line(":%s - [0:0]", proxy)
+	}
+	if f.has(guest) {
+		s.line("-A %s -j MASQUERADE", masq)
+		notPool := ""
+		if pool.IsValid() {
+			notPool = " ! -d " + pool.String()
+		}
+		s.insertTop("POSTROUTING", tagged(fmt.Sprintf("-s %s%s -j %s", hostPrefix(guest, f), notPool, masq)))
+	}
+	if !l.Unrestricted {
+		// The slot the transparent proxy (domain allowOut, header rules, SOCKS5) fills with
+		// a REDIRECT/TPROXY for TCP 80/443 (plus an INPUT accept for its port above the
+		// refusal). Empty: the chain returns and nothing changes.
+		s.insertTop("PREROUTING",
+			tagged(fmt.Sprintf("-i %s -p tcp -m multiport --dports 80,443 -j %s", iface, proxy)))
+	}
+	return s.String()
+}
+
+// globalRules are the node-wide rules every link relies on, keyed on the link prefix wildcard
+// (vmon+) so their cost does not grow with the number of links. Their order relative to the
+// per-link jumps does not matter: none of them can match what a guard would judge.
+func globalRules(n names, f family) map[string][]string {
+	all := n.prefix + "+"
+	forward := []string{
+		// Return traffic of the guests' flows.
+		tagged(fmt.Sprintf("-o %s -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT", all)),
+		// Nothing new reaches a guest from outside. Traffic from another of our links is
+		// left to that link's own guard, which checks its source and refuses it fast.
+		tagged(fmt.Sprintf("-o %s ! -i %s -j DROP", all, all)),
+	}
+	var input []string
+	if f == v6 {
+		// Neighbour discovery is how an IPv6 guest finds its router; without it no IPv6
+		// packet could leave even when the policy allows it.
+		input = append(input,
+			tagged(fmt.Sprintf("-i %s -p ipv6-icmp -m icmp6 --icmpv6-type neighbour-solicitation -j ACCEPT", all)),
+			tagged(fmt.Sprintf("-i %s -p ipv6-icmp -m icmp6 --icmpv6-type neighbour-advertisement -j ACCEPT", all)))
+	}
+	// The node serves nothing on the guest network: every address of the host is refused.
+	input = append(input,
+		tagged(fmt.Sprintf("-i %s -p tcp -j REJECT --reject-with tcp-reset", all)),
+		tagged(fmt.Sprintf("-i %s -j REJECT --reject-with %s", all, f.rejectOther())))
+	return map[string][]string{"FORWARD": forward, "INPUT": input}
+}
+
+// renderGlobal installs the node-wide rules, first deleting whatever part of them exists
+// (stale lines from saved output), in one transaction.
+func renderGlobal(n names, f family, stale []string) string {
+	var s script
+	s.begin("filter")
+	for _, l := range stale {
+		s.line("%s", l)
+	}
+	g := globalRules(n, f)
+	s.insertTop("FORWARD", g["FORWARD"]...)
+	s.insertTop("INPUT", g["INPUT"]...)
+	return s.String()
+}
+
+// policyRules renders a policy as the rules of one family's egress chain, first match wins,
+// exactly in the seed's precedence (RETURN hands the packet back to the guard, which refuses it):
+//
+//  1. another lease                                   → RETURN (lease isolation, not policy)
+//  2. always-denied minus --egress-internal-allow      → RETURN
+//  3. allowOut                                        → ACCEPT
+//  4. denyOut                                         → RETURN
+//  5. otherwise                                       → ACCEPT
+//
+// The final ACCEPT makes every block terminal, which is what lets a live update stack a new
+// block on top of the old one atomically. Refusing by RETURN rather than a jump to a shared
+// refusal chain keeps commits cheap: the kernel re-validates a jump target once per jump.
+func policyRules(n names, l Link, f family, p egress.Policy, env egress.Env) []string {
+	const refuse = "RETURN"
+	var rules []string
+	dst := func(pfx netip.Prefix, target string) {
+		if pfx.Bits() == 0 {
+			rules = append(rules, "-j "+target)
+			return
+		}
+		rules = append(rules, fmt.Sprintf("-d %s -j %s", pfx, target))
+	}
+	if pool := l.pool(f); pool.IsValid() {
+		dst(pool, refuse)
+	}
+	denied := env.AlwaysDenied
+	if denied == nil {
+		denied = egress.AlwaysDenied() // as in egress.Decide: a zero Env fails closed
+	}
+	for _, pfx := range subtract(forFamily(denied, f), forFamily(env.InternalAllow, f)) {
+		dst(pfx, refuse)
+	}
+	for _, pfx := range forFamily(p.AllowOut, f) {
+		dst(pfx, "ACCEPT")
+	}
+	for _, pfx := range forFamily(p.DenyOut, f) {
+		dst(pfx, refuse)
+	}
+	return append(rules, "-j ACCEPT")
+}
+
+// renderAttach inserts a policy block above whatever the egress chain holds: the closed DROP on
+// attach, the previous block on a live update. Add-only, one transaction.
+func renderAttach(n names, l Link, rules []string) string {
+	var s script
+	s.begin("filter")
+	s.insertTop(n.chainName(chainEgress, l.Index), rules...)
+	return s.String()
+}
+
+// renderReplace rewrites the egress chain as rules followed by the closed DROP, in one
+// transaction: compaction after an update (rules = the live block) and detach (no rules).
+func renderReplace(n names, l Link, rules []string) string {
+	egr := n.chainName(chainEgress, l.Index)
+	var s script
+	s.begin("filter")
+	s.line("-F %s", egr)
+	for _, r := range rules {
+		s.line("-A %s %s", egr, r)
+	}
+	s.line("-A %s -j DROP", egr)
+	return s.String()
+}

@@ -1,0 +1,337 @@
+package firewall
+
+import (
+	"flag"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/vibemon/vmon/internal/egress"
+)
+
+var update = flag.Bool("update", false, "rewrite testdata/*.golden from the current rendering")
+
+func pfx(ss ...string) []netip.Prefix {
+	var out []netip.Prefix
+	for _, s := range ss {
+		out = append(out, netip.MustParsePrefix(s))
+	}
+	return out
+}
+
+func testNames(t testing.TB) names {
+	t.Helper()
+	n, err := newNames("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// link7 is lease 7 of the default pool: 172.20.0.28/30, host .29, guest .30.
+var link7 = Link{
+	Index: 7,
+	Guest: netip.MustParseAddr("172.20.0.30"),
+	Pool:  netip.MustParsePrefix("172.20.0.0/16"),
+}
+
+var defaultEnv = egress.NewEnv(nil)
+
+// renderStates are the policies whose rendered rules are kept in testdata/<name>.golden, the way
+// Tailscale's TestRouterStates keeps the OS state per router config: a diff in review shows
+// exactly which rules a change adds or drops.
+var renderStates = []struct {
+	name   string
+	link   Link
+	env    egress.Env
+	policy *egress.Policy // nil: install only (closed chains)
+}{
+	{name: "closed", link: link7, env: defaultEnv},
+	{name: "default", link: link7, env: defaultEnv, policy: &egress.Policy{}},
+	{name: "deny-all", link: link7, env: defaultEnv,
+		policy: &egress.Policy{DenyOut: pfx("0.0.0.0/0", "::/0")}},
+	{name: "allow-cidrs-deny-all", link: link7, env: defaultEnv, policy: &egress.Policy{
+		AllowOut: pfx("203.0.113.0/24", "198.51.100.7/32", "2001:db8:1::/48"),
+		DenyOut:  pfx("0.0.0.0/0", "::/0"),
+	}},
+	{name: "deny-some", link: link7, env: defaultEnv, policy: &egress.Policy{
+		DenyOut: pfx("198.51.100.7/32", "203.0.113.0/24", "2001:db8:2::/64"),
+	}},
+	{name: "internal-allow", link: link7,
+		env: egress.NewEnv(pfx("10.20.0.0/16", "192.168.5.10/32", "fd00:1::/64")),
+		policy: &egress.Policy{
+			AllowOut: pfx("10.20.1.0/24"),
+			DenyOut:  pfx("10.20.0.0/16"),
+		}},
+	{name: "domains", link: link7, env: defaultEnv, policy: &egress.Policy{
+		AllowOut:     pfx("8.8.8.8/32"),
+		DenyOut:      pfx("0.0.0.0/0", "::/0"),
+		AllowDomains: []string{"pypi.org", "*.pythonhosted.org"},
+	}},
+	{name: "guest6", env: defaultEnv, policy: &egress.Policy{DenyOut: pfx("2001:db8:2::/64")},
+		link: Link{
+			Index: 3, Guest: netip.MustParseAddr("172.20.0.14"), Pool: netip.MustParsePrefix("172.20.0.0/16"),
+			Guest6: netip.MustParseAddr("fd00:20::e"), Pool6: netip.MustParsePrefix("fd00:20::/64"),
+		}},
+	{name: "unrestricted", env: defaultEnv, link: Link{
+		Index: 12, Guest: netip.MustParseAddr("172.20.0.50"), Pool: netip.MustParsePrefix("172.20.0.0/16"),
+		Unrestricted: true,
+	}},
+}
+
+func describe(p *egress.Policy, env egress.Env) string {
+	if p == nil {
+		return "none (closed)"
+	}
+	return fmt.Sprintf("allowOut=%v denyOut=%v domains=%v internalAllow=%v", p.AllowOut, p.DenyOut,
+		p.AllowDomains, env.InternalAllow)
+}
+
+func renderNodeWide(n names) string {
+	var b strings.Builder
+	b.WriteString("# node-wide rules every link relies on, installed once (EnsureGlobal)\n")
+	for _, f := range families {
+		tool := map[family]string{v4: "iptables-restore", v6: "ip6tables-restore"}[f]
+		fmt.Fprintf(&b, "\n## %s --noflush\n", tool)
+		b.WriteString(renderGlobal(n, f, nil))
+	}
+	return b.String()
+}
+
+func renderState(n names, l Link, env egress.Env, p *egress.Policy) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "# %s, policy %s\n", l, describe(p, env))
+	for _, f := range families {
+		tool := map[family]string{v4: "iptables-restore", v6: "ip6tables-restore"}[f]
+		fmt.Fprintf(&b, "\n## %s --noflush: install (from creation, in the pool)\n", tool)
+		b.WriteString(renderInstall(n, l, f))
+		if p == nil {
+			fmt.Fprintf(&b, "\n## %s --noflush: detach (reset to closed)\n", tool)
+			b.WriteString(renderReplace(n, l, nil))
+			continue
+		}
+		rules := policyRules(n, l, f, *p, env)
+		fmt.Fprintf(&b, "\n## %s --noflush: attach or live update (add-only)\n", tool)
+		b.WriteString(renderAttach(n, l, rules))
+		fmt.Fprintf(&b, "\n## %s --noflush: background compaction after a live update\n", tool)
+		b.WriteString(renderReplace(n, l, rules))
+	}
+	return b.String()
+}
+
+func TestRenderStates(t *testing.T) {
+	n := testNames(t)
+	states := []struct{ name, got string }{{"node-wide", renderNodeWide(n)}}
+	for _, st := range renderStates {
+		states = append(states, struct{ name, got string }{st.name, renderState(n, st.link, st.env, st.policy)})
+	}
+	for _, st := range states {
+		t.Run(st.name, func(t *testing.T) {
+			got := st.got
+			path := filepath.Join("testdata", st.name+".golden")
+			if *update {
+				if err := os.MkdirAll("testdata", 0o755); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			want, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatalf("%v (run go test -run TestRenderStates -update to create it)", err)
+			}
+			if got != string(want) {
+				t.Errorf("rendered rules differ from %s (re-run with -update if intended):\n%s", path,
+					lineDiff(string(want), got))
+			}
+		})
+	}
+}
+
+// lineDiff lists lines only in want (-) or only in got (+); enough to read a rule change.
+func lineDiff(want, got string) string {
+	w, g := strings.Split(want, "\n"), strings.Split(got, "\n")
+	var b strings.Builder
+	for _, l := range w {
+		if !slices.Contains(g, l) {
+			fmt.Fprintf(&b, "- %s\n", l)
+		}
+	}
+	for _, l := range g {
+		if !slices.Contains(w, l) {
+			fmt.Fprintf(&b, "+ %s\n", l)
+		}
+	}
+	if b.Len() == 0 {
+		return "(same lines, different order)"
+	}
+	return b.String()
+}
+
+func TestAttachIsAddOnly(t *testing.T) {
+	n := testNames(t)
+	for _, st := range renderStates {
+		if st.policy == nil || st.link.Unrestricted {
+			continue
+		}
+		for _, f := range families {
+			s := renderAttach(n, st.link, policyRules(n, st.link, f, *st.policy, st.env))
+			for line := range strings.Lines(s) {
+				if !strings.HasPrefix(line, "-I ") && !strings.HasPrefix(line, "*") && line != "COMMIT\n" {
+					t.Errorf("%s/%s: attach is not add-only: %q", st.name, f, line)
+				}
+				// Positions other than 1 need rule handles, i.e. a rule-cache fetch that grows
+				// with the chain.
+				if strings.HasPrefix(line, "-I ") && !strings.HasPrefix(strings.Fields(line)[2], "1") {
+					t.Errorf("%s/%s: insert at a position other than 1: %q", st.name, f, line)
+				}
+			}
+		}
+	}
+}
+
+// evalBlock walks a rendered policy block the way the kernel does, first match wins, for the
+// only matches a block uses (-d PREFIX, or none).
+func evalBlock(t *testing.T, rules []string, dst netip.Addr) egress.Verdict {
+	t.Helper()
+	for _, r := range rules {
+		args := strings.Fields(r)
+		target := args[len(args)-1]
+		if args[0] == "-d" && !netip.MustParsePrefix(args[1]).Contains(dst) {
+			continue
+		}
+		switch target {
+		case "ACCEPT":
+			return egress.Allow
+		case "RETURN": // refused by the guard's tail
+			return egress.Deny
+		default:
+			t.Fatalf("unexpected target in %q", r)
+		}
+	}
+	t.Fatalf("block %v has no verdict for %s", rules, dst)
+	return egress.Deny
+}
+
+// TestRenderMatchesDecide checks the rendered policy of every case of the shared decision table
+// against the reference engine, without a kernel. The same table is replayed as real traffic in
+// TestDecisionTableTraffic.
+func TestRenderMatchesDecide(t *testing.T) {
+	n := testNames(t)
+	// A pool no case's destination is in: lease isolation is outside the policy model.
+	l := Link{Index: 1, Guest: netip.MustParseAddr("198.18.0.2"), Pool: netip.MustParsePrefix("198.18.0.0/24")}
+	cases := egress.DecisionTable()
+	if len(cases) == 0 {
+		t.Fatal("egress.DecisionTable is empty")
+	}
+	for _, c := range cases {
+		if l.Pool.Contains(c.Dst.Unmap()) {
+			t.Fatalf("case %q: destination inside the test pool", c.Name)
+		}
+		dst := c.Dst.Unmap()
+		f := v4
+		if dst.Is6() {
+			f = v6
+		}
+		got := evalBlock(t, policyRules(n, l, f, c.Policy, c.Env), dst)
+		if want := egress.Decide(c.Policy, c.Env, c.Proto, c.Dst, c.Port); got != want || got != c.Want {
+			t.Errorf("%s: rendered rules say %v, Decide says %v, table says %v", c.Name, got, want, c.Want)
+		}
+	}
+}
+
+func TestLeaseIsolationBeforePolicy(t *testing.T) {
+	n := testNames(t)
+	// Even a policy that allows the pool and an exemption that lifts its always-denied block
+	// must not let a guest reach another lease.
+	env := egress.NewEnv(pfx("172.16.0.0/12"))
+	p := egress.Policy{AllowOut: pfx("172.20.0.0/16")}
+	rules := policyRules(n, link7, v4, p, env)
+	if got := evalBlock(t, rules, netip.MustParseAddr("172.20.0.6")); got != egress.Deny {
+		t.Fatalf("guest reaches another lease: %v", rules)
+	}
+}
+
+func TestSubtract(t *testing.T) {
+	tests := []struct {
+		from, minus, want []string
+	}{
+		{[]string{"10.0.0.0/8"}, nil, []string{"10.0.0.0/8"}},
+		{[]string{"10.0.0.0/8"}, []string{"10.0.0.0/8"}, nil},
+		{[]string{"10.0.0.0/8"}, []string{"0.0.0.0/1"}, nil},
+		{[]string{"10.0.0.0/8"}, []string{"192.168.0.0/16", "fc00::/7"}, []string{"10.0.0.0/8"}},
+		{[]string{"10.0.0.0/8"}, []string{"10.128.0.0/9"}, []string{"10.0.0.0/9"}},
+		{[]string{"10.0.0.0/8"}, []string{"10.20.0.0/16"}, []string{
+			"10.0.0.0/12", "10.16.0.0/14", "10.21.0.0/16", "10.22.0.0/15", "10.24.0.0/13",
+			"10.32.0.0/11", "10.64.0.0/10", "10.128.0.0/9"}},
+		{[]string{"192.168.0.0/16"}, []string{"192.168.5.10/32", "192.168.5.11/32"}, []string{
+			"192.168.0.0/22", "192.168.4.0/24", "192.168.5.0/29", "192.168.5.8/31", "192.168.5.12/30",
+			"192.168.5.16/28", "192.168.5.32/27", "192.168.5.64/26", "192.168.5.128/25",
+			"192.168.6.0/23", "192.168.8.0/21", "192.168.16.0/20", "192.168.32.0/19",
+			"192.168.64.0/18", "192.168.128.0/17"}},
+		{[]string{"fc00::/7"}, []string{"fd00::/8"}, []string{"fc00::/8"}},
+	}
+	for _, tc := range tests {
+		got := subtract(pfx(tc.from...), pfx(tc.minus...))
+		if !slices.Equal(got, pfx(tc.want...)) {
+			t.Errorf("%v - %v = %v, want %v", tc.from, tc.minus, got, tc.want)
+		}
+		// Exhaustive check on a sample: an address is in the result iff in from and not minus.
+		for _, a := range []string{"10.0.0.1", "10.20.3.4", "10.21.0.0", "10.255.255.255", "192.168.5.10",
+			"192.168.5.11", "192.168.5.12", "192.168.5.9", "fc00::1", "fd00::1", "8.8.8.8"} {
+			addr := netip.MustParseAddr(a)
+			in := func(ps []netip.Prefix) bool {
+				return slices.ContainsFunc(ps, func(p netip.Prefix) bool { return p.Contains(addr) })
+			}
+			if want := in(pfx(tc.from...)) && !in(pfx(tc.minus...)); in(got) != want {
+				t.Errorf("%v - %v: %s in result = %v, want %v", tc.from, tc.minus, a, in(got), want)
+			}
+		}
+	}
+}
+
+func TestForFamily(t *testing.T) {
+	ps := pfx("0.0.0.0/0", "::/0", "10.1.2.3/8", "::ffff:192.0.2.0/120", "2001:db8::/32", "10.0.0.0/8")
+	if got, want := forFamily(ps, v4), pfx("0.0.0.0/0", "10.0.0.0/8", "192.0.2.0/24"); !slices.Equal(got, want) {
+		t.Errorf("v4 = %v, want %v", got, want)
+	}
+	if got, want := forFamily(ps, v6), pfx("::/0", "2001:db8::/32"); !slices.Equal(got, want) {
+		t.Errorf("v6 = %v, want %v", got, want)
+	}
+}
+
+func TestNames(t *testing.T) {
+	n := testNames(t)
+	if got := n.iface(7); got != "vmon7" {
+		t.Errorf("iface = %s", got)
+	}
+	if got := n.chainName(chainEgress, 16383); got != "VMON-E16383" {
+		t.Errorf("chain = %s", got)
+	}
+	for name, want := range map[string]int{"vmon0": 0, "vmon42": 42} {
+		if i, ok := n.ownIface(name); !ok || i != want {
+			t.Errorf("ownIface(%s) = %d, %v", name, i, ok)
+		}
+	}
+	for _, name := range []string{"vmon", "vmon01", "vmonx", "vmon-1", "vmonb3", "eth0", "vmon1a"} {
+		if _, ok := n.ownIface(name); ok {
+			t.Errorf("ownIface(%s) claimed a foreign link", name)
+		}
+	}
+	for _, name := range []string{"VMON-E", "VMON-e1", "VMONX-E1", "DOCKER", "VMON-EE1"} {
+		if _, ok := n.ownChain(name); ok {
+			t.Errorf("ownChain(%s) claimed a foreign chain", name)
+		}
+	}
+	for _, bad := range []string{"VMON", "vm0n", "toolongprefix", "a-b"} {
+		if _, err := newNames(bad); err == nil {
+			t.Errorf("prefix %q accepted", bad)
+		}
+	}
+}
