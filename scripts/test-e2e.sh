@@ -25,4 +25,14 @@ fi
 
 cd test/e2e
 npm ci --no-audit --no-fund
-npm test
+
+# The SDK suite runs in a network namespace with loopback only: sandboxes get real uplinks and
+# NAT, and a node under test must never reach the machine's real network. nsenter switches the
+# network namespace only (`ip netns exec` would remount /sys and hide the cgroup hierarchy runsc
+# needs).
+iso=vmone2e-iso
+ip netns del "$iso" 2>/dev/null || true
+ip netns add "$iso"
+trap 'ip netns del "$iso" 2>/dev/null || true' EXIT
+ip -n "$iso" link set lo up
+nsenter --net="/run/netns/$iso" npm test

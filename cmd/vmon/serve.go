@@ -6,24 +6,30 @@ import (
 	"crypto/sha256"
 	"crypto/tls"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"os"
+	"os/user"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
 
 	"github.com/vibemon/vmon/internal/agentproto"
 	"github.com/vibemon/vmon/internal/api"
 	"github.com/vibemon/vmon/internal/config"
 	"github.com/vibemon/vmon/internal/driver"
+	"github.com/vibemon/vmon/internal/egress"
 	"github.com/vibemon/vmon/internal/errdefs"
 	"github.com/vibemon/vmon/internal/ingress"
+	"github.com/vibemon/vmon/internal/netpool"
 	"github.com/vibemon/vmon/internal/node"
 	"github.com/vibemon/vmon/internal/runtime/gvisor"
 	"github.com/vibemon/vmon/internal/store"
@@ -90,17 +96,29 @@ func serve(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("runtime: %w (run `vmon doctor`)", err)
 	}
-	n, err := node.New(node.Options{
+	network, closeNetwork, err := setupNetwork(ctx, c, log.With("component", "netpool"))
+	if err != nil {
+		return err
+	}
+	defer closeNetwork()
+	nopts := node.Options{
 		DataDir:     c.DataDir,
 		Runtime:     rt,
 		RootFS:      rootfsAdapter{},
-		NetNS:       netnsAdapter{},
 		Templates:   templateRoots{dataDir: c.DataDir},
 		EnvdPath:    envdPath,
 		NetNSPrefix: netnsPrefix(c.DataDir),
 		Warm:        warmSpecs(manifests, c.WarmPool),
 		Log:         log.With("component", "node"),
-	})
+	}
+	if network != nil {
+		// Set only when non-nil: a nil *netpool.Pool in the interface would look networked.
+		nopts.Network = network
+	} else {
+		// Without networking, sandboxes get loopback-only namespaces (creates are refused anyway).
+		nopts.NetNS = netnsAdapter{}
+	}
+	n, err := node.New(nopts)
 	if err != nil {
 		return err
 	}
@@ -119,6 +137,7 @@ func serve(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 		BootConcurrency: c.BootConcurrency,
 		MaxSandboxes:    maxSandboxes,
 		MaxTimeout:      c.MaxSandboxTimeout,
+		Features:        n.Features(),
 	})
 	if err != nil {
 		return err
@@ -283,6 +302,81 @@ func ensureAdminKey(ctx context.Context, st *store.Store, dataDir string) (strin
 		return "", nil // revoked since; don't advertise it
 	}
 	return plain, nil
+}
+
+// noNetAdmin is the seed's exact warning for --net auto without CAP_NET_ADMIN.
+const noNetAdmin = "no CAP_NET_ADMIN: this node cannot network sandboxes and will reject creates"
+
+// setupNetwork makes the link pool per --net: auto without CAP_NET_ADMIN starts without one
+// (creates then fail with a clear error), tap without it refuses to start. The returned close
+// runs after the node's own shutdown so links in use stay for the next start to recover.
+func setupNetwork(ctx context.Context, c *config.Serve, log *slog.Logger) (*netpool.Pool, func(), error) {
+	nop := func() {}
+	if !hasCapNetAdmin() {
+		if c.Net == "tap" {
+			return nil, nop, errors.New("--net tap needs CAP_NET_ADMIN (run vmon serve as root)")
+		}
+		log.Warn(noNetAdmin)
+		return nil, nop, nil
+	}
+	prefix, err := netpool.ParsePrefix(c.NetPool)
+	if err != nil {
+		return nil, nop, fmt.Errorf("--net-pool: %w", err)
+	}
+	internal, err := egress.ParseInternalAllow(c.EgressInternal)
+	if err != nil {
+		return nil, nop, fmt.Errorf("--egress-internal-allow: %w", err)
+	}
+	uid, gid, err := lookupVMMUser(c.VMMUser)
+	if err != nil {
+		return nil, nop, err
+	}
+	pool, err := netpool.New(ctx, netpool.Config{
+		Prefix: prefix, Target: c.BootConcurrency, Kind: netpool.Veth,
+		VMMUser: uid, VMMGroup: gid, Env: egress.NewEnv(internal), Log: log,
+	})
+	if err != nil {
+		return nil, nop, fmt.Errorf("network pool: %w", err)
+	}
+	return pool, func() {
+		if err := pool.Close(context.WithoutCancel(ctx)); err != nil {
+			log.Warn("closing the network pool", "err", err)
+		}
+	}, nil
+}
+
+// hasCapNetAdmin reports whether this process may configure links and iptables.
+func hasCapNetAdmin() bool {
+	data, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return false
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if v, ok := strings.CutPrefix(line, "CapEff:"); ok {
+			caps, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+			return err == nil && caps&(1<<unix.CAP_NET_ADMIN) != 0
+		}
+	}
+	return false
+}
+
+// lookupVMMUser resolves --vmm-user (a user name or uid) to the owner of TAP links.
+func lookupVMMUser(name string) (uint32, uint32, error) {
+	if name == "" {
+		return 0, 0, nil
+	}
+	u, err := user.Lookup(name)
+	if err != nil {
+		if u, err = user.LookupId(name); err != nil {
+			return 0, 0, fmt.Errorf("--vmm-user %q: no such user", name)
+		}
+	}
+	uid, err1 := strconv.ParseUint(u.Uid, 10, 32)
+	gid, err2 := strconv.ParseUint(u.Gid, 10, 32)
+	if err1 != nil || err2 != nil {
+		return 0, 0, fmt.Errorf("--vmm-user %q: non-numeric ids", name)
+	}
+	return uint32(uid), uint32(gid), nil
 }
 
 // netnsPrefix scopes this node's network namespace names by its data dir, because /run/netns is

@@ -83,7 +83,7 @@ func New(opts Options) (*Server, error) {
 		"GET /templates/aliases/{alias}":          s.handle(s.templateAlias),
 		"POST /sandboxes/{id}/pause":              notSupported("pausing sandboxes"),
 		"POST /sandboxes/{id}/resume":             notSupported("resuming sandboxes"),
-		"PUT /sandboxes/{id}/network":             notSupported("updating sandbox network configuration"),
+		"PUT /sandboxes/{id}/network":             s.handle(s.updateNetwork),
 		"POST /sandboxes/{id}/snapshots":          notSupported("snapshots"),
 		"GET /snapshots":                          notSupported("snapshots"),
 		"POST /sandboxes/{id}/fork":               notSupported("forking sandboxes"),

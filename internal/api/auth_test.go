@@ -79,7 +79,6 @@ func TestNotSupportedAndExtraRoutes(t *testing.T) {
 		{"POST", "/sandboxes/abc/snapshots", "snapshots"},
 		{"GET", "/snapshots", "snapshots"},
 		{"POST", "/sandboxes/abc/fork", "forking"},
-		{"PUT", "/sandboxes/abc/network", "network"},
 		{"DELETE", "/templates/abc%3Adefault", "deleting templates"},
 		{"POST", "/v2/templates/abc/builds/def", "building templates"},
 	} {

@@ -8,9 +8,9 @@ import (
 
 // TestDependencies keeps the control plane's layering one-way: api → driver → store → apikey,
 // errdefs. The driver reaches nodes only through its Node interface and node's plain types, so the
-// node package is the only door to the host side. apikey and store are checked transitively (they
-// must stay leaves); driver and api by their direct imports, since node legitimately pulls in the
-// host side behind it.
+// node package is the only door to the host side; egress is the pure policy model both share.
+// apikey, store and egress are checked transitively (they must stay leaves); driver and api by
+// their direct imports, since node legitimately pulls in the host side behind it.
 func TestDependencies(t *testing.T) {
 	const mod = "github.com/vibemon/vmon/internal/"
 	for _, tc := range []struct {
@@ -20,7 +20,8 @@ func TestDependencies(t *testing.T) {
 	}{
 		{"apikey", true, nil},
 		{"store", true, []string{"apikey", "errdefs"}},
-		{"driver", false, []string{"store", "errdefs", "node"}},
+		{"egress", true, []string{"errdefs"}},
+		{"driver", false, []string{"store", "errdefs", "node", "egress"}},
 		{"api", false, []string{"driver", "store", "errdefs"}},
 	} {
 		args := []string{"list", "-f", `{{join .Imports "\n"}}`, mod + tc.pkg}

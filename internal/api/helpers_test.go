@@ -60,7 +60,8 @@ func newEnv(t *testing.T, eo envOpts) *env {
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	e := &env{node: drivertest.NewNode(), clock: drivertest.NewClock(t0), store: st, key: plain, keyID: k.ID}
-	dopts := driver.Options{Store: st, Node: e.node, Logger: log, Clock: e.clock}
+	dopts := driver.Options{Store: st, Node: e.node, Logger: log, Clock: e.clock,
+		Features: []string{driver.FeatureNetTap}, NetworkStore: &drivertest.NetworkStore{Store: st}}
 	if eo.driver != nil {
 		eo.driver(&dopts)
 	}

@@ -140,17 +140,10 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	var network driver.Network
-	if len(sb.Network) > 0 {
-		if err := json.Unmarshal(sb.Network, &network); err != nil {
-			return errdefs.Wrap(errdefs.KindUnknown, err, "failed to read sandbox network configuration")
-		}
-	}
-	public := sb.AllowPublicTraffic
-	network.AllowPublicTraffic = &public
-	if network.EgressProxy != nil {
-		// Credentials go in, never out.
-		network.EgressProxy.Password = ""
+	// The normal form, never the proxy password or CA bundle.
+	network, err := driver.NetworkOf(sb)
+	if err != nil {
+		return err
 	}
 	writeJSON(w, http.StatusOK, sandboxDetailJSON{
 		SandboxID: sb.ID, TemplateID: sb.TemplateID, Alias: sb.Alias, ClientID: ClientID,
@@ -161,6 +154,21 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) error {
 		Lifecycle:    lifecycleJSON{OnTimeout: "kill"},
 		VolumeMounts: []volumeMountJSON{},
 	})
+	return nil
+}
+
+// updateNetwork is PUT /sandboxes/{id}/network: SandboxNetworkUpdateConfig (allowOut, denyOut,
+// rules, egressProxy, allow_internet_access in snake case) replaces the sandbox's whole egress
+// configuration; ingress settings are kept.
+func (s *Server) updateNetwork(w http.ResponseWriter, r *http.Request) error {
+	var body driver.NetworkUpdate
+	if err := decodeBody(r, &body, true); err != nil {
+		return err
+	}
+	if err := s.driver.UpdateNetwork(r.Context(), r.PathValue("id"), body); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
 	return nil
 }
 

@@ -117,7 +117,9 @@ func TestCreateResponse(t *testing.T) {
 }
 
 func TestSandboxFlow(t *testing.T) {
-	e := newEnv(t, envOpts{})
+	e := newEnv(t, envOpts{driver: func(o *driver.Options) {
+		o.Features = append(o.Features, "egress-domains", "egress-proxy")
+	}})
 	sb := e.create(t, `{"templateID":"base","timeout":60,"metadata":{"k":"v"},"allow_internet_access":false,
 		"network":{"allowOut":["1.1.1.1","*.example.com"],"egressProxy":{"address":"proxy:3128","username":"u","password":"secret"}}}`)
 	id := sb["sandboxID"].(string)

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/vibemon/vmon/internal/egress"
 	"github.com/vibemon/vmon/internal/errdefs"
 	"github.com/vibemon/vmon/internal/node"
 	"github.com/vibemon/vmon/internal/store"
@@ -22,7 +23,8 @@ type CreateRequest struct {
 	EnvVars  map[string]string
 	// Secure gives the sandbox an envd access token. v2 clients always get one; only v1 clients
 	// can ask for an insecure sandbox.
-	Secure              bool
+	Secure bool
+	// AllowInternetAccess false denies all egress except allowOut (E2B's allow_internet_access).
 	AllowInternetAccess *bool
 	Network             *Network
 	// AutoPause (lifecycle onTimeout "pause") and VolumeMounts are not supported yet.
@@ -54,11 +56,15 @@ func (d *Driver) Create(ctx context.Context, req CreateRequest) (Sandbox, error)
 	if err := validateMetadata(req.Metadata); err != nil {
 		return Sandbox{}, err
 	}
-	if err := req.Network.Validate(); err != nil {
+	network, policy, err := normalizeNetwork(req.Network, req.AllowInternetAccess)
+	if err != nil {
 		return Sandbox{}, err
 	}
 	tpl, alias, err := d.ResolveTemplate(ctx, req.Template)
 	if err != nil {
+		return Sandbox{}, err
+	}
+	if err := d.checkPlacement(policy); err != nil {
 		return Sandbox{}, err
 	}
 
@@ -89,8 +95,10 @@ func (d *Driver) Create(ctx context.Context, req CreateRequest) (Sandbox, error)
 			return Sandbox{}, err
 		}
 	}
-	if req.Network != nil {
-		if sb.Network, err = json.Marshal(req.Network); err != nil {
+	if network != nil {
+		// The normal form, secrets included: the node needs the proxy credentials again whenever
+		// it rebuilds the policy. Only NetworkOf decides what clients may read back.
+		if sb.Network, err = json.Marshal(network); err != nil {
 			return Sandbox{}, fmt.Errorf("encode network config: %w", err)
 		}
 	}
@@ -120,7 +128,7 @@ func (d *Driver) Create(ctx context.Context, req CreateRequest) (Sandbox, error)
 	if err != nil {
 		return Sandbox{}, err
 	}
-	info, err := d.boot(ctx, sb, tpl)
+	info, err := d.boot(ctx, sb, tpl, policy)
 	release()
 	if err != nil {
 		// The node rolls back its own partial work; destroy anyway in case it got far enough to
@@ -189,7 +197,7 @@ func (d *Driver) acquireBootSlot(ctx context.Context) (release func(), err error
 // boot asks the node to create the sandbox. The call is detached from the client's context: a
 // client hanging up mid-boot must not leave a half-built sandbox; the bounded CreateTimeout
 // applies instead.
-func (d *Driver) boot(ctx context.Context, sb Sandbox, tpl store.Template) (node.Info, error) {
+func (d *Driver) boot(ctx context.Context, sb Sandbox, tpl store.Template, policy egress.Policy) (node.Info, error) {
 	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.opts.CreateTimeout)
 	defer cancel()
 	user := tpl.DefaultUser
@@ -199,7 +207,7 @@ func (d *Driver) boot(ctx context.Context, sb Sandbox, tpl store.Template) (node
 	info, err := d.node.CreateSandbox(bctx, node.CreateSpec{
 		ID: sb.ID, TemplateID: sb.TemplateID, CPUs: sb.CPU, MemoryMB: sb.MemoryMB,
 		EnvVars: sb.EnvVars, AccessToken: sb.EnvdAccessToken,
-		DefaultUser: user, DefaultWorkdir: tpl.DefaultWorkdir,
+		DefaultUser: user, DefaultWorkdir: tpl.DefaultWorkdir, Egress: policy,
 	})
 	if err != nil {
 		d.log.Error("node failed to create sandbox", "sandbox", sb.ID, "template", sb.TemplateID, "err", err)

@@ -15,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/vibemon/vmon/internal/egress"
 	"github.com/vibemon/vmon/internal/node"
 	"github.com/vibemon/vmon/internal/store"
 )
@@ -22,8 +23,13 @@ import (
 // Node is what the driver needs from a node. Implementations must treat destroying a sandbox that
 // is already gone as success, and roll back their own partial work when a create fails.
 type Node interface {
+	// CreateSandbox boots a sandbox whose egress policy (spec.Egress) is in force before its first
+	// instruction runs.
 	CreateSandbox(ctx context.Context, spec node.CreateSpec) (node.Info, error)
 	DestroySandbox(ctx context.Context, id string) error
+	// UpdateEgress replaces a running sandbox's egress policy for new flows. On error the previous
+	// policy must still be in force; an unknown id is a NotFound error.
+	UpdateEgress(ctx context.Context, id string, p egress.Policy) error
 }
 
 // MetricsNode is optionally implemented by a Node that can sample a sandbox's resource use. Without
@@ -81,15 +87,24 @@ type Options struct {
 	DefaultTimeout time.Duration
 	// MaxTimeout is the largest timeout a client may ask for (`--max-sandbox-timeout`); default 24 h.
 	MaxTimeout time.Duration
+	// Features are what the node can do: FeatureNetTap or FeatureNetUser when it can network
+	// sandboxes at all, egress.FeatureDomains and egress.FeatureProxy when it enforces those parts
+	// of a policy. Creates the node cannot serve fail with 503 sandbox_no_compatible_node; in
+	// particular, without a net-* feature every create fails (seed "Network modes").
+	Features []string
+	// NetworkStore records live network updates; nil uses Store when it implements NetworkStore.
+	// Without either, PUT /sandboxes/{id}/network answers 501.
+	NetworkStore NetworkStore
 }
 
 // Driver orchestrates sandboxes. Create it with New, call Recover before serving, Close at exit.
 type Driver struct {
-	store *store.Store
-	node  Node
-	log   *slog.Logger
-	clock Clock
-	opts  Options
+	store    *store.Store
+	netStore NetworkStore
+	node     Node
+	log      *slog.Logger
+	clock    Clock
+	opts     Options
 
 	bootSlots chan struct{}
 	// createMu makes the capacity check and the insert of the reserving record one step.
@@ -137,8 +152,13 @@ func New(opts Options) (*Driver, error) {
 		return nil, fmt.Errorf("driver: default timeout %v exceeds max timeout %v", opts.DefaultTimeout, opts.MaxTimeout)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
+	netStore := opts.NetworkStore
+	if netStore == nil {
+		netStore, _ = any(opts.Store).(NetworkStore)
+	}
 	d := &Driver{
 		store:     opts.Store,
+		netStore:  netStore,
 		node:      opts.Node,
 		log:       opts.Logger,
 		clock:     opts.Clock,

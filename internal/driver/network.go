@@ -1,20 +1,22 @@
 package driver
 
 import (
-	"net"
-	"net/netip"
-	"strconv"
+	"encoding/json"
+	"fmt"
+	"slices"
 	"strings"
 
+	"github.com/vibemon/vmon/internal/egress"
 	"github.com/vibemon/vmon/internal/errdefs"
 )
 
 // Network is a sandbox's network configuration as E2B clients send it (SandboxNetworkConfig). The
-// driver validates and stores it; enforcing egress is the node's job.
+// driver validates and normalises it and stores the normal form on the record; the egress part
+// becomes an egress.Policy that the node enforces.
 type Network struct {
 	// AllowPublicTraffic false means ingress requires the traffic access token. Default true.
 	AllowPublicTraffic *bool `json:"allowPublicTraffic,omitempty"`
-	// AllowOut entries are CIDRs, IPs or domain names ("example.com", "*.example.com").
+	// AllowOut entries are CIDRs, IPs or domain names ("example.com", "*.example.com", "*").
 	AllowOut []string `json:"allowOut,omitempty"`
 	// DenyOut entries are CIDRs or IPs.
 	DenyOut         []string                 `json:"denyOut,omitempty"`
@@ -24,113 +26,164 @@ type Network struct {
 	HTTPSPorts      []int                    `json:"httpsPorts,omitempty"`
 }
 
-// NetworkRule is a per-domain transform applied to egress HTTP(S) requests.
-type NetworkRule struct {
-	Transform *NetworkTransform `json:"transform,omitempty"`
-}
+// The egress parts of the wire format are egress's own types, so that the API edge never needs
+// to import egress to decode them.
+type (
+	// NetworkRule is a per-domain transform applied to HTTPS requests.
+	NetworkRule = egress.Rule
+	// NetworkTransform lists headers to set on matching requests.
+	NetworkTransform = egress.Transform
+	// EgressProxy tunnels the sandbox's egress through a SOCKS5 proxy.
+	EgressProxy = egress.ProxyConfig
+	// EgressProxyTLS wraps the hop to the proxy in TLS.
+	EgressProxyTLS = egress.ProxyTLS
+	// NetworkUpdate is the body of PUT /sandboxes/{id}/network (SandboxNetworkUpdateConfig): the
+	// whole egress configuration, replacing the previous one.
+	NetworkUpdate = egress.Config
+)
 
-// NetworkTransform lists headers to set on matching requests.
-type NetworkTransform struct {
-	Headers map[string]string `json:"headers,omitempty"`
-}
+// Node features the driver checks before placing a sandbox. The egress ones are
+// egress.FeatureDomains and egress.FeatureProxy.
+const (
+	// FeatureNetTap: a Linux node with CAP_NET_ADMIN that gives sandboxes TAP/veth links.
+	FeatureNetTap = "net-tap"
+	// FeatureNetUser: a node whose VMMs network sandboxes in user mode (macOS).
+	FeatureNetUser = "net-user"
+)
 
-// EgressProxy routes the sandbox's egress through an upstream proxy.
-type EgressProxy struct {
-	Address  string `json:"address"`
-	Username string `json:"username,omitempty"`
-	Password string `json:"password,omitempty"`
-}
+// NoCompatibleNodeErrorCode is E2B's error_code when no node can run a sandbox as asked.
+const NoCompatibleNodeErrorCode = "sandbox_no_compatible_node"
+
+// noNetworkMessage is the seed's text for a node started without CAP_NET_ADMIN, so that the
+// operator sees the same words in the start-up warning and in every refused create.
+const noNetworkMessage = "no CAP_NET_ADMIN: this node cannot network sandboxes and will reject creates"
 
 // PublicTraffic reports whether ingress is open without a traffic token (the default).
 func (n *Network) PublicTraffic() bool {
 	return n == nil || n.AllowPublicTraffic == nil || *n.AllowPublicTraffic
 }
 
-// Validate checks every entry and returns an InvalidArgument error naming the first bad one.
-func (n *Network) Validate() error {
+// egressConfig is the egress part of n, with the create body's allow_internet_access.
+func (n *Network) egressConfig(allowInternetAccess *bool) egress.Config {
+	c := egress.Config{AllowInternetAccess: allowInternetAccess}
+	if n != nil {
+		c.AllowOut, c.DenyOut, c.Rules, c.EgressProxy = n.AllowOut, n.DenyOut, n.Rules, n.EgressProxy
+	}
+	return c
+}
+
+// withEgress returns n with its egress fields replaced by c's (ingress settings kept).
+func (n Network) withEgress(c egress.Config) Network {
+	n.AllowOut, n.DenyOut, n.Rules, n.EgressProxy = c.AllowOut, c.DenyOut, c.Rules, c.EgressProxy
+	return n
+}
+
+// normalizeNetwork validates a create's network settings and returns the normal form to store
+// (nil when the client sent none) and the policy the node must enforce.
+func normalizeNetwork(n *Network, allowInternetAccess *bool) (*Network, egress.Policy, error) {
+	norm, err := egress.Normalize(n.egressConfig(allowInternetAccess))
+	if err != nil {
+		return nil, egress.Policy{}, err
+	}
+	p, err := egress.Parse(norm)
+	if err != nil {
+		return nil, egress.Policy{}, fmt.Errorf("re-parse normalised egress config: %w", err)
+	}
 	if n == nil {
-		return nil
+		return nil, p, nil
 	}
-	for i, e := range n.AllowOut {
-		if !validCIDROrIP(e) && !validDomainPattern(e) {
-			return errdefs.InvalidArgument("network.allowOut[%d]: %q is not a CIDR, IP address or domain name", i, e)
-		}
-	}
-	for i, e := range n.DenyOut {
-		if !validCIDROrIP(e) {
-			return errdefs.InvalidArgument("network.denyOut[%d]: %q is not a CIDR or IP address (domains are not supported in denyOut)", i, e)
+	for i, port := range n.HTTPSPorts {
+		if port < 1 || port > 65535 {
+			return nil, egress.Policy{}, errdefs.InvalidArgument("network.httpsPorts[%d]: %d is not a port number", i, port)
 		}
 	}
-	for domain, rules := range n.Rules {
-		if !validDomainPattern(domain) {
-			return errdefs.InvalidArgument("network.rules: %q is not a domain name", domain)
-		}
-		for _, r := range rules {
-			if r.Transform == nil {
-				continue
-			}
-			for h := range r.Transform.Headers {
-				if !validHeaderName(h) {
-					return errdefs.InvalidArgument("network.rules[%q]: invalid header name %q", domain, h)
-				}
-			}
+	out := n.withEgress(norm)
+	return &out, p, nil
+}
+
+// decodeNetwork reads a record's stored network configuration ("{}" or empty when none).
+func decodeNetwork(raw json.RawMessage) (Network, error) {
+	var n Network
+	if len(raw) == 0 {
+		return n, nil
+	}
+	if err := json.Unmarshal(raw, &n); err != nil {
+		return Network{}, errdefs.Wrap(errdefs.KindUnknown, err, "failed to read the sandbox's network configuration")
+	}
+	return n, nil
+}
+
+// NetworkOf returns a sandbox's network configuration as GET /sandboxes/{id} shows it: the
+// normal form stored at create or by the last live update, with allowPublicTraffic always set
+// and without the proxy password and CA bundle.
+func NetworkOf(sb Sandbox) (Network, error) {
+	n, err := decodeNetwork(sb.Network)
+	if err != nil {
+		return Network{}, err
+	}
+	public := sb.AllowPublicTraffic
+	n.AllowPublicTraffic = &public
+	return n.withEgress(n.egressConfig(nil).Redacted()), nil
+}
+
+// policyOf rebuilds the policy a record stands for.
+func policyOf(sb Sandbox) (egress.Policy, error) {
+	n, err := decodeNetwork(sb.Network)
+	if err != nil {
+		return egress.Policy{}, err
+	}
+	return egress.Parse(n.egressConfig(sb.AllowInternetAccess))
+}
+
+func (d *Driver) hasFeature(f string) bool { return slices.Contains(d.opts.Features, f) }
+
+// missingFeatures lists what p needs that the node lacks.
+func (d *Driver) missingFeatures(p egress.Policy) []string {
+	var out []string
+	for _, f := range p.RequiredFeatures() {
+		if !d.hasFeature(f) {
+			out = append(out, f)
 		}
 	}
-	if p := n.EgressProxy; p != nil {
-		host, port, err := net.SplitHostPort(p.Address)
-		if err != nil || host == "" || !validPort(port) {
-			return errdefs.InvalidArgument("network.egressProxy.address: %q is not host:port", p.Address)
-		}
+	return out
+}
+
+// featureUse says what in a policy needs a feature, for error messages.
+func featureUse(f string) string {
+	switch f {
+	case egress.FeatureDomains:
+		return "domain entries in network.allowOut need the " + f + " feature"
+	case egress.FeatureProxy:
+		return "network.rules and network.egressProxy need the " + f + " feature"
+	default:
+		return "the network policy needs the " + f + " feature"
 	}
-	for i, p := range n.HTTPSPorts {
-		if p < 1 || p > 65535 {
-			return errdefs.InvalidArgument("network.httpsPorts[%d]: %d is not a port number", i, p)
-		}
+}
+
+// describeMissing explains which parts of a policy need the missing features and what the node
+// offers instead.
+func (d *Driver) describeMissing(missing []string) string {
+	uses := make([]string, len(missing))
+	for i, f := range missing {
+		uses[i] = featureUse(f)
+	}
+	offers := "none"
+	if len(d.opts.Features) > 0 {
+		offers = strings.Join(d.opts.Features, ", ")
+	}
+	return strings.Join(uses, "; ") + " (node features: " + offers + ")"
+}
+
+// checkPlacement refuses a create no node can serve (503 sandbox_no_compatible_node): a node that
+// cannot network sandboxes at all (seed "Network modes"), or one that lacks a feature the policy
+// needs (seed "Platform support").
+func (d *Driver) checkPlacement(p egress.Policy) error {
+	if !d.hasFeature(FeatureNetTap) && !d.hasFeature(FeatureNetUser) {
+		return errdefs.WithCode(errdefs.Unavailable("%s", noNetworkMessage), NoCompatibleNodeErrorCode)
+	}
+	if missing := d.missingFeatures(p); len(missing) > 0 {
+		return errdefs.WithCode(errdefs.Unavailable("no node can enforce this network policy: %s",
+			d.describeMissing(missing)), NoCompatibleNodeErrorCode)
 	}
 	return nil
-}
-
-func validCIDROrIP(s string) bool {
-	if _, err := netip.ParsePrefix(s); err == nil {
-		return true
-	}
-	_, err := netip.ParseAddr(s)
-	return err == nil
-}
-
-// validDomainPattern accepts "example.com" and "*.example.com" with RFC 1123 labels.
-func validDomainPattern(s string) bool {
-	s = strings.TrimPrefix(strings.ToLower(s), "*.")
-	if s == "" || len(s) > 253 {
-		return false
-	}
-	for _, label := range strings.Split(s, ".") {
-		if label == "" || len(label) > 63 || label[0] == '-' || label[len(label)-1] == '-' {
-			return false
-		}
-		for _, c := range label {
-			if (c < 'a' || c > 'z') && (c < '0' || c > '9') && c != '-' && c != '_' {
-				return false
-			}
-		}
-	}
-	return true
-}
-
-func validHeaderName(s string) bool {
-	if s == "" {
-		return false
-	}
-	for _, c := range s {
-		// RFC 9110 token characters.
-		if c > 0x7e || c <= ' ' || strings.ContainsRune(`"(),/:;<=>?@[\]{}`, c) {
-			return false
-		}
-	}
-	return true
-}
-
-func validPort(s string) bool {
-	p, err := strconv.Atoi(s)
-	return err == nil && p >= 1 && p <= 65535
 }

@@ -7,13 +7,8 @@ import (
 )
 
 // endStreamWriter holds back the flush of a Connect stream's final EndStream envelope, so the
-// envelope and the end of the HTTP/1.1 response (the last chunk) leave in one write.
-//
-// Why: the e2b JS SDK (2.51) aborts its own request controller the moment it sees the response
-// body end, and connect-es races every pending read against that abort. When the EndStream
-// envelope and the end of the body arrive apart, the abort can win and a command that finished
-// fine surfaces as "canceled" (measured: about 1 in 150 commands through this proxy). Sent
-// together, the SDK reads both before it aborts.
+// envelope and the end of the HTTP/1.1 response (the last chunk) leave in one write (see
+// connectStreamWriter for why). It is not safe for concurrent use.
 type endStreamWriter struct {
 	http.ResponseWriter
 	// The envelope parser's state: bytes of the current 5-byte prefix seen, its flags, and
@@ -68,9 +63,7 @@ func (w *endStreamWriter) Flush() {
 	if w.lastEnd {
 		return
 	}
-	if f, ok := w.ResponseWriter.(http.Flusher); ok {
-		f.Flush()
-	}
+	flush(w.ResponseWriter)
 }
 
 func (w *endStreamWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }

@@ -17,6 +17,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/vibemon/vmon/internal/agentproto"
@@ -202,7 +203,9 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			writeJSON(w, http.StatusForbidden, map[string]any{"code": http.StatusForbidden, "message": "this envd endpoint is not reachable through ingress"})
 			return
 		}
-		p.envd.ServeHTTP(&lazyEndStream{ResponseWriter: w}, r)
+		cw := &connectStreamWriter{ResponseWriter: w}
+		defer cw.finish()
+		p.envd.ServeHTTP(cw, r)
 		return
 	}
 	if target.TrafficToken != "" {
@@ -218,37 +221,86 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	p.ports.ServeHTTP(w, r)
 }
 
-// lazyEndStream switches to an endStreamWriter once the response turns out to be a Connect stream.
-type lazyEndStream struct {
+// connectStreamWriter shapes Connect server-stream responses on their way to the client: flushes
+// are coalesced over coalesceWindow, and the EndStream envelope is never flushed on its own, so the
+// last events, the EndStream and the end of the response leave together.
+//
+// Why: the e2b JS SDK (2.51) aborts its own request controller the moment it sees the response
+// body end, and connect-es races every pending read against that abort. When the final envelopes
+// and the end of the body arrive apart, the abort can win and a command that finished fine
+// surfaces as "canceled" (measured through this proxy: about 1 in 150 commands with flush-per-
+// write, more under load). The window costs streamed output at most that much latency.
+type connectStreamWriter struct {
 	http.ResponseWriter
+
+	mu sync.Mutex
+	// es is set once the response turns out to be a Connect stream.
+	// +checklocks:mu
 	es *endStreamWriter
+	// +checklocks:mu
+	timer *time.Timer
+	// +checklocks:mu
+	done bool
 }
 
-func (l *lazyEndStream) WriteHeader(code int) {
-	if isConnectStream(l.Header().Get("Content-Type")) {
-		l.es = &endStreamWriter{ResponseWriter: l.ResponseWriter}
+const coalesceWindow = 2 * time.Millisecond
+
+func (c *connectStreamWriter) WriteHeader(code int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if isConnectStream(c.Header().Get("Content-Type")) {
+		c.es = &endStreamWriter{ResponseWriter: c.ResponseWriter}
 	}
-	l.ResponseWriter.WriteHeader(code)
+	c.ResponseWriter.WriteHeader(code)
 }
 
-func (l *lazyEndStream) Write(b []byte) (int, error) {
-	if l.es != nil {
-		return l.es.Write(b)
+func (c *connectStreamWriter) Write(b []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.es != nil {
+		return c.es.Write(b)
 	}
-	return l.ResponseWriter.Write(b)
+	return c.ResponseWriter.Write(b)
 }
 
-func (l *lazyEndStream) Flush() {
-	if l.es != nil {
-		l.es.Flush()
-		return
+func (c *connectStreamWriter) Flush() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch {
+	case c.done:
+	case c.es == nil:
+		flush(c.ResponseWriter)
+	case c.timer == nil:
+		c.timer = time.AfterFunc(coalesceWindow, c.fire)
 	}
-	if f, ok := l.ResponseWriter.(http.Flusher); ok {
+}
+
+func (c *connectStreamWriter) fire() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.timer = nil
+	if !c.done {
+		c.es.Flush()
+	}
+}
+
+// finish stops pending flushes; the server flushes what is left as the handler returns.
+func (c *connectStreamWriter) finish() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.done = true
+	if c.timer != nil {
+		c.timer.Stop()
+	}
+}
+
+func (c *connectStreamWriter) Unwrap() http.ResponseWriter { return c.ResponseWriter }
+
+func flush(w http.ResponseWriter) {
+	if f, ok := w.(http.Flusher); ok {
 		f.Flush()
 	}
 }
-
-func (l *lazyEndStream) Unwrap() http.ResponseWriter { return l.ResponseWriter }
 
 // address finds the sandbox id and port a request is for; "" id means "find it by signature".
 func (p *Proxy) address(r *http.Request) (string, int, error) {

@@ -7,12 +7,26 @@ import (
 	"github.com/vibemon/vmon/internal/errdefs"
 )
 
-// UpdateEgress replaces a running sandbox's egress policy. Until the node has per-sandbox links
-// (netpool), sandboxes have loopback only and there is nothing to enforce a policy on, so the
-// node refuses instead of pretending.
-func (n *Node) UpdateEgress(_ context.Context, id string, _ egress.Policy) error {
-	if _, ok := n.lookup(id); !ok {
+// Feature names a node advertises for placement (seed 000, "Network modes").
+const FeatureNetTap = "net-tap"
+
+// Features lists what this node can do for placement.
+func (n *Node) Features() []string {
+	if n.opts.Network == nil {
+		return nil
+	}
+	return []string{FeatureNetTap}
+}
+
+// UpdateEgress replaces a running sandbox's egress policy in one transaction; established TCP
+// connections survive.
+func (n *Node) UpdateEgress(ctx context.Context, id string, p egress.Policy) error {
+	sb, ok := n.lookup(id)
+	if !ok {
 		return errdefs.NotFound("sandbox %q not found", id)
 	}
-	return errdefs.Unavailable("this node cannot network sandboxes yet: egress policies are not enforced")
+	if sb.link == nil {
+		return errdefs.Unavailable("this node cannot network sandboxes: no egress policy to update")
+	}
+	return n.opts.Network.Update(ctx, sb.link, p)
 }

@@ -18,12 +18,15 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"sync"
 	"time"
 
 	"github.com/vibemon/vmon/internal/agent"
 	"github.com/vibemon/vmon/internal/agentproto"
+	"github.com/vibemon/vmon/internal/egress"
 	"github.com/vibemon/vmon/internal/errdefs"
+	"github.com/vibemon/vmon/internal/netpool"
 	"github.com/vibemon/vmon/internal/runtime"
 )
 
@@ -41,6 +44,17 @@ type NetNS interface {
 	List(ctx context.Context) ([]string, error)
 }
 
+// Network hands out per-sandbox links (a lease, the host link vmon<N> and a namespace holding the
+// guest end) and enforces egress policy on them (*netpool.Pool).
+type Network interface {
+	Take(ctx context.Context) (*netpool.Link, error)
+	Attach(ctx context.Context, l *netpool.Link, p egress.Policy) error
+	Update(ctx context.Context, l *netpool.Link, p egress.Policy) error
+	Release(ctx context.Context, l *netpool.Link) error
+	// Recover hands back the links recovered sandboxes hold and removes every other one.
+	Recover(ctx context.Context, held []netpool.LinkID) (map[netpool.LinkID]*netpool.Link, error)
+}
+
 // Templates resolves a template id to its read-only root filesystem on this node.
 type Templates interface {
 	RootFS(ctx context.Context, templateID string) (string, error)
@@ -48,10 +62,13 @@ type Templates interface {
 
 // Options configure a Node.
 type Options struct {
-	DataDir   string
-	Runtime   runtime.Runtime
-	RootFS    RootFS
-	NetNS     NetNS
+	DataDir string
+	Runtime runtime.Runtime
+	RootFS  RootFS
+	// NetNS makes loopback-only namespaces when Network is nil (a node that cannot network).
+	NetNS NetNS
+	// Network gives sandboxes their uplink and egress policy; nil leaves them loopback only.
+	Network   Network
 	Templates Templates
 	// EnvdPath is the envd binary bind-mounted into every sandbox.
 	EnvdPath string
@@ -72,6 +89,8 @@ const (
 	sandboxIDFile = "sandbox-id"
 	// accessTokenFile keeps the envd access token so a restarted node can still call envd.
 	accessTokenFile = "access-token"
+	// linkFile records the sandbox's link, for recovery to hand it back.
+	linkFile = "link"
 )
 
 var idRe = regexp.MustCompile(`^[a-z0-9]+$`)
@@ -97,7 +116,9 @@ type sandbox struct {
 	cpus      int
 	memoryMB  int
 	// token is envd's access token, sent on the node's own envd calls.
-	token     string
+	token string
+	// link is the sandbox's uplink (nil without networking).
+	link      *netpool.Link
 	ch        *agent.Channel
 	startedAt time.Time
 }
@@ -152,13 +173,18 @@ func (n *Node) handOut(ctx context.Context, sb *sandbox, spec CreateSpec) (Info,
 	if err == nil {
 		err = writeFileAtomic(filepath.Join(dir, sandboxIDFile), []byte(spec.ID))
 	}
+	// The policy is in force before /init, so before the sandbox's first instruction; until now
+	// the link's chains were closed.
+	if err == nil && sb.link != nil {
+		err = n.opts.Network.Attach(ctx, sb.link, spec.Egress)
+	}
 	if err == nil {
 		bootCtx, cancel := context.WithTimeout(ctx, n.opts.BootTimeout)
 		err = n.initEnvd(bootCtx, sb.ch, spec)
 		cancel()
 	}
 	if err != nil {
-		_ = n.teardown(context.WithoutCancel(ctx), sb.runtimeID, sb.ch)
+		_ = n.teardown(context.WithoutCancel(ctx), sb)
 		return Info{}, errdefs.Wrap(errdefs.KindUnavailable, err, "sandbox did not start")
 	}
 	sb.startedAt = time.Now()
@@ -200,11 +226,25 @@ func (n *Node) boot(ctx context.Context, runtimeID, templateID string, cpus, mem
 	}
 	undo = append(undo, func() { _ = n.opts.RootFS.Release(teardownCtx, dir) })
 
-	nsPath, err := n.opts.NetNS.Create(ctx, n.opts.NetNSPrefix+runtimeID)
-	if err != nil {
-		return nil, fmt.Errorf("create network namespace: %w", err)
+	var link *netpool.Link
+	var nsPath string
+	if n.opts.Network != nil {
+		// A ready link: its namespace already holds the configured guest end, its chains are
+		// closed until the sandbox is handed out.
+		if link, err = n.opts.Network.Take(ctx); err != nil {
+			return nil, fmt.Errorf("take a network link: %w", err)
+		}
+		undo = append(undo, func() { _ = n.opts.Network.Release(teardownCtx, link) })
+		if err := writeFileAtomic(filepath.Join(dir, linkFile), []byte(strconv.Itoa(int(link.ID())))); err != nil {
+			return nil, fmt.Errorf("record network link: %w", err)
+		}
+		nsPath = link.NetNSPath()
+	} else {
+		if nsPath, err = n.opts.NetNS.Create(ctx, n.opts.NetNSPrefix+runtimeID); err != nil {
+			return nil, fmt.Errorf("create network namespace: %w", err)
+		}
+		undo = append(undo, func() { _ = n.opts.NetNS.Delete(teardownCtx, n.opts.NetNSPrefix+runtimeID) })
 	}
-	undo = append(undo, func() { _ = n.opts.NetNS.Delete(teardownCtx, n.opts.NetNSPrefix+runtimeID) })
 
 	ch, err := agent.Listen(agentDir, n.log.With("runtime_id", runtimeID))
 	if err != nil {
@@ -237,7 +277,7 @@ func (n *Node) boot(ctx context.Context, runtimeID, templateID string, cpus, mem
 	if err := ch.WaitConnected(waitCtx); err != nil {
 		return nil, errdefs.Wrap(errdefs.KindUnavailable, err, "sandbox did not start")
 	}
-	return &sandbox{runtimeID: runtimeID, template: templateID, cpus: cpus, memoryMB: memoryMB, ch: ch}, nil
+	return &sandbox{runtimeID: runtimeID, template: templateID, cpus: cpus, memoryMB: memoryMB, link: link, ch: ch}, nil
 }
 
 // initEnvd waits for envd and delivers the sandbox's /init state, retrying until it succeeds,
@@ -299,23 +339,32 @@ func (n *Node) DestroySandbox(ctx context.Context, id string) error {
 	sb := n.sandboxes[id]
 	delete(n.sandboxes, id)
 	n.mu.Unlock()
-	runtimeID, ch := id, (*agent.Channel)(nil)
-	if sb != nil {
-		runtimeID, ch = sb.runtimeID, sb.ch
+	if sb == nil {
+		// Unknown here (e.g. its runtime died before a restart): clean up by id.
+		sb = &sandbox{runtimeID: id}
 	}
-	return n.teardown(context.WithoutCancel(ctx), runtimeID, ch)
+	return n.teardown(context.WithoutCancel(ctx), sb)
 }
 
-// teardown removes a sandbox's runtime, channel, namespace, root and directory.
-func (n *Node) teardown(ctx context.Context, runtimeID string, ch *agent.Channel) error {
+// teardown removes a sandbox's runtime, channel, link or namespace, root and directory.
+func (n *Node) teardown(ctx context.Context, sb *sandbox) error {
+	runtimeID := sb.runtimeID
 	var errs []error
 	if err := n.opts.Runtime.Destroy(ctx, runtimeID); err != nil {
 		errs = append(errs, fmt.Errorf("destroy runtime: %w", err))
 	}
-	if ch != nil {
-		_ = ch.Close()
+	if sb.ch != nil {
+		_ = sb.ch.Close()
 	}
-	if err := n.opts.NetNS.Delete(ctx, n.opts.NetNSPrefix+runtimeID); err != nil {
+	if sb.link != nil {
+		// After the runtime is gone: the link goes back to the pool closed, its conntrack
+		// state flushed, so the next sandbox on this lease inherits nothing.
+		if err := n.opts.Network.Release(ctx, sb.link); err != nil {
+			errs = append(errs, fmt.Errorf("release network link: %w", err))
+		}
+	} else if n.opts.NetNS == nil {
+		// Networked node: a link nobody holds is the pool's to remove at recovery.
+	} else if err := n.opts.NetNS.Delete(ctx, n.opts.NetNSPrefix+runtimeID); err != nil {
 		errs = append(errs, fmt.Errorf("delete network namespace: %w", err))
 	}
 	dir := n.sandboxDir(runtimeID)

@@ -99,13 +99,13 @@ func (p *pool) fill(ctx context.Context) time.Duration {
 			if err := p.n.warmUp(ctx, sb); err != nil {
 				// A sandbox that cannot run a shell would fail its client; replace it.
 				p.n.log.Warn("warm pool sandbox failed its warm-up", "template", ws.TemplateID, "err", err)
-				_ = p.n.teardown(context.WithoutCancel(ctx), sb.runtimeID, sb.ch)
+				_ = p.n.teardown(context.WithoutCancel(ctx), sb)
 				return 5 * time.Second
 			}
 			p.mu.Lock()
 			if p.cancel == nil { // closed meanwhile
 				p.mu.Unlock()
-				_ = p.n.teardown(context.Background(), sb.runtimeID, sb.ch)
+				_ = p.n.teardown(context.Background(), sb)
 				return time.Hour
 			}
 			p.ready[i] = append(p.ready[i], sb)
@@ -151,7 +151,7 @@ func (p *pool) close(ctx context.Context) error {
 	}
 	var errs []error
 	for _, sb := range all {
-		errs = append(errs, p.n.teardown(ctx, sb.runtimeID, sb.ch))
+		errs = append(errs, p.n.teardown(ctx, sb))
 	}
 	return errors.Join(errs...)
 }
@@ -184,16 +184,22 @@ func (n *Node) warmUp(ctx context.Context, sb *sandbox) error {
 		return fmt.Errorf("start warm-up: %w", err)
 	}
 	defer stream.Close()
+	// Read to the end of the stream, EndStream included: closing it early would cut the
+	// connection under envd mid-response.
+	var end *process.ProcessEvent_EndEvent
 	for stream.Receive() {
-		if end := stream.Msg().GetEvent().GetEnd(); end != nil {
-			if end.GetExitCode() != 0 {
-				return fmt.Errorf("warm-up exited with %d", end.GetExitCode())
-			}
-			return nil
+		if e := stream.Msg().GetEvent().GetEnd(); e != nil {
+			end = e
 		}
 	}
 	if err := stream.Err(); err != nil {
 		return fmt.Errorf("warm-up: %w", err)
 	}
-	return errors.New("warm-up stream ended without an end event")
+	if end == nil {
+		return errors.New("warm-up stream ended without an end event")
+	}
+	if end.GetExitCode() != 0 {
+		return fmt.Errorf("warm-up exited with %d", end.GetExitCode())
+	}
+	return nil
 }

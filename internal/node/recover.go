@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/vibemon/vmon/internal/agent"
+	"github.com/vibemon/vmon/internal/netpool"
 	"github.com/vibemon/vmon/internal/runtime"
 )
 
@@ -24,11 +26,10 @@ func (n *Node) Recover(ctx context.Context) ([]string, error) {
 		return nil, fmt.Errorf("read sandboxes dir: %w", err)
 	}
 	var (
-		mu       sync.Mutex
-		wg       sync.WaitGroup
-		aliveRID = map[string]bool{}
-		aliveIDs []string
-		errs     []error
+		mu      sync.Mutex
+		wg      sync.WaitGroup
+		adopted = map[string]*sandbox{} // by runtime id
+		errs    []error
 	)
 	// Adopting waits for each envd to redial; do it in parallel so many sandboxes don't add up.
 	for _, e := range entries {
@@ -39,16 +40,14 @@ func (n *Node) Recover(ctx context.Context) ([]string, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			id, ok := n.adopt(ctx, rid)
-			if ok {
+			if sb := n.adopt(ctx, rid); sb != nil {
 				mu.Lock()
-				aliveRID[rid] = true
-				aliveIDs = append(aliveIDs, id)
+				adopted[rid] = sb
 				mu.Unlock()
 				return
 			}
 			n.log.Info("removing sandbox that did not survive", "runtime_id", rid)
-			if err := n.teardown(ctx, rid, nil); err != nil {
+			if err := n.teardown(ctx, &sandbox{runtimeID: rid}); err != nil {
 				mu.Lock()
 				errs = append(errs, fmt.Errorf("clean up sandbox %s: %w", rid, err))
 				mu.Unlock()
@@ -56,6 +55,19 @@ func (n *Node) Recover(ctx context.Context) ([]string, error) {
 		}()
 	}
 	wg.Wait()
+	if n.opts.Network != nil {
+		errs = append(errs, n.recoverLinks(ctx, adopted))
+	}
+	aliveRID := map[string]bool{}
+	var aliveIDs []string
+	for rid, sb := range adopted {
+		aliveRID[rid] = true
+		aliveIDs = append(aliveIDs, sb.id)
+		n.mu.Lock()
+		n.sandboxes[sb.id] = sb
+		n.mu.Unlock()
+		n.log.Info("recovered sandbox", "sandbox", sb.id)
+	}
 	ids, err := n.opts.Runtime.List(ctx)
 	if err != nil {
 		errs = append(errs, fmt.Errorf("list runtime sandboxes: %w", err))
@@ -66,9 +78,11 @@ func (n *Node) Recover(ctx context.Context) ([]string, error) {
 			errs = append(errs, n.opts.Runtime.Destroy(ctx, rid))
 		}
 	}
-	names, err := n.opts.NetNS.List(ctx)
-	if err != nil {
-		errs = append(errs, fmt.Errorf("list network namespaces: %w", err))
+	var names []string
+	if n.opts.NetNS != nil {
+		if names, err = n.opts.NetNS.List(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("list network namespaces: %w", err))
+		}
 	}
 	for _, name := range names {
 		rid, ok := strings.CutPrefix(name, n.opts.NetNSPrefix)
@@ -80,34 +94,67 @@ func (n *Node) Recover(ctx context.Context) ([]string, error) {
 	return aliveIDs, errors.Join(errs...)
 }
 
+// recoverLinks hands the adopted sandboxes their links back (their rules and policy survived in
+// the kernel) and lets the pool remove every other link. A sandbox whose link is gone has no
+// uplink and no enforceable policy, so it is torn down instead of recovered.
+func (n *Node) recoverLinks(ctx context.Context, adopted map[string]*sandbox) error {
+	held := map[netpool.LinkID]string{}
+	for rid := range adopted {
+		b, err := os.ReadFile(filepath.Join(n.sandboxDir(rid), linkFile))
+		v, perr := strconv.Atoi(strings.TrimSpace(string(b)))
+		if err != nil || perr != nil {
+			continue
+		}
+		held[netpool.LinkID(v)] = rid
+	}
+	ids := make([]netpool.LinkID, 0, len(held))
+	for id := range held {
+		ids = append(ids, id)
+	}
+	links, err := n.opts.Network.Recover(ctx, ids)
+	var errs []error
+	if err != nil {
+		errs = append(errs, fmt.Errorf("recover network links: %w", err))
+	}
+	for id, rid := range held {
+		if l, ok := links[id]; ok {
+			adopted[rid].link = l
+		}
+	}
+	for rid, sb := range adopted {
+		if sb.link == nil {
+			n.log.Warn("removing sandbox whose network link is gone", "sandbox", sb.id)
+			errs = append(errs, n.teardown(ctx, sb))
+			delete(adopted, rid)
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // adopt re-listens on a live, handed-out sandbox's agent socket and waits for its envd to redial.
-func (n *Node) adopt(ctx context.Context, rid string) (string, bool) {
+func (n *Node) adopt(ctx context.Context, rid string) *sandbox {
 	dir := n.sandboxDir(rid)
 	b, err := os.ReadFile(filepath.Join(dir, sandboxIDFile))
 	id := strings.TrimSpace(string(b))
 	if err != nil || !idRe.MatchString(id) {
-		return "", false // pre-started and never claimed, or a create the crash interrupted
+		return nil // pre-started and never claimed, or a create the crash interrupted
 	}
 	st, err := n.opts.Runtime.Status(ctx, rid)
 	if err != nil || st != runtime.StatusRunning {
-		return "", false
+		return nil
 	}
 	ch, err := agent.Listen(filepath.Join(dir, "agent"), n.log.With("sandbox", id))
 	if err != nil {
 		n.log.Warn("cannot reopen agent socket", "sandbox", id, "err", err)
-		return "", false
+		return nil
 	}
 	wctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
 	if err := ch.WaitConnected(wctx); err != nil {
 		n.log.Warn("envd did not reconnect", "sandbox", id, "err", err)
 		_ = ch.Close()
-		return "", false
+		return nil
 	}
-	n.mu.Lock()
 	token, _ := os.ReadFile(filepath.Join(dir, accessTokenFile))
-	n.sandboxes[id] = &sandbox{runtimeID: rid, id: id, token: string(token), ch: ch}
-	n.mu.Unlock()
-	n.log.Info("recovered sandbox", "sandbox", id)
-	return id, true
+	return &sandbox{runtimeID: rid, id: id, token: string(token), ch: ch}
 }

@@ -1,6 +1,10 @@
 package node
 
-import "time"
+import (
+	"time"
+
+	"github.com/vibemon/vmon/internal/egress"
+)
 
 // CreateSpec is what the driver asks a node to boot.
 type CreateSpec struct {
@@ -14,6 +18,8 @@ type CreateSpec struct {
 	AccessToken    string
 	DefaultUser    string
 	DefaultWorkdir string
+	// Egress is the validated egress policy, in force before the sandbox's first instruction.
+	Egress egress.Policy
 }
 
 // Info describes a sandbox the node runs.

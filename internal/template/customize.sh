@@ -19,6 +19,10 @@ cat >"$root/etc/hosts" <<'HOSTS'
 ::1	localhost ip6-localhost ip6-loopback
 HOSTS
 echo 'LANG=C.UTF-8' >"$root/etc/default/locale"
+# The build copied the host's resolver, which sandboxes cannot reach (private ranges are always
+# denied). Guests resolve through 8.8.8.8 as on E2B, which a domain allowOut implicitly allows.
+rm -f "$root/etc/resolv.conf"
+echo 'nameserver 8.8.8.8' >"$root/etc/resolv.conf"
 
 # `pip install` works as in E2B's base image (Debian marks its Python as externally managed).
 rm -f "$root"/usr/lib/python3*/EXTERNALLY-MANAGED

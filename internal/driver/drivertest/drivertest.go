@@ -5,11 +5,14 @@ package drivertest
 
 import (
 	"context"
+	"encoding/json"
 	"sync"
 	"time"
 
+	"github.com/vibemon/vmon/internal/egress"
 	"github.com/vibemon/vmon/internal/errdefs"
 	"github.com/vibemon/vmon/internal/node"
+	"github.com/vibemon/vmon/internal/store"
 )
 
 // Node is an in-memory driver.Node. Set the exported fields before use; they are read under its
@@ -19,11 +22,14 @@ type Node struct {
 	running map[string]node.CreateSpec
 	creates []node.CreateSpec
 	destroy []string
+	updates []EgressUpdate
 
 	// CreateErr, when set, fails every create.
 	CreateErr error
 	// DestroyErr, when set, fails every destroy.
 	DestroyErr error
+	// UpdateErr, when set, fails every egress update (the previous policy stays in force).
+	UpdateErr error
 	// Gate, when set, makes CreateSandbox block until it is closed (or ctx ends). Entered receives
 	// the id of each create as it starts waiting.
 	Gate    chan struct{}
@@ -92,6 +98,37 @@ func (n *Node) DestroySandbox(_ context.Context, id string) error {
 	return err
 }
 
+// EgressUpdate is one UpdateEgress call.
+type EgressUpdate struct {
+	ID     string
+	Policy egress.Policy
+}
+
+// UpdateEgress replaces a running sandbox's policy (its spec's Egress); an unknown id is NotFound,
+// as the driver.Node contract requires.
+func (n *Node) UpdateEgress(_ context.Context, id string, p egress.Policy) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.updates = append(n.updates, EgressUpdate{ID: id, Policy: p})
+	if n.UpdateErr != nil {
+		return n.UpdateErr
+	}
+	spec, ok := n.running[id]
+	if !ok {
+		return errdefs.NotFound("sandbox %q is not running on this node", id)
+	}
+	spec.Egress = p
+	n.running[id] = spec
+	return nil
+}
+
+// Updates returns every egress update received, in order.
+func (n *Node) Updates() []EgressUpdate {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return append([]EgressUpdate(nil), n.updates...)
+}
+
 // Alive reports whether id is running; it fits driver.Recover.
 func (n *Node) Alive(id string) bool {
 	n.mu.Lock()
@@ -100,7 +137,7 @@ func (n *Node) Alive(id string) bool {
 	return ok
 }
 
-// Spec returns the create spec of a running sandbox.
+// Spec returns the create spec of a running sandbox, with the egress policy currently in force.
 func (n *Node) Spec(id string) (node.CreateSpec, bool) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -141,6 +178,34 @@ func (n *Node) Forget(id string) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	delete(n.running, id)
+}
+
+// NetworkStore is a driver.NetworkStore over a real store, for tests until store.Store records
+// network updates itself. It rewrites the record (delete and insert), which is fine for a test
+// and only for a test: it is not atomic.
+type NetworkStore struct {
+	Store *store.Store
+	// Err, when set, fails every update.
+	Err error
+}
+
+// SetSandboxNetwork sets a running record's network JSON and allow_internet_access.
+func (s *NetworkStore) SetSandboxNetwork(ctx context.Context, id string, network json.RawMessage, allowInternetAccess *bool) error {
+	if s.Err != nil {
+		return s.Err
+	}
+	sb, err := s.Store.GetSandbox(ctx, id)
+	if err != nil {
+		return err
+	}
+	if sb.State != store.StateRunning {
+		return errdefs.Conflict("sandbox %q is %s", id, sb.State)
+	}
+	sb.Network, sb.AllowInternetAccess = network, allowInternetAccess
+	if err := s.Store.DeleteSandbox(ctx, id); err != nil {
+		return err
+	}
+	return s.Store.InsertSandbox(ctx, sb)
 }
 
 // ErrBoot is a ready-made create failure.
