@@ -27,6 +27,20 @@ if [ "$(id -u)" != 0 ]; then
   exit 1
 fi
 
+# Run everything in a loopback-only network namespace: vmon gives sandboxes NATed uplinks, and a
+# benchmark must never let them reach the machine's real network. nsenter switches the network
+# namespace only (`ip netns exec` would remount /sys and hide the cgroups runsc needs).
+if [ -z "${VMON_BENCH_IN_NETNS:-}" ]; then
+  ns=vmonbench-iso
+  ip netns del "$ns" 2>/dev/null || true
+  ip netns add "$ns"
+  ip -n "$ns" link set lo up
+  rc=0
+  VMON_BENCH_IN_NETNS=1 nsenter --net="/run/netns/$ns" bash "$0" "$@" || rc=$?
+  ip netns del "$ns" 2>/dev/null || true
+  exit "$rc"
+fi
+
 DATA=${VMON_BENCH_DATA_DIR:-/var/lib/vmon-bench}
 TEMPLATE_SRC=${VMON_BENCH_TEMPLATE_SRC:-/var/lib/vmon-dev/templates/base}
 OUT=${VMON_BENCH_OUT:-/tmp/vmon-bench-$(date +%Y%m%dT%H%M%S)}

@@ -6,10 +6,13 @@
 package ingress
 
 import (
+	"bytes"
 	"context"
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -17,7 +20,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/vibemon/vmon/internal/agentproto"
@@ -203,9 +205,11 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			writeJSON(w, http.StatusForbidden, map[string]any{"code": http.StatusForbidden, "message": "this envd endpoint is not reachable through ingress"})
 			return
 		}
-		cw := &connectStreamWriter{ResponseWriter: w}
-		defer cw.finish()
-		p.envd.ServeHTTP(cw, r)
+		if err := bufferRPCBody(r); err != nil {
+			writeJSON(w, http.StatusRequestEntityTooLarge, map[string]any{"code": http.StatusRequestEntityTooLarge, "message": err.Error()})
+			return
+		}
+		p.envd.ServeHTTP(w, r)
 		return
 	}
 	if target.TrafficToken != "" {
@@ -221,85 +225,33 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	p.ports.ServeHTTP(w, r)
 }
 
-// connectStreamWriter shapes Connect server-stream responses on their way to the client: flushes
-// are coalesced over coalesceWindow, and the EndStream envelope is never flushed on its own, so the
-// last events, the EndStream and the end of the response leave together.
-//
-// Why: the e2b JS SDK (2.51) aborts its own request controller the moment it sees the response
-// body end, and connect-es races every pending read against that abort. When the final envelopes
-// and the end of the body arrive apart, the abort can win and a command that finished fine
-// surfaces as "canceled" (measured through this proxy: about 1 in 150 commands with flush-per-
-// write, more under load). The window costs streamed output at most that much latency.
-type connectStreamWriter struct {
-	http.ResponseWriter
+// maxRPCBody bounds the envd request bodies ingress reads ahead (Connect messages are small;
+// envd's own largest, stdin input, is far below this).
+const maxRPCBody = 8 << 20
 
-	mu sync.Mutex
-	// es is set once the response turns out to be a Connect stream.
-	// +checklocks:mu
-	es *endStreamWriter
-	// +checklocks:mu
-	timer *time.Timer
-	// +checklocks:mu
-	done bool
-}
-
-const coalesceWindow = 2 * time.Millisecond
-
-func (c *connectStreamWriter) WriteHeader(code int) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if isConnectStream(c.Header().Get("Content-Type")) {
-		c.es = &endStreamWriter{ResponseWriter: c.ResponseWriter}
+// bufferRPCBody reads a Connect request's body in full before it is proxied. envd answers a
+// server stream as soon as it has parsed the request message, which can be before the upstream
+// transport has read the EOF of the client's body; writing those response headers makes net/http
+// close the unread client body, the transport's next read fails, and it drops the connection to
+// envd, which cancels the call ("canceled" at the SDK, about 1 in 100 commands). /files uploads
+// stream: envd answers them only after reading the whole body.
+func bufferRPCBody(r *http.Request) error {
+	if r.Body == nil || r.Body == http.NoBody || r.URL.Path == "/files" {
+		return nil
 	}
-	c.ResponseWriter.WriteHeader(code)
-}
-
-func (c *connectStreamWriter) Write(b []byte) (int, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.es != nil {
-		return c.es.Write(b)
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxRPCBody+1))
+	_ = r.Body.Close()
+	if err != nil {
+		return fmt.Errorf("read request body: %w", err)
 	}
-	return c.ResponseWriter.Write(b)
-}
-
-func (c *connectStreamWriter) Flush() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	switch {
-	case c.done:
-	case c.es == nil:
-		flush(c.ResponseWriter)
-	case c.timer == nil:
-		c.timer = time.AfterFunc(coalesceWindow, c.fire)
+	if len(body) > maxRPCBody {
+		return fmt.Errorf("request body over %d bytes", maxRPCBody)
 	}
-}
-
-func (c *connectStreamWriter) fire() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.timer = nil
-	if !c.done {
-		c.es.Flush()
-	}
-}
-
-// finish stops pending flushes; the server flushes what is left as the handler returns.
-func (c *connectStreamWriter) finish() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.done = true
-	if c.timer != nil {
-		c.timer.Stop()
-	}
-}
-
-func (c *connectStreamWriter) Unwrap() http.ResponseWriter { return c.ResponseWriter }
-
-func flush(w http.ResponseWriter) {
-	if f, ok := w.(http.Flusher); ok {
-		f.Flush()
-	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	r.ContentLength = int64(len(body))
+	r.Header.Del("Transfer-Encoding")
+	r.TransferEncoding = nil
+	return nil
 }
 
 // address finds the sandbox id and port a request is for; "" id means "find it by signature".

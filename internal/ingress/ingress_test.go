@@ -212,3 +212,35 @@ func TestFileSignatureVector(t *testing.T) {
 		t.Fatalf("got %s want %s", got, want)
 	}
 }
+
+func TestBufferRPCBody(t *testing.T) {
+	// A Connect request's body is read ahead, so the upstream transport never depends on the
+	// client's body once envd starts answering.
+	r := httptest.NewRequest("POST", "/process.Process/Start", io.NopCloser(strings.NewReader("envelope")))
+	r.ContentLength = -1
+	r.TransferEncoding = []string{"chunked"}
+	if err := bufferRPCBody(r); err != nil {
+		t.Fatal(err)
+	}
+	if r.ContentLength != int64(len("envelope")) || r.TransferEncoding != nil {
+		t.Fatalf("content length %d, transfer encoding %v", r.ContentLength, r.TransferEncoding)
+	}
+	if b, _ := io.ReadAll(r.Body); string(b) != "envelope" {
+		t.Fatalf("body %q", b)
+	}
+	// Uploads stream.
+	up := httptest.NewRequest("POST", "/files?path=a", strings.NewReader("data"))
+	orig := up.Body
+	if err := bufferRPCBody(up); err != nil || up.Body != orig {
+		t.Fatalf("upload body was buffered: %v", err)
+	}
+	// Over the limit: refused, not read without bound.
+	big := httptest.NewRequest("POST", "/process.Process/SendInput", io.LimitReader(zeroReader{}, maxRPCBody+10))
+	if err := bufferRPCBody(big); err == nil {
+		t.Fatal("an oversized RPC body was accepted")
+	}
+}
+
+type zeroReader struct{}
+
+func (zeroReader) Read(p []byte) (int, error) { clear(p); return len(p), nil }
