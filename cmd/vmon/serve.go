@@ -62,6 +62,11 @@ func serve(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 	if err := os.MkdirAll(c.DataDir, 0o700); err != nil {
 		return fmt.Errorf("create data dir: %w", err)
 	}
+	unlock, err := lockDataDir(c.DataDir)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	st, err := store.Open(ctx, c.DataDir)
 	if err != nil {
 		return err
@@ -302,6 +307,23 @@ func ensureAdminKey(ctx context.Context, st *store.Store, dataDir string) (strin
 		return "", nil // revoked since; don't advertise it
 	}
 	return plain, nil
+}
+
+// lockDataDir makes sure one vmon serve owns a data dir: a second one would adopt the first one's
+// sandboxes while their agents stay connected to the first, and remove its links and rules.
+func lockDataDir(dir string) (func(), error) {
+	f, err := os.OpenFile(filepath.Join(dir, "serve.lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("open data dir lock: %w", err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, fmt.Errorf("another vmon serve is running on %s", dir)
+		}
+		return nil, fmt.Errorf("lock data dir: %w", err)
+	}
+	return func() { f.Close() }, nil
 }
 
 // noNetAdmin is the seed's exact warning for --net auto without CAP_NET_ADMIN.
