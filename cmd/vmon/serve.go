@@ -354,7 +354,7 @@ func setupNetwork(ctx context.Context, c *config.Serve, log *slog.Logger) (*netp
 		return nil, nop, err
 	}
 	pool, err := netpool.New(ctx, netpool.Config{
-		Prefix: prefix, Target: c.BootConcurrency, Kind: netpool.Veth,
+		Prefix: prefix, Target: c.BootConcurrency, Kind: netpool.Veth, NetNSScope: dataDirScope(c.DataDir),
 		VMMUser: uid, VMMGroup: gid, Env: egress.NewEnv(internal), Log: log,
 	})
 	if err != nil {
@@ -403,13 +403,16 @@ func lookupVMMUser(name string) (uint32, uint32, error) {
 
 // netnsPrefix scopes this node's network namespace names by its data dir, because /run/netns is
 // shared by every vmon on the host and recovery removes the namespaces it does not own.
-func netnsPrefix(dataDir string) string {
+func netnsPrefix(dataDir string) string { return "vmon-" + dataDirScope(dataDir) + "-" }
+
+// dataDirScope is a short name for this data dir, unique per host in practice.
+func dataDirScope(dataDir string) string {
 	abs, err := filepath.Abs(dataDir)
 	if err != nil {
 		abs = dataDir
 	}
 	sum := sha256.Sum256([]byte(abs))
-	return "vmon-" + hex.EncodeToString(sum[:3]) + "-"
+	return hex.EncodeToString(sum[:3])
 }
 
 // warmSpecs keeps size pre-started sandboxes of the base template in its default shape.

@@ -144,15 +144,24 @@ func (k Kind) String() string {
 	return "veth"
 }
 
-var linkPrefixRe = regexp.MustCompile(`^[a-z]{1,8}$`)
+var (
+	linkPrefixRe = regexp.MustCompile(`^[a-z]{1,8}$`)
+	scopeRe      = regexp.MustCompile(`^[a-z0-9]{1,12}$`)
+)
 
-// names derives the link and namespace names of an index.
-type names struct{ link string }
+// names derives the link and namespace names of an index. scope separates the namespaces of
+// nodes on one host: /run/netns is shared by every network namespace, links are not.
+type names struct{ link, scope string }
 
 func (n names) linkName(i int) string { return n.link + strconv.Itoa(i) }
 
 // nsPrefix starts the namespace names. It contains a dash after the link prefix, so the node's
 // recovery (which removes "vmon-<id>" namespaces of sandboxes it no longer has, ids being
 // [a-z0-9]+) never takes a pooled namespace for an orphan.
-func (n names) nsPrefix() string    { return n.link + "-net-" }
+func (n names) nsPrefix() string {
+	if n.scope != "" {
+		return n.link + "-net-" + n.scope + "-"
+	}
+	return n.link + "-net-"
+}
 func (n names) nsName(i int) string { return n.nsPrefix() + strconv.Itoa(i) }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -115,7 +116,7 @@ func (f *fakeSystem) create(_ context.Context, lease Lease, unrestricted bool) (
 		return nil, err
 	}
 	f.links[lease.Index] = true
-	l := &Link{lease: lease, name: names{"vmon"}.linkName(lease.Index), unrestricted: unrestricted}
+	l := &Link{lease: lease, name: names{link: "vmon"}.linkName(lease.Index), unrestricted: unrestricted}
 	if !unrestricted {
 		l.hooks = &fakeHooks{}
 	}
@@ -352,4 +353,23 @@ func TestPoolRefillBacksOff(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitReady(t, p, 1) // retried after the failure
+}
+
+func TestNamespaceNamesAreScoped(t *testing.T) {
+	scoped, plain := names{link: "vmon", scope: "ab12cd"}, names{link: "vmon"}
+	if got := scoped.nsName(3); got != "vmon-net-ab12cd-3" {
+		t.Fatalf("scoped name %q", got)
+	}
+	if got := plain.nsName(3); got != "vmon-net-3" {
+		t.Fatalf("plain name %q", got)
+	}
+	// Neither node reads the other's namespaces as its own.
+	if _, ok := strings.CutPrefix(scoped.nsName(3), plain.nsPrefix()); ok {
+		if _, err := strconv.Atoi(strings.TrimPrefix(scoped.nsName(3), plain.nsPrefix())); err == nil {
+			t.Fatal("an unscoped node would take a scoped namespace for its own")
+		}
+	}
+	if strings.HasPrefix(plain.nsName(3), scoped.nsPrefix()) {
+		t.Fatal("a scoped node would take an unscoped namespace for its own")
+	}
 }

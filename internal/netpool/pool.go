@@ -30,6 +30,10 @@ type Config struct {
 	// LinkPrefix names links <prefix><N>, chains <PREFIX>-?<N> and namespaces <prefix>-net-<N>.
 	// Default "vmon"; nodes sharing a namespace need different prefixes.
 	LinkPrefix string
+	// NetNSScope, when set ([a-z0-9]{1,12}), goes into the names of the sandbox namespaces
+	// (<prefix>-net-<scope>-<N>): /run/netns is shared by every vmon on the host, including nodes
+	// in other network namespaces, and recovery removes the pool namespaces it does not hold.
+	NetNSScope string
 	// HostNetNS is the namespace the host links and rules live in; "" is the process's own
 	// (production). Tests pass a throwaway "node" namespace.
 	HostNetNS string
@@ -163,6 +167,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.LinkPrefix == "" {
 		c.LinkPrefix = firewall.DefaultPrefix
+	}
+	if c.NetNSScope != "" && !scopeRe.MatchString(c.NetNSScope) {
+		return c, errdefs.InvalidArgument("namespace scope %q: want 1-12 of [a-z0-9]", c.NetNSScope)
 	}
 	if !linkPrefixRe.MatchString(c.LinkPrefix) {
 		return c, errdefs.InvalidArgument("link prefix %q: want 1-8 lower-case letters", c.LinkPrefix)

@@ -40,7 +40,7 @@ func New(ctx context.Context, cfg Config) (*Pool, error) {
 	}
 	sys := &linuxSystem{
 		pool: cfg.Prefix, kind: cfg.Kind, uid: cfg.VMMUser, gid: cfg.VMMGroup,
-		names: names{link: cfg.LinkPrefix}, hostNS: cfg.HostNetNS, fw: fw,
+		names: names{link: cfg.LinkPrefix, scope: cfg.NetNSScope}, hostNS: cfg.HostNetNS, fw: fw,
 	}
 	return newPool(cfg, sys), nil
 }
