@@ -36,3 +36,44 @@ ip netns add "$iso"
 trap 'ip netns del "$iso" 2>/dev/null || true' EXIT
 ip -n "$iso" link set lo up
 nsenter --net="/run/netns/$iso" npm test
+
+# Networking stage (tests-net/): the SDK against `vmon serve --net tap` with real traffic.
+# test/nettopo builds a "node" namespace whose only way out is a "fake internet" namespace holding
+# responders on documentation and always-denied addresses; the runner and every server it starts
+# run in the node namespace (nsenter, not `ip netns exec`, for the reason above) with a private
+# /run/netns, so the sandbox namespaces (vmon-net-<N>) of these servers and of any other vmon on
+# this host never see each other.
+topo="${VMON_E2E_NET_TOPO:-vmone2e}"
+netdir=$(mktemp -d)
+nettopo_pid=
+net_cleanup() {
+  if [ -n "$nettopo_pid" ] && kill -0 "$nettopo_pid" 2>/dev/null; then
+    kill -TERM "$nettopo_pid" 2>/dev/null || true
+    wait "$nettopo_pid" 2>/dev/null || true
+  fi
+  if [ -x "$netdir/nettopo" ]; then "$netdir/nettopo" down --name "$topo" || true; fi
+  rm -rf "$netdir"
+  # An interrupted run leaves its sandboxes running (vmon keeps them for recovery): stop the runsc
+  # processes of this data dir, which only this script's servers started.
+  for pid in $(pgrep -f -- "--root=$(realpath -s "$VMON_TEST_DATA_DIR")/runsc " || true); do
+    kill -KILL "$pid" 2>/dev/null || true
+  done
+  ip netns del "$iso" 2>/dev/null || true # the SDK stage's namespace (this trap replaces its own)
+}
+trap net_cleanup EXIT
+(cd "$repo" && go build -o "$netdir/nettopo" ./test/nettopo)
+"$netdir/nettopo" down --name "$topo" # leftovers of a crashed run
+"$netdir/nettopo" up --name "$topo" >"$netdir/nettopo.log" 2>&1 &
+nettopo_pid=$!
+for _ in $(seq 1 300); do
+  grep -q '^READY$' "$netdir/nettopo.log" && break
+  if ! kill -0 "$nettopo_pid" 2>/dev/null; then break; fi
+  sleep 0.1
+done
+if ! grep -q '^READY$' "$netdir/nettopo.log"; then
+  echo "test-e2e: nettopo did not come up:" >&2
+  cat "$netdir/nettopo.log" >&2
+  exit 1
+fi
+nsenter --net="/run/netns/$topo-node" unshare --mount --propagation private \
+  sh -c 'mount -t tmpfs -o mode=0755 vmon-e2e-netns /run/netns && exec npm run test:net'

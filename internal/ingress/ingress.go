@@ -96,14 +96,18 @@ func New(log *slog.Logger, sandboxes Sandboxes, domain string) *Proxy {
 		pr.Out.Host = pr.In.Host
 		pr.SetXForwarded()
 	}
+	// A client that goes away mid-stream makes ReverseProxy log a copy error; that is routine.
+	errorLog := slog.NewLogLogger(log.Handler(), slog.LevelDebug)
 	p.envd = &httputil.ReverseProxy{
+		ErrorLog:      errorLog,
 		Rewrite:       rewrite,
 		Transport:     envdTransport{},
 		FlushInterval: -1, // Connect server streams must reach the SDK message by message.
 		ErrorHandler:  errorHandler,
 	}
 	p.ports = &httputil.ReverseProxy{
-		Rewrite: rewrite,
+		ErrorLog: errorLog,
+		Rewrite:  rewrite,
 		Transport: &http.Transport{
 			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 				rt := ctx.Value(ctxKey{}).(*route)
