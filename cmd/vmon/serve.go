@@ -24,6 +24,7 @@ import (
 
 	"github.com/vibemon/vmon/internal/agentproto"
 	"github.com/vibemon/vmon/internal/api"
+	"github.com/vibemon/vmon/internal/capability"
 	"github.com/vibemon/vmon/internal/config"
 	"github.com/vibemon/vmon/internal/driver"
 	"github.com/vibemon/vmon/internal/egress"
@@ -334,7 +335,7 @@ const noNetAdmin = "no CAP_NET_ADMIN: this node cannot network sandboxes and wil
 // runs after the node's own shutdown so links in use stay for the next start to recover.
 func setupNetwork(ctx context.Context, c *config.Serve, log *slog.Logger) (*netpool.Pool, func(), error) {
 	nop := func() {}
-	if !hasCapNetAdmin() {
+	if !capability.Has(capability.NetAdmin) {
 		if c.Net == "tap" {
 			return nil, nop, errors.New("--net tap needs CAP_NET_ADMIN (run vmon serve as root)")
 		}
@@ -365,21 +366,6 @@ func setupNetwork(ctx context.Context, c *config.Serve, log *slog.Logger) (*netp
 			log.Warn("closing the network pool", "err", err)
 		}
 	}, nil
-}
-
-// hasCapNetAdmin reports whether this process may configure links and iptables.
-func hasCapNetAdmin() bool {
-	data, err := os.ReadFile("/proc/self/status")
-	if err != nil {
-		return false
-	}
-	for _, line := range strings.Split(string(data), "\n") {
-		if v, ok := strings.CutPrefix(line, "CapEff:"); ok {
-			caps, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
-			return err == nil && caps&(1<<unix.CAP_NET_ADMIN) != 0
-		}
-	}
-	return false
 }
 
 // lookupVMMUser resolves --vmm-user (a user name or uid) to the owner of TAP links.

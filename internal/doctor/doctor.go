@@ -3,16 +3,15 @@
 package doctor
 
 import (
-	"bufio"
 	"context"
 	"debug/buildinfo"
 	"debug/elf"
 	"fmt"
+	"github.com/vibemon/vmon/internal/capability"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -83,7 +82,7 @@ func Print(w io.Writer, results []Result) bool {
 
 func checkRoot() Result {
 	r := Result{Name: "privileges"}
-	caps, err := effectiveCaps()
+	caps, err := capability.Effective()
 	if err != nil {
 		return Result{Name: r.Name, Level: Fail, Detail: err.Error()}
 	}
@@ -91,7 +90,7 @@ func checkRoot() Result {
 	for _, c := range []struct {
 		bit  uint
 		name string
-	}{{unix.CAP_SYS_ADMIN, "CAP_SYS_ADMIN"}, {unix.CAP_NET_ADMIN, "CAP_NET_ADMIN"}, {unix.CAP_SYS_CHROOT, "CAP_SYS_CHROOT"}} {
+	}{{capability.SysAdmin, "CAP_SYS_ADMIN"}, {capability.NetAdmin, "CAP_NET_ADMIN"}, {capability.SysChroot, "CAP_SYS_CHROOT"}} {
 		if caps&(1<<c.bit) == 0 {
 			missing = append(missing, c.name)
 		}
@@ -103,21 +102,6 @@ func checkRoot() Result {
 	}
 	r.Detail = "CAP_SYS_ADMIN, CAP_NET_ADMIN, CAP_SYS_CHROOT present"
 	return r
-}
-
-func effectiveCaps() (uint64, error) {
-	f, err := os.Open("/proc/self/status")
-	if err != nil {
-		return 0, err
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "CapEff:"); ok {
-			return strconv.ParseUint(strings.TrimSpace(v), 16, 64)
-		}
-	}
-	return 0, fmt.Errorf("CapEff not found in /proc/self/status")
 }
 
 func checkRunsc(o Options) Result {

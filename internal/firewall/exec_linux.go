@@ -4,11 +4,9 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"github.com/vibemon/vmon/internal/netns"
 	"os/exec"
-	"runtime"
 	"strings"
-
-	vnetns "github.com/vishvananda/netns"
 )
 
 // execRunner runs iptables-restore/-save, inside netns when set.
@@ -63,7 +61,7 @@ func (r *execRunner) exec(ctx context.Context, stdin, bin string, args ...string
 	if r.netns == "" {
 		err = run()
 	} else {
-		err = inNetNS(r.netns, run)
+		err = netns.Do(r.netns, run)
 	}
 	if err != nil {
 		if msg := strings.TrimSpace(stderr.String()); msg != "" {
@@ -72,26 +70,4 @@ func (r *execRunner) exec(ctx context.Context, stdin, bin string, args ...string
 		return "", err
 	}
 	return stdout.String(), nil
-}
-
-// inNetNS runs fn on an OS thread inside the namespace at path; a child process fn starts is
-// forked from that thread and so runs in the namespace too. The thread is never unlocked: it
-// exits with its goroutine, so no other goroutine is ever scheduled in the wrong namespace.
-func inNetNS(path string, fn func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		ns, err := vnetns.GetFromPath(path)
-		if err != nil {
-			errc <- fmt.Errorf("open namespace %s: %w", path, err)
-			return
-		}
-		defer ns.Close()
-		if err := vnetns.Set(ns); err != nil {
-			errc <- fmt.Errorf("enter namespace %s: %w", path, err)
-			return
-		}
-		errc <- fn()
-	}()
-	return <-errc
 }

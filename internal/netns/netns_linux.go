@@ -166,3 +166,25 @@ func isNamespace(path string) bool {
 	var st unix.Statfs_t
 	return unix.Statfs(path, &st) == nil && st.Type == unix.NSFS_MAGIC
 }
+
+// Do runs fn on an OS thread inside the namespace at path; a child process fn starts is forked
+// from that thread and so runs in the namespace too. The thread is never unlocked: it exits
+// with its goroutine, so no other goroutine is ever scheduled in the wrong namespace.
+func Do(path string, fn func() error) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		ns, err := vnetns.GetFromPath(path)
+		if err != nil {
+			errc <- fmt.Errorf("open namespace %s: %w", path, err)
+			return
+		}
+		defer ns.Close()
+		if err := vnetns.Set(ns); err != nil {
+			errc <- fmt.Errorf("enter namespace %s: %w", path, err)
+			return
+		}
+		errc <- fn()
+	}()
+	return <-errc
+}

@@ -22,3 +22,6 @@ func Delete(ctx context.Context, name string) error {
 func List(ctx context.Context) ([]string, error) {
 	return nil, fmt.Errorf("%w (%s)", ErrUnsupported, runtime.GOOS)
 }
+
+// Do is Linux-only.
+func Do(string, func() error) error { return ErrUnsupported }

@@ -8,7 +8,6 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 
@@ -60,28 +59,7 @@ func (s *linuxSystem) inHost(fn func() error) error {
 	if s.hostNS == "" {
 		return fn()
 	}
-	return inNetNS(s.hostNS, fn)
-}
-
-// inNetNS runs fn on an OS thread inside the namespace at path. The thread is never unlocked:
-// it exits with its goroutine, so no other goroutine is ever scheduled in the wrong namespace.
-func inNetNS(path string, fn func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		ns, err := vnetns.GetFromPath(path)
-		if err != nil {
-			errc <- fmt.Errorf("open namespace %s: %w", path, err)
-			return
-		}
-		defer ns.Close()
-		if err := vnetns.Set(ns); err != nil {
-			errc <- fmt.Errorf("enter namespace %s: %w", path, err)
-			return
-		}
-		errc <- fn()
-	}()
-	return <-errc
+	return netns.Do(s.hostNS, fn)
 }
 
 // handle opens a netlink handle in the namespace at path ("" = the process's own).
