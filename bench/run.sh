@@ -13,7 +13,7 @@
 #
 # Environment knobs (defaults in brackets):
 #   VMON_BENCH_DATA_DIR [/var/lib/vmon-bench]   data dir (the base template is hard-linked in)
-#   VMON_BENCH_TEMPLATE_SRC [/var/lib/vmon-dev/templates/base]  where to hard-link base from
+#   VMON_BENCH_TEMPLATE_SRC [/var/lib/vmon/templates/base]  where to hard-link base from
 #   VMON_BENCH_OUT [/tmp/vmon-bench-<time>]      per-phase JSON files and vmon logs
 #   VMON_BENCH_SUMMARY [/tmp/vmon-bench-summary.json]
 #   VMON_BIN [<repo>/bin/vmon], RUNSC [/usr/local/bin/runsc]
@@ -42,7 +42,7 @@ if [ -z "${VMON_BENCH_IN_NETNS:-}" ]; then
 fi
 
 DATA=${VMON_BENCH_DATA_DIR:-/var/lib/vmon-bench}
-TEMPLATE_SRC=${VMON_BENCH_TEMPLATE_SRC:-/var/lib/vmon-dev/templates/base}
+TEMPLATE_SRC=${VMON_BENCH_TEMPLATE_SRC:-/var/lib/vmon/templates/base}
 OUT=${VMON_BENCH_OUT:-/tmp/vmon-bench-$(date +%Y%m%dT%H%M%S)}
 SUMMARY=${VMON_BENCH_SUMMARY:-/tmp/vmon-bench-summary.json}
 RUNSC=${RUNSC:-/usr/local/bin/runsc}

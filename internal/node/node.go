@@ -117,8 +117,9 @@ type sandbox struct {
 	memoryMB  int
 	// token is envd's access token, sent on the node's own envd calls.
 	token string
-	// link is the sandbox's uplink (nil without networking).
+	// link is the sandbox's uplink (nil without networking); attached says its policy is in force.
 	link      *netpool.Link
+	attached  bool
 	ch        *agent.Channel
 	startedAt time.Time
 }
@@ -157,7 +158,7 @@ func (n *Node) CreateSandbox(ctx context.Context, spec CreateSpec) (Info, error)
 		// A pre-started sandbox that cannot be initialised is broken; boot a fresh one instead.
 		n.log.Warn("pre-started sandbox failed; booting a new one", "runtime_id", sb.runtimeID, "err", err)
 	}
-	sb, err := n.boot(ctx, spec.ID, spec.TemplateID, spec.CPUs, spec.MemoryMB)
+	sb, err := n.boot(ctx, spec.ID, spec.TemplateID, spec.CPUs, spec.MemoryMB, &spec.Egress)
 	if err != nil {
 		return Info{}, err
 	}
@@ -173,15 +174,20 @@ func (n *Node) handOut(ctx context.Context, sb *sandbox, spec CreateSpec) (Info,
 	if err == nil {
 		err = writeFileAtomic(filepath.Join(dir, sandboxIDFile), []byte(spec.ID))
 	}
-	// The policy is in force before /init, so before the sandbox's first instruction; until now
-	// the link's chains were closed.
-	if err == nil && sb.link != nil {
-		err = n.opts.Network.Attach(ctx, sb.link, spec.Egress)
-	}
 	if err == nil {
+		// A pre-started sandbox's link is still closed. Its policy goes in alongside /init: both
+		// finish before create returns, so before the sandbox's first instruction.
+		attached := make(chan error, 1)
+		if sb.link != nil && !sb.attached {
+			go func() { attached <- n.opts.Network.Attach(ctx, sb.link, spec.Egress) }()
+		} else {
+			attached <- nil
+		}
 		bootCtx, cancel := context.WithTimeout(ctx, n.opts.BootTimeout)
 		err = n.initEnvd(bootCtx, sb.ch, spec)
 		cancel()
+		err = errors.Join(err, <-attached)
+		sb.attached = sb.link != nil
 	}
 	if err != nil {
 		_ = n.teardown(context.WithoutCancel(ctx), sb)
@@ -195,7 +201,9 @@ func (n *Node) handOut(ctx context.Context, sb *sandbox, spec CreateSpec) (Info,
 }
 
 // boot assembles and starts a sandbox up to a connected envd (not yet initialised).
-func (n *Node) boot(ctx context.Context, runtimeID, templateID string, cpus, memoryMB int) (_ *sandbox, retErr error) {
+// A non-nil policy is attached to the link while the runtime starts (the pool boots with none:
+// its links stay closed until a create hands the sandbox out).
+func (n *Node) boot(ctx context.Context, runtimeID, templateID string, cpus, memoryMB int, policy *egress.Policy) (_ *sandbox, retErr error) {
 	templateRoot, err := n.opts.Templates.RootFS(ctx, templateID)
 	if err != nil {
 		return nil, err
@@ -267,17 +275,29 @@ func (n *Node) boot(ctx context.Context, runtimeID, templateID string, cpus, mem
 		CPUs:     cpus,
 		MemoryMB: memoryMB,
 	}
+	// Attaching runs iptables-restore; overlap it with the runtime's start, which needs no network.
+	attached := make(chan error, 1)
+	if link != nil && policy != nil {
+		go func() { attached <- n.opts.Network.Attach(ctx, link, *policy) }()
+	} else {
+		attached <- nil
+	}
 	if err := n.opts.Runtime.Start(ctx, rspec); err != nil {
+		<-attached
 		return nil, fmt.Errorf("start runtime: %w", err)
 	}
 	undo = append(undo, func() { _ = n.opts.Runtime.Destroy(teardownCtx, runtimeID) })
 
+	if err := <-attached; err != nil {
+		return nil, fmt.Errorf("attach egress policy: %w", err)
+	}
 	waitCtx, cancel := context.WithTimeout(ctx, n.opts.BootTimeout)
 	defer cancel()
 	if err := ch.WaitConnected(waitCtx); err != nil {
 		return nil, errdefs.Wrap(errdefs.KindUnavailable, err, "sandbox did not start")
 	}
-	return &sandbox{runtimeID: runtimeID, template: templateID, cpus: cpus, memoryMB: memoryMB, link: link, ch: ch}, nil
+	return &sandbox{runtimeID: runtimeID, template: templateID, cpus: cpus, memoryMB: memoryMB,
+		link: link, attached: link != nil && policy != nil, ch: ch}, nil
 }
 
 // initEnvd waits for envd and delivers the sandbox's /init state, retrying until it succeeds,

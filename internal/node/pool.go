@@ -89,7 +89,7 @@ func (p *pool) fill(ctx context.Context) time.Duration {
 			if have >= ws.Size || ctx.Err() != nil {
 				break
 			}
-			sb, err := p.n.boot(ctx, newRuntimeID(), ws.TemplateID, ws.CPUs, ws.MemoryMB)
+			sb, err := p.n.boot(ctx, newRuntimeID(), ws.TemplateID, ws.CPUs, ws.MemoryMB, nil)
 			if err != nil {
 				if ctx.Err() == nil {
 					p.n.log.Warn("warm pool boot failed", "template", ws.TemplateID, "err", err)
