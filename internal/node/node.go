@@ -177,12 +177,11 @@ func (n *Node) handOut(ctx context.Context, sb *sandbox, spec CreateSpec) (Info,
 	if err == nil {
 		// A pre-started sandbox's link is still closed. Its policy goes in alongside /init: both
 		// finish before create returns, so before the sandbox's first instruction.
-		attached := make(chan error, 1)
-		if sb.link != nil && !sb.attached {
-			go func() { attached <- n.opts.Network.Attach(ctx, sb.link, spec.Egress) }()
-		} else {
-			attached <- nil
+		var link *netpool.Link
+		if !sb.attached {
+			link = sb.link
 		}
+		attached := n.attachAsync(ctx, link, spec.Egress)
 		bootCtx, cancel := context.WithTimeout(ctx, n.opts.BootTimeout)
 		err = n.initEnvd(bootCtx, sb.ch, spec)
 		cancel()
@@ -198,6 +197,18 @@ func (n *Node) handOut(ctx context.Context, sb *sandbox, spec CreateSpec) (Info,
 	n.sandboxes[spec.ID] = sb
 	n.mu.Unlock()
 	return Info{ID: spec.ID, StartedAt: sb.startedAt, EnvdVersion: agentproto.EnvdVersion}, nil
+}
+
+// attachAsync puts p in force on link in the background and reports the result; a nil link
+// (no networking, or already attached) reports success at once.
+func (n *Node) attachAsync(ctx context.Context, link *netpool.Link, p egress.Policy) <-chan error {
+	done := make(chan error, 1)
+	if link == nil {
+		done <- nil
+		return done
+	}
+	go func() { done <- n.opts.Network.Attach(ctx, link, p) }()
+	return done
 }
 
 // boot assembles and starts a sandbox up to a connected envd (not yet initialised).
@@ -276,12 +287,13 @@ func (n *Node) boot(ctx context.Context, runtimeID, templateID string, cpus, mem
 		MemoryMB: memoryMB,
 	}
 	// Attaching runs iptables-restore; overlap it with the runtime's start, which needs no network.
-	attached := make(chan error, 1)
-	if link != nil && policy != nil {
-		go func() { attached <- n.opts.Network.Attach(ctx, link, *policy) }()
+	attachLink, attachPolicy := link, egress.Policy{}
+	if policy != nil {
+		attachPolicy = *policy
 	} else {
-		attached <- nil
+		attachLink = nil // pre-started: the link stays closed until a create hands it out
 	}
+	attached := n.attachAsync(ctx, attachLink, attachPolicy)
 	if err := n.opts.Runtime.Start(ctx, rspec); err != nil {
 		<-attached
 		return nil, fmt.Errorf("start runtime: %w", err)
