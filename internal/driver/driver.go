@@ -92,8 +92,7 @@ type Options struct {
 	// of a policy. Creates the node cannot serve fail with 503 sandbox_no_compatible_node; in
 	// particular, without a net-* feature every create fails (seed "Network modes").
 	Features []string
-	// NetworkStore records live network updates; nil uses Store when it implements NetworkStore.
-	// Without either, PUT /sandboxes/{id}/network answers 501.
+	// NetworkStore records live network updates; nil uses Store. Tests inject failures here.
 	NetworkStore NetworkStore
 }
 
@@ -154,7 +153,7 @@ func New(opts Options) (*Driver, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	netStore := opts.NetworkStore
 	if netStore == nil {
-		netStore, _ = any(opts.Store).(NetworkStore)
+		netStore = opts.Store
 	}
 	d := &Driver{
 		store:     opts.Store,

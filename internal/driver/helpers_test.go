@@ -47,7 +47,7 @@ func newEnv(t *testing.T, mod func(*Options)) *env {
 	}
 	e := &env{node: drivertest.NewNode(), clock: drivertest.NewClock(t0), store: st}
 	e.opts = Options{Store: st, Node: e.node, Logger: discardLogger(), Clock: e.clock, NodeID: "node1",
-		Features: []string{FeatureNetTap}, NetworkStore: &drivertest.NetworkStore{Store: st}}
+		Features: []string{FeatureNetTap}}
 	if mod != nil {
 		mod(&e.opts)
 	}

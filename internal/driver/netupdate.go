@@ -13,11 +13,12 @@ import (
 
 // NetworkStore records a live network update on a sandbox record: the new network JSON and
 // allow_internet_access, only while the record is running (a Conflict otherwise, NotFound for an
-// unknown id). *store.Store serves it once it has this method; until then Options.NetworkStore
-// supplies it.
+// unknown id). *store.Store is one.
 type NetworkStore interface {
 	SetSandboxNetwork(ctx context.Context, id string, network json.RawMessage, allowInternetAccess *bool) error
 }
+
+var _ NetworkStore = (*store.Store)(nil)
 
 // updateTimeout bounds one live policy update on the node.
 const updateTimeout = 30 * time.Second
@@ -39,10 +40,6 @@ func (d *Driver) UpdateNetwork(ctx context.Context, id string, c NetworkUpdate) 
 	if err != nil {
 		return fmt.Errorf("re-parse normalised egress config: %w", err)
 	}
-	if d.netStore == nil {
-		return fmt.Errorf("updating sandbox network configuration is %w", ErrNotImplemented)
-	}
-
 	unlock := d.locks.Lock(id)
 	defer unlock()
 	sb, err := d.store.GetSandbox(ctx, id)

@@ -324,22 +324,22 @@ func TestUpdateNetworkStoreFailureRollsBackNode(t *testing.T) {
 	}
 }
 
-func TestUpdateNetworkWithoutNetworkStore(t *testing.T) {
+func TestUpdateNetworkRecordsInStore(t *testing.T) {
 	e := newEnv(t, func(o *Options) { o.NetworkStore = nil })
 	sb := e.create(t, CreateRequest{})
-	err := e.d.UpdateNetwork(context.Background(), sb.ID, NetworkUpdate{})
-	if _, ok := any(e.store).(NetworkStore); ok {
-		// store.Store records network updates itself: the driver must use it.
-		if err != nil {
-			t.Fatalf("update through store.Store: %v", err)
-		}
-		return
+	no := false
+	if err := e.d.UpdateNetwork(context.Background(), sb.ID, NetworkUpdate{AllowInternetAccess: &no}); err != nil {
+		t.Fatal(err)
 	}
-	if !errors.Is(err, ErrNotImplemented) {
-		t.Fatalf("err = %v, want ErrNotImplemented", err)
+	got, err := e.store.GetSandbox(context.Background(), sb.ID)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if len(e.node.Updates()) != 0 {
-		t.Fatal("node updated although the update cannot be recorded")
+	if got.AllowInternetAccess == nil || *got.AllowInternetAccess {
+		t.Fatalf("record not updated: allow_internet_access %v, network %s", got.AllowInternetAccess, got.Network)
+	}
+	if len(e.node.Updates()) != 1 {
+		t.Fatalf("node updates %+v, want one", e.node.Updates())
 	}
 }
 

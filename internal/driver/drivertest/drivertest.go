@@ -180,32 +180,19 @@ func (n *Node) Forget(id string) {
 	delete(n.running, id)
 }
 
-// NetworkStore is a driver.NetworkStore over a real store, for tests until store.Store records
-// network updates itself. It rewrites the record (delete and insert), which is fine for a test
-// and only for a test: it is not atomic.
+// NetworkStore is a driver.NetworkStore over a real store that can be made to fail.
 type NetworkStore struct {
 	Store *store.Store
 	// Err, when set, fails every update.
 	Err error
 }
 
-// SetSandboxNetwork sets a running record's network JSON and allow_internet_access.
+// SetSandboxNetwork fails with Err if set, else records the update in Store.
 func (s *NetworkStore) SetSandboxNetwork(ctx context.Context, id string, network json.RawMessage, allowInternetAccess *bool) error {
 	if s.Err != nil {
 		return s.Err
 	}
-	sb, err := s.Store.GetSandbox(ctx, id)
-	if err != nil {
-		return err
-	}
-	if sb.State != store.StateRunning {
-		return errdefs.Conflict("sandbox %q is %s", id, sb.State)
-	}
-	sb.Network, sb.AllowInternetAccess = network, allowInternetAccess
-	if err := s.Store.DeleteSandbox(ctx, id); err != nil {
-		return err
-	}
-	return s.Store.InsertSandbox(ctx, sb)
+	return s.Store.SetSandboxNetwork(ctx, id, network, allowInternetAccess)
 }
 
 // ErrBoot is a ready-made create failure.

@@ -21,7 +21,7 @@ import net from 'node:net';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { before, after, test } from 'node:test';
-import { Sandbox } from 'e2b';
+import { Sandbox, SandboxNotFoundError } from 'e2b';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 export const E2E_DIR = path.resolve(here, '..');
@@ -459,4 +459,64 @@ export async function killQuietly(opts, ...sandboxes) {
       .filter(Boolean)
       .map((s) => Sandbox.kill(typeof s === 'string' ? s : s.sandboxId, opts).catch(() => false)),
   );
+}
+
+/** PIDs of processes whose command line matches `pattern` (pgrep -f), this process excluded. */
+export function pgrep(pattern) {
+  return new Promise((resolve, reject) => {
+    execFile('pgrep', ['-f', pattern], (err, stdout) => {
+      if (err && err.code === 1) return resolve([]); // no match
+      if (err) return reject(err);
+      resolve(stdout.split('\n').filter(Boolean).map(Number).filter((pid) => pid !== process.pid));
+    });
+  });
+}
+
+/**
+ * The runtime id sandbox `id` runs under: a sandbox served from the warm pool keeps the id it was
+ * pre-started with, and the node records the API id in <data-dir>/sandboxes/<runtime id>/sandbox-id.
+ * Falls back to `id` itself.
+ */
+export function runtimeIdOf(dir, id) {
+  const root = path.join(dir, 'sandboxes');
+  for (const rid of fs.readdirSync(root)) {
+    try {
+      if (fs.readFileSync(path.join(root, rid, 'sandbox-id'), 'utf8').trim() === id) return rid;
+    } catch {
+      // not handed out yet
+    }
+  }
+  return id;
+}
+
+/** Wait until the API reports sandbox `id` gone (SandboxNotFoundError from getInfo). */
+export async function waitSandboxGone(sdkOpts, id, what, timeoutMs = 15_000) {
+  await waitFor(
+    async () => {
+      try {
+        await Sandbox.getInfo(id, sdkOpts);
+        return false;
+      } catch (err) {
+        if (err instanceof SandboxNotFoundError) return true;
+        throw err;
+      }
+    },
+    { timeoutMs, what },
+  );
+}
+
+/**
+ * Run `script` in a child node process with `env` (Node reads NODE_EXTRA_CA_CERTS only at start)
+ * and return { code, stdout, stderr }; the child is killed after timeoutMs.
+ */
+export async function runNodeChild(script, env, { args = [], timeoutMs = 180_000 } = {}) {
+  const child = spawn(process.execPath, [...args, script], { cwd: E2E_DIR, env, stdio: ['ignore', 'pipe', 'pipe'] });
+  let stdout = '';
+  let stderr = '';
+  child.stdout.on('data', (d) => (stdout += d));
+  child.stderr.on('data', (d) => (stderr += d));
+  const timer = setTimeout(() => child.kill('SIGKILL'), timeoutMs);
+  const code = await new Promise((resolve) => child.on('exit', (c, s) => resolve(c ?? s)));
+  clearTimeout(timer);
+  return { code, stdout, stderr };
 }

@@ -21,10 +21,9 @@ import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
-import { execFile } from 'node:child_process';
 import { before, describe } from 'node:test';
 import { ALL_TRAFFIC, Sandbox, SandboxNotFoundError } from 'e2b';
-import { useServer, runId, killQuietly, waitFor, apiFetch, listAll } from '../lib/harness.js';
+import { useServer, runId, killQuietly, waitFor, apiFetch, listAll, pgrep, runtimeIdOf, waitSandboxGone } from '../lib/harness.js';
 import {
   INET,
   ALWAYS_DENIED_HOSTS,
@@ -599,26 +598,7 @@ describe('kill -9 of the server and restart: no orphan links, chains, namespaces
   const linkIndex = (name) => Number(/(\d+)$/.exec(name)[1]);
   const chainIndices = (chains) => [...new Set(chains.map((c) => Number(/VMON-[A-Z](\d+)$/.exec(c)?.[1])))].sort((x, y) => x - y);
 
-  function pgrep(pattern) {
-    return new Promise((resolve, reject) => {
-      execFile('pgrep', ['-f', pattern], (err, stdout) => {
-        if (err && err.code === 1) return resolve([]);
-        if (err) return reject(err);
-        resolve(stdout.split('\n').filter(Boolean).map(Number).filter((p) => p !== process.pid));
-      });
-    });
-  }
-  function runtimeId(id) {
-    const dir = path.join(srv.dataDir, 'sandboxes');
-    for (const rid of fs.readdirSync(dir)) {
-      try {
-        if (fs.readFileSync(path.join(dir, rid, 'sandbox-id'), 'utf8').trim() === id) return rid;
-      } catch {
-        // not a handed-out sandbox
-      }
-    }
-    return id;
-  }
+  const runtimeId = (id) => runtimeIdOf(srv.dataDir, id);
 
   srv.test('after kill -9 and restart only the recovered sandboxes’ links remain, with their policy', async () => {
     assert.deepEqual(
@@ -651,18 +631,7 @@ describe('kill -9 of the server and restart: no orphan links, chains, namespaces
     await waitFor(async () => (await pgrep(rid)).length === 0, { timeoutMs: 10_000, what: `runtime of ${doomed.sandboxId} to die` });
     await srv.restart();
 
-    await waitFor(
-      async () => {
-        try {
-          await Sandbox.getInfo(doomed.sandboxId, srv.sdkOpts);
-          return false;
-        } catch (err) {
-          if (err instanceof SandboxNotFoundError) return true;
-          throw err;
-        }
-      },
-      { timeoutMs: 15_000, what: 'the doomed sandbox to be reported gone' },
-    );
+    await waitSandboxGone(srv.sdkOpts, doomed.sandboxId, 'the doomed sandbox to be reported gone');
     const held = kept.map((k) => k.lease.index).sort((x, y) => x - y);
     let state;
     await waitFor(

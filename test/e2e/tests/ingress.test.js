@@ -5,14 +5,14 @@
 //    <port>-<id>.localhost names, in a child node process that trusts vmon's CA.
 
 import assert from 'node:assert/strict';
-import { execFileSync, spawn } from 'node:child_process';
+import { execFileSync } from 'node:child_process';
 import os from 'node:os';
 import fs from 'node:fs';
 import https from 'node:https';
 import path from 'node:path';
 import { describe } from 'node:test';
 import { Sandbox } from 'e2b';
-import { useServer, runId, killQuietly, waitFor, E2E_DIR } from '../lib/harness.js';
+import { useServer, runId, killQuietly, waitFor, runNodeChild, E2E_DIR } from '../lib/harness.js';
 import { MiB, hashStream } from '../lib/data.js';
 
 const RUN = runId('ingress');
@@ -155,19 +155,9 @@ describe('host mode over TLS (--tls self-signed, E2B_DOMAIN=localhost)', () => {
       E2B_API_KEY: srv.apiKey,
       E2E_RUN: RUN,
     });
-    const script = path.join(E2E_DIR, 'lib', 'tls-client.js');
-    const child = spawn(process.execPath, ['--dns-result-order=ipv4first', script], {
-      cwd: E2E_DIR,
-      env,
-      stdio: ['ignore', 'pipe', 'pipe'],
+    const { code, stdout, stderr } = await runNodeChild(path.join(E2E_DIR, 'lib', 'tls-client.js'), env, {
+      args: ['--dns-result-order=ipv4first'],
     });
-    let stdout = '';
-    let stderr = '';
-    child.stdout.on('data', (d) => (stdout += d));
-    child.stderr.on('data', (d) => (stderr += d));
-    const timer = setTimeout(() => child.kill('SIGKILL'), 180_000);
-    const code = await new Promise((resolve) => child.on('exit', (c, s) => resolve(c ?? s)));
-    clearTimeout(timer);
     const line = stdout.split('\n').find((l) => l.startsWith('E2E_RESULT='));
     assert.ok(line, `child printed no result (exit ${code})\nstdout:\n${stdout}\nstderr:\n${stderr}`);
     const out = JSON.parse(line.slice('E2E_RESULT='.length));
@@ -245,18 +235,9 @@ describe('operator certificate (--tls-cert/--tls-key), header mode over HTTPS', 
       E2B_API_URL: srv.apiUrl,
       E2B_SANDBOX_URL: srv.apiUrl,
     });
-    const child = spawn(process.execPath, [path.join(E2E_DIR, 'lib', 'https-header-client.js')], {
-      cwd: E2E_DIR,
-      env,
-      stdio: ['ignore', 'pipe', 'pipe'],
+    const { code, stdout, stderr } = await runNodeChild(path.join(E2E_DIR, 'lib', 'https-header-client.js'), env, {
+      timeoutMs: 120_000,
     });
-    let stdout = '';
-    let stderr = '';
-    child.stdout.on('data', (d) => (stdout += d));
-    child.stderr.on('data', (d) => (stderr += d));
-    const timer = setTimeout(() => child.kill('SIGKILL'), 120_000);
-    const code = await new Promise((resolve) => child.on('exit', (c, s) => resolve(c ?? s)));
-    clearTimeout(timer);
     const line = stdout.split('\n').find((l) => l.startsWith('E2E_RESULT='));
     assert.ok(line, `child printed no result (exit ${code})\n${stdout}\n${stderr}`);
     const out = JSON.parse(line.slice('E2E_RESULT='.length));

@@ -4,12 +4,11 @@
 // everything is killed and the server stopped nothing is left on the host.
 
 import assert from 'node:assert/strict';
-import { execFile } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
 import { after, before, describe } from 'node:test';
 import { Sandbox, SandboxNotFoundError } from 'e2b';
-import { useServer, runId, listAll, killQuietly, waitFor, sleep, dataDir } from '../lib/harness.js';
+import { useServer, runId, listAll, killQuietly, waitFor, sleep, dataDir, pgrep, runtimeIdOf, waitSandboxGone } from '../lib/harness.js';
 
 // Hooks live inside describe(): Node 20 does not await root-level hooks in order.
 describe('restart recovery', () => {
@@ -18,34 +17,12 @@ describe('restart recovery', () => {
   let doomed; // sandbox whose runtime we kill while the server is down
   let hostBaseline;
 
-  function pgrep(pattern) {
-    return new Promise((resolve, reject) => {
-      execFile('pgrep', ['-f', pattern], (err, stdout) => {
-        if (err && err.code === 1) return resolve([]); // no match
-        if (err) return reject(err);
-        resolve(
-          stdout
-            .split('\n')
-            .filter(Boolean)
-            .map(Number)
-            .filter((pid) => pid !== process.pid),
-        );
-      });
-    });
-  }
 
-  // A sandbox served from the warm pool runs under the runtime id it was pre-started with; the
-  // node records the API id in <data-dir>/sandboxes/<runtime id>/sandbox-id.
+  // Runtime ids are read before the server is killed: a warm-pool sandbox runs under the id it was
+  // pre-started with (see runtimeIdOf).
   const runtimeIds = new Map();
   function rememberRuntimeIds() {
-    const dir = path.join(srv.dataDir, 'sandboxes');
-    for (const rid of fs.readdirSync(dir)) {
-      try {
-        runtimeIds.set(fs.readFileSync(path.join(dir, rid, 'sandbox-id'), 'utf8').trim(), rid);
-      } catch {
-        // not handed out yet
-      }
-    }
+    for (const id of [...live.map((l) => l.sbx.sandboxId), doomed.sandboxId]) runtimeIds.set(id, runtimeIdOf(srv.dataDir, id));
   }
   const rid = (id) => runtimeIds.get(id) ?? id;
 
@@ -202,18 +179,7 @@ describe('restart recovery', () => {
 
     // The sandbox whose runtime died is reported gone, not running (allow the
     // server a moment in case it reconciles just after answering /health).
-    await waitFor(
-      async () => {
-        try {
-          await Sandbox.getInfo(doomed.sandboxId, srv.sdkOpts);
-          return false;
-        } catch (err) {
-          if (err instanceof SandboxNotFoundError) return true;
-          throw err;
-        }
-      },
-      { timeoutMs: 15_000, what: `${doomed.sandboxId}, whose runtime died while the server was down, to be reported gone` },
-    );
+    await waitSandboxGone(srv.sdkOpts, doomed.sandboxId, `${doomed.sandboxId}, whose runtime died while the server was down, to be reported gone`);
     await assert.rejects(Sandbox.connect(doomed.sandboxId, srv.sdkOpts), SandboxNotFoundError);
     const listed = await listAll(srv.sdkOpts, { metadata: { run: RUN } });
     assert.deepEqual(
