@@ -46,7 +46,7 @@ func TestValidateDirs(t *testing.T) {
 		{"/t/a,b", "/s", false},
 		{"/t/a", "/s:x", false},
 	} {
-		if err := validateDirs(tc.lower, tc.sandbox); (err == nil) != tc.ok {
+		if err := validateDirs([]string{tc.lower}, tc.sandbox); (err == nil) != tc.ok {
 			t.Errorf("validateDirs(%q, %q) = %v, want ok=%v", tc.lower, tc.sandbox, err, tc.ok)
 		}
 	}

@@ -37,17 +37,36 @@ func UpperDir(sandboxDir string) string { return filepath.Join(sandboxDir, upper
 
 func workDir(sandboxDir string) string { return filepath.Join(sandboxDir, workName) }
 
-func validateDirs(lowerDir, sandboxDir string) error {
-	if !filepath.IsAbs(lowerDir) || !filepath.IsAbs(sandboxDir) {
+// MaxLowers bounds a template's layer stack. The legacy mount data is limited to one page; with
+// layer paths of the data dir's usual length this leaves room for the upper and work paths.
+const MaxLowers = 64
+
+func validateDirs(lowers []string, sandboxDir string) error {
+	if len(lowers) == 0 {
+		return errdefs.InvalidArgument("a template needs at least one layer")
+	}
+	if len(lowers) > MaxLowers {
+		return errdefs.InvalidArgument("a template may have at most %d layers (got %d)", MaxLowers, len(lowers))
+	}
+	if !filepath.IsAbs(sandboxDir) {
 		return errdefs.InvalidArgument("template and sandbox directories must be absolute paths")
 	}
-	l, s := filepath.Clean(lowerDir), filepath.Clean(sandboxDir)
-	// An upper layer inside the lower one (or the reverse) would let writes reach the template.
-	if l == s || within(s, l) || within(l, s) {
-		return errdefs.InvalidArgument("sandbox directory and template must not overlap")
+	s := filepath.Clean(sandboxDir)
+	for _, lowerDir := range lowers {
+		if !filepath.IsAbs(lowerDir) {
+			return errdefs.InvalidArgument("template and sandbox directories must be absolute paths")
+		}
+		l := filepath.Clean(lowerDir)
+		// An upper layer inside a lower one (or the reverse) would let writes reach the template.
+		if l == s || within(s, l) || within(l, s) {
+			return errdefs.InvalidArgument("sandbox directory and template must not overlap")
+		}
+		// The legacy mount data format has no escaping that every kernel honours.
+		if strings.ContainsAny(l, ",:\\\n") {
+			return errdefs.InvalidArgument("template and sandbox paths must not contain ',', ':', '\\' or newlines")
+		}
 	}
-	// The legacy mount data format has no escaping that every kernel honours.
-	if strings.ContainsAny(l+s, ",:\\\n") {
+	if strings.ContainsAny(s, ",:\\\n") {
 		return errdefs.InvalidArgument("template and sandbox paths must not contain ',', ':', '\\' or newlines")
 	}
 	return nil
@@ -62,7 +81,7 @@ func within(path, dir string) bool {
 // overlayOptions renders the mount data for one sandbox. index and xino are turned off because the
 // lower layer is shared by many mounts: neither feature is needed and both pin state to one lower
 // directory.
-func overlayOptions(lowerDir, sandboxDir string) string {
+func overlayOptions(lowers []string, sandboxDir string) string {
 	return fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s,index=off,xino=off",
-		lowerDir, UpperDir(sandboxDir), workDir(sandboxDir))
+		strings.Join(lowers, ":"), UpperDir(sandboxDir), workDir(sandboxDir))
 }

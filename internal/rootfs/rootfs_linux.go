@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"syscall"
 
@@ -14,15 +15,20 @@ import (
 	"github.com/vibemon/vmon/internal/errdefs"
 )
 
-// Prepare mounts the sandbox's writable root at RootDir(sandboxDir): an overlay of lowerDir
-// (read-only, never modified) with upper and work layers in sandboxDir. It returns the merged
-// directory. If that directory is already a mount point (recovery after a restart) it is returned
-// as is. A failed Prepare leaves nothing it created behind.
-func Prepare(ctx context.Context, lowerDir, sandboxDir string) (string, error) {
-	if err := validateDirs(lowerDir, sandboxDir); err != nil {
+// Prepare mounts the sandbox's writable root at RootDir(sandboxDir): an overlay of lowers (the
+// template's layers, topmost first; read-only, never modified) with upper and work layers in
+// sandboxDir. It returns the merged directory. If that directory is already a mount point
+// (recovery after a restart) it is returned as is. A failed Prepare leaves nothing it created
+// behind.
+func Prepare(ctx context.Context, lowers []string, sandboxDir string) (string, error) {
+	if err := validateDirs(lowers, sandboxDir); err != nil {
 		return "", err
 	}
-	lowerDir, sandboxDir = filepath.Clean(lowerDir), filepath.Clean(sandboxDir)
+	lowers = slices.Clone(lowers)
+	for i := range lowers {
+		lowers[i] = filepath.Clean(lowers[i])
+	}
+	lowerDir, sandboxDir := lowers[0], filepath.Clean(sandboxDir)
 	root := RootDir(sandboxDir)
 	if ok, err := Mounted(root); err != nil {
 		return "", err
@@ -75,7 +81,7 @@ func Prepare(ctx context.Context, lowerDir, sandboxDir string) (string, error) {
 	if err := os.Chmod(upper, os.FileMode(lowerStat.Mode&0o7777)); err != nil {
 		return "", fmt.Errorf("chmod upper dir: %w", err)
 	}
-	if err := unix.Mount("overlay", root, "overlay", 0, overlayOptions(lowerDir, sandboxDir)); err != nil {
+	if err := unix.Mount("overlay", root, "overlay", 0, overlayOptions(lowers, sandboxDir)); err != nil {
 		return "", fmt.Errorf("mount overlay at %s: %w", root, err)
 	}
 	ok = true
@@ -115,6 +121,26 @@ func Release(ctx context.Context, sandboxDir string) error {
 		if err := os.RemoveAll(d); err != nil {
 			return fmt.Errorf("remove %s: %w", d, err)
 		}
+	}
+	return nil
+}
+
+// Commit unmounts the sandbox's root and moves its upper layer (everything the sandbox wrote,
+// whiteouts included) to dst, which must not exist, on the same filesystem. Template builds use
+// it to turn a build step's writes into a layer. The runtime must be stopped first.
+func Commit(ctx context.Context, sandboxDir, dst string) error {
+	sandboxDir = filepath.Clean(sandboxDir)
+	root := RootDir(sandboxDir)
+	if err := unix.Unmount(root, 0); err != nil && !errors.Is(err, syscall.EINVAL) {
+		return fmt.Errorf("unmount %s: %w", root, err)
+	}
+	if mounted, err := Mounted(root); err != nil {
+		return err
+	} else if mounted {
+		return fmt.Errorf("unmount %s: still mounted", root)
+	}
+	if err := os.Rename(UpperDir(sandboxDir), dst); err != nil {
+		return fmt.Errorf("move upper layer: %w", err)
 	}
 	return nil
 }

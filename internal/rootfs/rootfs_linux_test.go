@@ -32,7 +32,7 @@ func TestPrepareRelease(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	root, err := Prepare(ctx, lower, sandbox)
+	root, err := Prepare(ctx, []string{lower}, sandbox)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,7 +52,7 @@ func TestPrepareRelease(t *testing.T) {
 	}
 
 	// A second Prepare (recovery) returns the existing mount.
-	if again, err := Prepare(ctx, lower, sandbox); err != nil || again != root {
+	if again, err := Prepare(ctx, []string{lower}, sandbox); err != nil || again != root {
 		t.Fatalf("second Prepare = %q, %v", again, err)
 	}
 
@@ -115,7 +115,7 @@ func TestPrepareMissingTemplate(t *testing.T) {
 	requireRoot(t)
 	base := t.TempDir()
 	sandbox := filepath.Join(base, "sandbox")
-	if _, err := Prepare(context.Background(), filepath.Join(base, "missing"), sandbox); err == nil {
+	if _, err := Prepare(context.Background(), []string{filepath.Join(base, "missing")}, sandbox); err == nil {
 		t.Fatal("Prepare over a missing template succeeded")
 	}
 	if _, err := os.Stat(RootDir(sandbox)); !os.IsNotExist(err) {
@@ -155,5 +155,62 @@ func TestRemoveTree(t *testing.T) {
 	}
 	if err := RemoveTree(tree); err != nil {
 		t.Fatalf("RemoveTree of a missing dir: %v", err)
+	}
+}
+
+// A committed upper layer stacks on top of the layers it was written over, the way template
+// builds chain their steps: its files and its deletions both show in the next sandbox.
+func TestCommitStacksLayers(t *testing.T) {
+	requireRoot(t)
+	ctx := context.Background()
+	base := t.TempDir()
+	bottom, middle := filepath.Join(base, "l0"), filepath.Join(base, "l1")
+	for _, f := range []struct{ dir, name, body string }{
+		{bottom, "a.txt", "a from l0"}, {bottom, "b.txt", "b from l0"}, {middle, "b.txt", "b from l1"},
+	} {
+		if err := os.MkdirAll(f.dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(f.dir, f.name), []byte(f.body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	step := filepath.Join(base, "step")
+	root, err := Prepare(ctx, []string{middle, bottom}, step)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = Release(context.Background(), step) })
+	if b, err := os.ReadFile(filepath.Join(root, "b.txt")); err != nil || string(b) != "b from l1" {
+		t.Fatalf("b.txt = %q, %v; want the upper lower's copy", b, err)
+	}
+	if err := os.Remove(filepath.Join(root, "a.txt")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "c.txt"), []byte("c from step"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	layer := filepath.Join(base, "l2")
+	if err := Commit(ctx, step, layer); err != nil {
+		t.Fatal(err)
+	}
+	if err := Release(ctx, step); err != nil {
+		t.Fatal(err)
+	}
+
+	sb := filepath.Join(base, "sandbox")
+	root, err = Prepare(ctx, []string{layer, middle, bottom}, sb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = Release(context.Background(), sb) })
+	if _, err := os.Stat(filepath.Join(root, "a.txt")); !os.IsNotExist(err) {
+		t.Fatalf("a.txt deleted by the committed step is visible: %v", err)
+	}
+	if b, err := os.ReadFile(filepath.Join(root, "c.txt")); err != nil || string(b) != "c from step" {
+		t.Fatalf("c.txt = %q, %v", b, err)
+	}
+	if _, err := os.Stat(filepath.Join(bottom, "a.txt")); err != nil {
+		t.Fatalf("the bottom layer was modified: %v", err)
 	}
 }

@@ -9,7 +9,7 @@ import (
 )
 
 // Prepare is only implemented on Linux.
-func Prepare(ctx context.Context, lowerDir, sandboxDir string) (string, error) {
+func Prepare(ctx context.Context, lowers []string, sandboxDir string) (string, error) {
 	return "", fmt.Errorf("%w (%s)", ErrUnsupported, runtime.GOOS)
 }
 
@@ -30,5 +30,10 @@ func LowerInUse(dir string) (bool, error) {
 
 // RemoveTree is only implemented on Linux.
 func RemoveTree(dir string) error {
+	return fmt.Errorf("%w (%s)", ErrUnsupported, runtime.GOOS)
+}
+
+// Commit is only implemented on Linux.
+func Commit(ctx context.Context, sandboxDir, dst string) error {
 	return fmt.Errorf("%w (%s)", ErrUnsupported, runtime.GOOS)
 }
