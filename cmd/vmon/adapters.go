@@ -3,7 +3,9 @@ package main
 import (
 	"context"
 
+	"github.com/vibemon/vmon/internal/build"
 	"github.com/vibemon/vmon/internal/netns"
+	"github.com/vibemon/vmon/internal/node"
 	"github.com/vibemon/vmon/internal/rootfs"
 	"github.com/vibemon/vmon/internal/template"
 )
@@ -12,12 +14,16 @@ import (
 
 type rootfsAdapter struct{}
 
-func (rootfsAdapter) Prepare(ctx context.Context, templateRoot, sandboxDir string) (string, error) {
-	return rootfs.Prepare(ctx, templateRoot, sandboxDir)
+func (rootfsAdapter) Prepare(ctx context.Context, lowers []string, sandboxDir string) (string, error) {
+	return rootfs.Prepare(ctx, lowers, sandboxDir)
 }
 
 func (rootfsAdapter) Release(ctx context.Context, sandboxDir string) error {
 	return rootfs.Release(ctx, sandboxDir)
+}
+
+func (rootfsAdapter) Commit(ctx context.Context, sandboxDir, dst string) error {
+	return rootfs.Commit(ctx, sandboxDir, dst)
 }
 
 type netnsAdapter struct{}
@@ -30,10 +36,21 @@ func (netnsAdapter) List(ctx context.Context) ([]string, error)    { return netn
 
 type templateRoots struct{ dataDir string }
 
-func (t templateRoots) RootFS(_ context.Context, id string) (string, error) {
-	m, err := template.Load(t.dataDir, id)
+func (t templateRoots) Image(_ context.Context, id, buildID string) (node.Image, error) {
+	m, err := template.LoadBuild(t.dataDir, id, buildID)
 	if err != nil {
-		return "", err
+		return node.Image{}, err
 	}
-	return m.RootfsDir(), nil
+	return node.Image{Lowers: m.LowerDirs(t.dataDir), Env: m.Env, StartCmd: m.StartCmd, ReadyCmd: m.ReadyCmd}, nil
+}
+
+// buildSandboxes runs template build steps in the node's build sandboxes.
+type buildSandboxes struct{ n *node.Node }
+
+func (b buildSandboxes) StartBuild(ctx context.Context, spec build.SandboxSpec) (build.Sandbox, error) {
+	sb, err := b.n.StartBuild(ctx, node.BuildSpec{Lowers: spec.Lowers, CPUs: spec.CPUs, MemoryMB: spec.MemoryMB, Env: spec.Env})
+	if err != nil {
+		return nil, err
+	}
+	return sb, nil
 }

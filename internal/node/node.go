@@ -30,10 +30,12 @@ import (
 	"github.com/vibemon/vmon/internal/runtime"
 )
 
-// RootFS gives each sandbox a writable root over a read-only template root.
+// RootFS gives each sandbox a writable root over a template's read-only layers.
 type RootFS interface {
-	Prepare(ctx context.Context, templateRoot, sandboxDir string) (root string, err error)
+	Prepare(ctx context.Context, lowers []string, sandboxDir string) (root string, err error)
 	Release(ctx context.Context, sandboxDir string) error
+	// Commit stops the root's mount and moves the sandbox's writes to dst (template builds).
+	Commit(ctx context.Context, sandboxDir, dst string) error
 }
 
 // NetNS creates the network namespace a sandbox runs in. The networking layer will hand the
@@ -48,6 +50,8 @@ type NetNS interface {
 // guest end) and enforces egress policy on them (*netpool.Pool).
 type Network interface {
 	Take(ctx context.Context) (*netpool.Link, error)
+	// TakeUnrestricted returns a link without egress hooks (template builds).
+	TakeUnrestricted(ctx context.Context) (*netpool.Link, error)
 	Attach(ctx context.Context, l *netpool.Link, p egress.Policy) error
 	Update(ctx context.Context, l *netpool.Link, p egress.Policy) error
 	Release(ctx context.Context, l *netpool.Link) error
@@ -55,9 +59,20 @@ type Network interface {
 	Recover(ctx context.Context, held []netpool.LinkID) (map[netpool.LinkID]*netpool.Link, error)
 }
 
-// Templates resolves a template id to its read-only root filesystem on this node.
+// Image is what a template build gives its sandboxes.
+type Image struct {
+	// Lowers are the read-only layers, topmost first.
+	Lowers []string
+	// Env is set for every process; the sandbox's own envVars override it.
+	Env map[string]string
+	// StartCmd is started in every new sandbox, which is handed out once ReadyCmd exits 0.
+	StartCmd, ReadyCmd string
+}
+
+// Templates resolves a template build to its image on this node. An empty buildID is the
+// template's current build.
 type Templates interface {
-	RootFS(ctx context.Context, templateID string) (string, error)
+	Image(ctx context.Context, templateID, buildID string) (Image, error)
 }
 
 // Options configure a Node.
@@ -74,6 +89,8 @@ type Options struct {
 	EnvdPath string
 	// BootTimeout bounds how long a boot waits for envd to come up.
 	BootTimeout time.Duration
+	// ReadyTimeout bounds how long a create waits for a template's ready command to succeed.
+	ReadyTimeout time.Duration
 	// NetNSPrefix starts the names of this node's network namespaces. Namespaces are host-global,
 	// so it must differ between nodes sharing a host (each recovery removes its own orphans).
 	NetNSPrefix string
@@ -122,12 +139,17 @@ type sandbox struct {
 	attached  bool
 	ch        *agent.Channel
 	startedAt time.Time
+	// root is the merged root filesystem on the host (to look at the image, never to write).
+	root string
 }
 
 // New returns a node; call Recover before serving and Close at exit.
 func New(opts Options) (*Node, error) {
 	if opts.BootTimeout == 0 {
 		opts.BootTimeout = 60 * time.Second
+	}
+	if opts.ReadyTimeout == 0 {
+		opts.ReadyTimeout = 60 * time.Second
 	}
 	if opts.NetNSPrefix == "" {
 		opts.NetNSPrefix = "vmon-"
@@ -150,23 +172,30 @@ func (n *Node) CreateSandbox(ctx context.Context, spec CreateSpec) (Info, error)
 	if !idRe.MatchString(spec.ID) {
 		return Info{}, errdefs.InvalidArgument("invalid sandbox id %q", spec.ID)
 	}
+	img, err := n.opts.Templates.Image(ctx, spec.TemplateID, spec.BuildID)
+	if err != nil {
+		return Info{}, err
+	}
 	if sb := n.pool.take(spec); sb != nil {
-		info, err := n.handOut(ctx, sb, spec)
+		info, err := n.handOut(ctx, sb, spec, img)
 		if err == nil {
 			return info, nil
 		}
 		// A pre-started sandbox that cannot be initialised is broken; boot a fresh one instead.
 		n.log.Warn("pre-started sandbox failed; booting a new one", "runtime_id", sb.runtimeID, "err", err)
 	}
-	sb, err := n.boot(ctx, spec.ID, spec.TemplateID, spec.CPUs, spec.MemoryMB, &spec.Egress)
+	sb, err := n.boot(ctx, bootSpec{runtimeID: spec.ID, templateID: spec.TemplateID, lowers: img.Lowers,
+		cpus: spec.CPUs, memoryMB: spec.MemoryMB, policy: &spec.Egress})
 	if err != nil {
 		return Info{}, err
 	}
-	return n.handOut(ctx, sb, spec)
+	return n.handOut(ctx, sb, spec, img)
 }
 
-// handOut binds a booted sandbox to its API id and delivers /init; on failure it is destroyed.
-func (n *Node) handOut(ctx context.Context, sb *sandbox, spec CreateSpec) (Info, error) {
+// handOut binds a booted sandbox to its API id, delivers /init and starts the template's start
+// command; on failure it is destroyed.
+func (n *Node) handOut(ctx context.Context, sb *sandbox, spec CreateSpec, img Image) (Info, error) {
+	spec.EnvVars = mergeEnv(img.Env, spec.EnvVars)
 	sb.id, sb.token = spec.ID, spec.AccessToken
 	dir := n.sandboxDir(sb.runtimeID)
 	// The token goes first: a sandbox-id file marks a handed-out sandbox, which recovery adopts.
@@ -187,6 +216,9 @@ func (n *Node) handOut(ctx context.Context, sb *sandbox, spec CreateSpec) (Info,
 		cancel()
 		err = errors.Join(err, <-attached)
 		sb.attached = sb.link != nil
+	}
+	if err == nil && img.StartCmd != "" {
+		err = n.startTemplateCmd(ctx, sb, spec, img)
 	}
 	if err != nil {
 		_ = n.teardown(context.WithoutCancel(ctx), sb)
@@ -211,14 +243,21 @@ func (n *Node) attachAsync(ctx context.Context, link *netpool.Link, p egress.Pol
 	return done
 }
 
+// bootSpec is what boot assembles a sandbox from.
+type bootSpec struct {
+	runtimeID, templateID string
+	lowers                []string
+	cpus, memoryMB        int
+	// policy, when set, is attached to the link while the runtime starts (the pool boots with
+	// none: its links stay closed until a create hands the sandbox out).
+	policy *egress.Policy
+	// unrestricted gives a template build's sandbox a link without egress hooks.
+	unrestricted bool
+}
+
 // boot assembles and starts a sandbox up to a connected envd (not yet initialised).
-// A non-nil policy is attached to the link while the runtime starts (the pool boots with none:
-// its links stay closed until a create hands the sandbox out).
-func (n *Node) boot(ctx context.Context, runtimeID, templateID string, cpus, memoryMB int, policy *egress.Policy) (_ *sandbox, retErr error) {
-	templateRoot, err := n.opts.Templates.RootFS(ctx, templateID)
-	if err != nil {
-		return nil, err
-	}
+func (n *Node) boot(ctx context.Context, bs bootSpec) (_ *sandbox, retErr error) {
+	runtimeID, templateID, lowers, cpus, memoryMB, policy := bs.runtimeID, bs.templateID, bs.lowers, bs.cpus, bs.memoryMB, bs.policy
 	dir := n.sandboxDir(runtimeID)
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("create sandbox dir: %w", err)
@@ -239,7 +278,7 @@ func (n *Node) boot(ctx context.Context, runtimeID, templateID string, cpus, mem
 	if err := os.Mkdir(agentDir, 0o755); err != nil {
 		return nil, fmt.Errorf("create agent dir: %w", err)
 	}
-	root, err := n.opts.RootFS.Prepare(ctx, templateRoot, dir)
+	root, err := n.opts.RootFS.Prepare(ctx, lowers, dir)
 	if err != nil {
 		return nil, fmt.Errorf("prepare root filesystem: %w", err)
 	}
@@ -250,7 +289,11 @@ func (n *Node) boot(ctx context.Context, runtimeID, templateID string, cpus, mem
 	if n.opts.Network != nil {
 		// A ready link: its namespace already holds the configured guest end, its chains are
 		// closed until the sandbox is handed out.
-		if link, err = n.opts.Network.Take(ctx); err != nil {
+		take := n.opts.Network.Take
+		if bs.unrestricted {
+			take = n.opts.Network.TakeUnrestricted
+		}
+		if link, err = take(ctx); err != nil {
 			return nil, fmt.Errorf("take a network link: %w", err)
 		}
 		undo = append(undo, func() { _ = n.opts.Network.Release(teardownCtx, link) })
@@ -288,7 +331,9 @@ func (n *Node) boot(ctx context.Context, runtimeID, templateID string, cpus, mem
 	}
 	// Attaching runs iptables-restore; overlap it with the runtime's start, which needs no network.
 	attachLink, attachPolicy := link, egress.Policy{}
-	if policy != nil {
+	if bs.unrestricted {
+		attachLink = nil
+	} else if policy != nil {
 		attachPolicy = *policy
 	} else {
 		attachLink = nil // pre-started: the link stays closed until a create hands it out
@@ -309,7 +354,7 @@ func (n *Node) boot(ctx context.Context, runtimeID, templateID string, cpus, mem
 		return nil, errdefs.Wrap(errdefs.KindUnavailable, err, "sandbox did not start")
 	}
 	return &sandbox{runtimeID: runtimeID, template: templateID, cpus: cpus, memoryMB: memoryMB,
-		link: link, attached: link != nil && policy != nil, ch: ch}, nil
+		link: link, attached: link != nil && policy != nil, ch: ch, root: root}, nil
 }
 
 // initEnvd waits for envd and delivers the sandbox's /init state, retrying until it succeeds,

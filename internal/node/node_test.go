@@ -123,12 +123,15 @@ func (f *fakeRuntime) List(context.Context) ([]string, error) {
 
 type fakeRootFS struct{}
 
-func (fakeRootFS) Prepare(_ context.Context, _, dir string) (string, error) {
+func (fakeRootFS) Prepare(_ context.Context, _ []string, dir string) (string, error) {
 	root := filepath.Join(dir, "root")
 	return root, os.MkdirAll(root, 0o755)
 }
 func (fakeRootFS) Release(_ context.Context, dir string) error {
 	return os.RemoveAll(filepath.Join(dir, "root"))
+}
+func (fakeRootFS) Commit(_ context.Context, dir, dst string) error {
+	return os.Rename(filepath.Join(dir, "root"), dst)
 }
 
 type fakeNetNS struct {
@@ -161,11 +164,11 @@ func (f *fakeNetNS) List(context.Context) ([]string, error) {
 
 type fakeTemplates struct{}
 
-func (fakeTemplates) RootFS(_ context.Context, id string) (string, error) {
+func (fakeTemplates) Image(_ context.Context, id, _ string) (Image, error) {
 	if id != "base" {
-		return "", errors.New("unknown template")
+		return Image{}, errors.New("unknown template")
 	}
-	return "/nonexistent/base", nil
+	return Image{Lowers: []string{"/nonexistent/base"}}, nil
 }
 
 type env struct {

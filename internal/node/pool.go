@@ -5,14 +5,8 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
-	"net/http"
 	"sync"
 	"time"
-
-	"connectrpc.com/connect"
-
-	"github.com/vibemon/vmon/internal/envd/gen/process"
-	"github.com/vibemon/vmon/internal/envd/gen/process/processconnect"
 )
 
 // WarmSpec asks the node to keep Size pre-started sandboxes of one template shape. Creates of that
@@ -89,7 +83,7 @@ func (p *pool) fill(ctx context.Context) time.Duration {
 			if have >= ws.Size || ctx.Err() != nil {
 				break
 			}
-			sb, err := p.n.boot(ctx, newRuntimeID(), ws.TemplateID, ws.CPUs, ws.MemoryMB, nil)
+			sb, err := p.n.bootWarm(ctx, ws)
 			if err != nil {
 				if ctx.Err() == nil {
 					p.n.log.Warn("warm pool boot failed", "template", ws.TemplateID, "err", err)
@@ -156,6 +150,16 @@ func (p *pool) close(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
+// bootWarm boots one pre-started sandbox of ws's template; its link stays closed until handed out.
+func (n *Node) bootWarm(ctx context.Context, ws WarmSpec) (*sandbox, error) {
+	img, err := n.opts.Templates.Image(ctx, ws.TemplateID, "")
+	if err != nil {
+		return nil, err
+	}
+	return n.boot(ctx, bootSpec{runtimeID: newRuntimeID(), templateID: ws.TemplateID, lowers: img.Lowers,
+		cpus: ws.CPUs, memoryMB: ws.MemoryMB})
+}
+
 // newRuntimeID names a pre-started sandbox; like sandbox ids it is [a-z0-9]{20}, with a "w" first
 // so operators can tell warm sandboxes apart in runsc and /run/netns listings.
 func newRuntimeID() string {
@@ -176,30 +180,12 @@ func newRuntimeID() string {
 func (n *Node) warmUp(ctx context.Context, sb *sandbox) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	client := processconnect.NewProcessClient(&http.Client{Transport: sb.ch.Transport()}, envdURL(""))
-	stream, err := client.Start(ctx, connect.NewRequest(&process.StartRequest{
-		Process: &process.ProcessConfig{Cmd: "/bin/bash", Args: []string{"-l", "-c", "true"}},
-	}))
+	exit, err := runGuest(ctx, sb.ch, "", guestCmd{Shell: shellFor(sb.root), Script: "true"}, nil)
 	if err != nil {
-		return fmt.Errorf("start warm-up: %w", err)
-	}
-	defer stream.Close()
-	// Read to the end of the stream, EndStream included: closing it early would cut the
-	// connection under envd mid-response.
-	var end *process.ProcessEvent_EndEvent
-	for stream.Receive() {
-		if e := stream.Msg().GetEvent().GetEnd(); e != nil {
-			end = e
-		}
-	}
-	if err := stream.Err(); err != nil {
 		return fmt.Errorf("warm-up: %w", err)
 	}
-	if end == nil {
-		return errors.New("warm-up stream ended without an end event")
-	}
-	if end.GetExitCode() != 0 {
-		return fmt.Errorf("warm-up exited with %d", end.GetExitCode())
+	if exit != 0 {
+		return fmt.Errorf("warm-up exited with %d", exit)
 	}
 	return nil
 }

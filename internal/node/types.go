@@ -11,8 +11,10 @@ type CreateSpec struct {
 	ID string
 	// TemplateID names a ready template on this node (its rootfs lives under the data dir).
 	TemplateID string
-	CPUs       int
-	MemoryMB   int
+	// BuildID picks one build of the template; empty means its current one.
+	BuildID  string
+	CPUs     int
+	MemoryMB int
 	// Delivered to envd through /init before Create returns.
 	EnvVars        map[string]string
 	AccessToken    string

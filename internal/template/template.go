@@ -59,6 +59,16 @@ type Manifest struct {
 	// BuildSeconds is how long the build took.
 	BuildSeconds float64 `json:"buildSeconds"`
 
+	// Layers, when set, replace Rootfs: layer directories relative to the data dir, topmost
+	// first, stacked as the overlay's lower layers (templates built from steps).
+	Layers []string `json:"layers,omitempty"`
+	// Env is set in every process of the template's sandboxes (the image's and the steps' ENV).
+	Env map[string]string `json:"env,omitempty"`
+	// StartCmd runs in every new sandbox, as DefaultUser in DefaultWorkdir; the sandbox is
+	// handed out once ReadyCmd exits 0.
+	StartCmd string `json:"startCmd,omitempty"`
+	ReadyCmd string `json:"readyCmd,omitempty"`
+
 	// Dir is the template's directory; set by Load, never stored.
 	Dir string `json:"-"`
 }
@@ -66,7 +76,102 @@ type Manifest struct {
 // RootfsDir is the read-only root filesystem sandboxes of this template mount as lower layer.
 func (m Manifest) RootfsDir() string { return filepath.Join(m.Dir, m.Rootfs) }
 
-var idPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,62}$`)
+// LowerDirs are the read-only layers a sandbox of this template stacks its overlay on, topmost
+// first.
+func (m Manifest) LowerDirs(dataDir string) []string {
+	if len(m.Layers) == 0 {
+		return []string{m.RootfsDir()}
+	}
+	out := make([]string, len(m.Layers))
+	for i, l := range m.Layers {
+		out[i] = filepath.Join(dataDir, l)
+	}
+	return out
+}
+
+// buildsDir keeps one manifest per build of a template built from steps; tags point at builds.
+func buildsDir(dataDir, id string) string { return filepath.Join(Dir(dataDir, id), "builds") }
+
+// LoadBuild returns the manifest of one build of a template. An empty buildID, or the build the
+// template's own manifest describes, is Load.
+func LoadBuild(dataDir, id, buildID string) (Manifest, error) {
+	if err := validateID(id); err != nil {
+		return Manifest{}, errdefs.Wrap(errdefs.KindNotFound, err, "template %q not found", id)
+	}
+	path := filepath.Join(buildsDir(dataDir, id), buildID+".json")
+	if buildID == "" || !buildIDPattern.MatchString(buildID) {
+		return Load(dataDir, id)
+	}
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return Load(dataDir, id)
+	}
+	if err != nil {
+		return Manifest{}, fmt.Errorf("read build manifest: %w", err)
+	}
+	var m Manifest
+	if err := json.Unmarshal(b, &m); err != nil {
+		return Manifest{}, fmt.Errorf("decode build manifest %s/%s: %w", id, buildID, err)
+	}
+	if m.ID != id || m.BuildID != buildID || len(m.Layers) == 0 {
+		return Manifest{}, fmt.Errorf("build manifest %s/%s is inconsistent", id, buildID)
+	}
+	for _, l := range m.Layers {
+		if !filepath.IsLocal(l) {
+			return Manifest{}, fmt.Errorf("build manifest %s/%s names a layer outside the data dir", id, buildID)
+		}
+	}
+	m.Dir = Dir(dataDir, id)
+	return m, nil
+}
+
+// WriteBuild records a finished build. It is the last step of a build: until it returns, no
+// sandbox can start from the build.
+func WriteBuild(dataDir string, m Manifest) error {
+	if err := validateID(m.ID); err != nil {
+		return err
+	}
+	if !buildIDPattern.MatchString(m.BuildID) || len(m.Layers) == 0 {
+		return fmt.Errorf("build manifest for %s needs a build id and layers", m.ID)
+	}
+	m.Format = manifestFormat
+	dir := buildsDir(dataDir, m.ID)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("create builds dir: %w", err)
+	}
+	b, err := json.MarshalIndent(m, "", "  ")
+	if err != nil {
+		return fmt.Errorf("encode build manifest: %w", err)
+	}
+	tmp := filepath.Join(dir, m.BuildID+".json.tmp")
+	if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err != nil {
+		return fmt.Errorf("write build manifest: %w", err)
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, m.BuildID+".json")); err != nil {
+		return fmt.Errorf("write build manifest: %w", err)
+	}
+	return nil
+}
+
+// RemoveBuilds deletes a template built from steps: its build manifests and directory. Layers
+// are shared through the build cache and stay.
+func RemoveBuilds(dataDir, id string) error {
+	if err := validateID(id); err != nil {
+		return err
+	}
+	if id == BaseID {
+		return errdefs.InvalidArgument("the base template cannot be deleted")
+	}
+	if err := os.RemoveAll(Dir(dataDir, id)); err != nil {
+		return fmt.Errorf("remove template %s: %w", id, err)
+	}
+	return nil
+}
+
+var (
+	idPattern      = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,62}$`)
+	buildIDPattern = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_-]{0,63}$`)
+)
 
 func validateID(id string) error {
 	if !idPattern.MatchString(id) {

@@ -1,0 +1,99 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/vibemon/vmon/internal/errdefs"
+)
+
+// BuildSpec describes a template build sandbox: a throwaway sandbox over the layers built so far
+// whose writes become the next layer. It has a link without egress hooks (seed 000: builds have
+// unrestricted egress) and is never handed out to API clients.
+type BuildSpec struct {
+	// Lowers are the layers built so far, topmost first.
+	Lowers         []string
+	CPUs, MemoryMB int
+	// Env is the build's environment at this step (image ENV and the steps' ENV).
+	Env map[string]string
+}
+
+// BuildSandbox is a running build sandbox. Exactly one of Commit and Discard must be called.
+type BuildSandbox struct {
+	n     *Node
+	sb    *sandbox
+	shell []string
+	env   map[string]string
+}
+
+// StartBuild boots a build sandbox.
+func (n *Node) StartBuild(ctx context.Context, spec BuildSpec) (*BuildSandbox, error) {
+	// The runtime id marks it as a build ("b" first, like the warm pool's "w"); without a
+	// sandbox-id file, recovery after a crash removes it like any unclaimed sandbox.
+	id := newRuntimeID()
+	id = "b" + id[1:]
+	sb, err := n.boot(ctx, bootSpec{runtimeID: id, templateID: "build", lowers: spec.Lowers,
+		cpus: spec.CPUs, memoryMB: spec.MemoryMB, unrestricted: true})
+	if err != nil {
+		return nil, err
+	}
+	// No token: envd without one serves only the node, which alone reaches the agent channel.
+	initCtx, cancel := context.WithTimeout(ctx, n.opts.BootTimeout)
+	err = n.initEnvd(initCtx, sb.ch, CreateSpec{EnvVars: spec.Env, DefaultUser: "root", DefaultWorkdir: "/"})
+	cancel()
+	if err != nil {
+		_ = n.teardown(context.WithoutCancel(ctx), sb)
+		return nil, errdefs.Wrap(errdefs.KindUnavailable, err, "build sandbox did not start")
+	}
+	return &BuildSandbox{n: n, sb: sb, shell: shellFor(sb.root), env: spec.Env}, nil
+}
+
+// Shell is the shell build commands run in (bash as a login shell when the image has it).
+func (b *BuildSandbox) Shell() []string { return b.shell }
+
+// Root is the sandbox's merged root on the host, to inspect the image (never to write to while
+// the sandbox runs: the runtime assumes it owns the files).
+func (b *BuildSandbox) Root() string { return b.sb.root }
+
+// Run runs script as user in cwd with env added to the build's, and returns its exit code.
+func (b *BuildSandbox) Run(ctx context.Context, script, user, cwd string, env map[string]string,
+	out func(stderr bool, data []byte)) (int, error) {
+	return runGuest(ctx, b.sb.ch, "", guestCmd{Shell: b.shell, Script: script, User: user, Cwd: cwd, Env: env}, out)
+}
+
+// CheckStart starts the template's start command and waits up to timeout for its ready command,
+// as every sandbox of the template will. attempt sees each failed ready attempt.
+func (b *BuildSandbox) CheckStart(ctx context.Context, start, ready, user, cwd string, timeout time.Duration,
+	attempt func(exit int, output []byte)) error {
+	if start != "" {
+		if _, err := startGuest(ctx, b.sb.ch, "", guestCmd{Shell: b.shell, Script: start, User: user, Cwd: cwd}); err != nil {
+			return err
+		}
+	}
+	if ready == "" {
+		return nil
+	}
+	return waitReady(ctx, b.sb.ch, "", guestCmd{Shell: b.shell, Script: ready, User: user, Cwd: cwd}, timeout, attempt)
+}
+
+// Commit stops the sandbox and moves everything it wrote to dst (a new directory on the data
+// dir's filesystem), then removes the rest of the sandbox.
+func (b *BuildSandbox) Commit(ctx context.Context, dst string) error {
+	ctx = context.WithoutCancel(ctx)
+	dir := b.n.sandboxDir(b.sb.runtimeID)
+	// The runtime must be gone before the layer is taken: it may still be flushing writes.
+	if err := b.n.opts.Runtime.Destroy(ctx, b.sb.runtimeID); err != nil {
+		return errors.Join(fmt.Errorf("stop build sandbox: %w", err), b.n.teardown(ctx, b.sb))
+	}
+	if err := b.n.opts.RootFS.Commit(ctx, dir, dst); err != nil {
+		return errors.Join(fmt.Errorf("commit build layer: %w", err), b.n.teardown(ctx, b.sb))
+	}
+	return b.n.teardown(ctx, b.sb)
+}
+
+// Discard stops the sandbox and removes it with everything it wrote.
+func (b *BuildSandbox) Discard(ctx context.Context) error {
+	return b.n.teardown(context.WithoutCancel(ctx), b.sb)
+}
