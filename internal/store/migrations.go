@@ -65,4 +65,31 @@ CREATE TABLE sandboxes (
 -- Listing pages by (started_at, id) within a state.
 CREATE INDEX sandboxes_state_started ON sandboxes(state, started_at, id);
 `,
+	// 2: template builds and tags (templates built from steps; a tag names one build).
+	`
+CREATE TABLE template_builds (
+	id               TEXT PRIMARY KEY,
+	template_id      TEXT NOT NULL REFERENCES templates(id) ON DELETE CASCADE,
+	status           TEXT NOT NULL CHECK (status IN ('waiting','building','ready','error')),
+	reason_message   TEXT NOT NULL DEFAULT '',
+	reason_step      TEXT NOT NULL DEFAULT '',
+	cpu              INTEGER NOT NULL,
+	memory_mb        INTEGER NOT NULL,
+	disk_mb          INTEGER NOT NULL DEFAULT 0,
+	default_user     TEXT NOT NULL DEFAULT '',
+	default_workdir  TEXT NOT NULL DEFAULT '',
+	created_at       INTEGER NOT NULL,
+	updated_at       INTEGER NOT NULL,
+	finished_at      INTEGER
+);
+CREATE INDEX template_builds_template ON template_builds(template_id, created_at);
+
+CREATE TABLE template_tags (
+	template_id  TEXT NOT NULL REFERENCES templates(id) ON DELETE CASCADE,
+	tag          TEXT NOT NULL,
+	build_id     TEXT NOT NULL REFERENCES template_builds(id) ON DELETE CASCADE,
+	created_at   INTEGER NOT NULL,
+	PRIMARY KEY (template_id, tag)
+);
+`,
 }
