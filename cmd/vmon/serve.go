@@ -24,6 +24,7 @@ import (
 
 	"github.com/vibemon/vmon/internal/agentproto"
 	"github.com/vibemon/vmon/internal/api"
+	"github.com/vibemon/vmon/internal/build"
 	"github.com/vibemon/vmon/internal/capability"
 	"github.com/vibemon/vmon/internal/config"
 	"github.com/vibemon/vmon/internal/driver"
@@ -32,9 +33,11 @@ import (
 	"github.com/vibemon/vmon/internal/ingress"
 	"github.com/vibemon/vmon/internal/netpool"
 	"github.com/vibemon/vmon/internal/node"
+	"github.com/vibemon/vmon/internal/oci"
 	"github.com/vibemon/vmon/internal/runtime/gvisor"
 	"github.com/vibemon/vmon/internal/store"
 	"github.com/vibemon/vmon/internal/template"
+	"github.com/vibemon/vmon/internal/templates"
 	"github.com/vibemon/vmon/internal/tlsutil"
 )
 
@@ -108,14 +111,15 @@ func serve(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 	}
 	defer closeNetwork()
 	nopts := node.Options{
-		DataDir:     c.DataDir,
-		Runtime:     rt,
-		RootFS:      rootfsAdapter{},
-		Templates:   templateRoots{dataDir: c.DataDir},
-		EnvdPath:    envdPath,
-		NetNSPrefix: netnsPrefix(c.DataDir),
-		Warm:        warmSpecs(manifests, c.WarmPool),
-		Log:         log.With("component", "node"),
+		ReadyTimeout: c.ReadyTimeout,
+		DataDir:      c.DataDir,
+		Runtime:      rt,
+		RootFS:       rootfsAdapter{},
+		Templates:    templateRoots{dataDir: c.DataDir},
+		EnvdPath:     envdPath,
+		NetNSPrefix:  netnsPrefix(c.DataDir),
+		Warm:         warmSpecs(manifests, c.WarmPool),
+		Log:          log.With("component", "node"),
 	}
 	if network != nil {
 		// Set only when non-nil: a nil *netpool.Pool in the interface would look networked.
@@ -176,7 +180,13 @@ func serve(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 	if c.TLSEnabled() {
 		domain = c.Domain
 	}
-	apiHandler, err := api.New(api.Options{Driver: d, Store: st, Logger: log.With("component", "api"), Domain: domain})
+	builds, err := startTemplateBuilds(ctx, c, st, n, d, log)
+	if err != nil {
+		return err
+	}
+	defer builds.Close()
+	apiHandler, err := api.New(api.Options{Driver: d, Store: st, Logger: log.With("component", "api"), Domain: domain,
+		Builds: builds})
 	if err != nil {
 		return err
 	}
@@ -516,4 +526,27 @@ func (t ingressTargets) Targets(ctx context.Context) []ingress.Target {
 		}
 	}
 	return out
+}
+
+// startTemplateBuilds sets up the template build flow: image pulls, the build engine over the
+// node's build sandboxes, and the service behind the build API.
+func startTemplateBuilds(ctx context.Context, c *config.Serve, st *store.Store, n *node.Node, d *driver.Driver, log *slog.Logger) (*templates.Service, error) {
+	mirrors, err := c.Mirrors()
+	if err != nil {
+		return nil, err
+	}
+	puller := oci.New(oci.Options{Mirrors: mirrors, Insecure: c.InsecureRegistries, DockerConfig: c.DockerConfig,
+		Log: log.With("component", "oci")})
+	files := build.NewFiles(c.DataDir)
+	engine, err := build.New(build.Options{DataDir: c.DataDir, Images: puller, Sandboxes: buildSandboxes{n: n},
+		Mounts: rootfsAdapter{}, Files: files, ReadyTimeout: c.ReadyTimeout, Log: log.With("component", "build")})
+	if err != nil {
+		return nil, err
+	}
+	svc := templates.New(templates.Options{DataDir: c.DataDir, Store: st, Engine: engine, Files: files, Resolver: d,
+		MaxConcurrent: c.BuildConcurrency, Log: log.With("component", "templates")})
+	if err := svc.Recover(ctx); err != nil {
+		return nil, fmt.Errorf("recover template builds: %w", err)
+	}
+	return svc, nil
 }

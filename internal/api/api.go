@@ -40,6 +40,10 @@ type Options struct {
 	// pattern equal to a built-in one replaces it, which is how a "not supported yet" answer is
 	// swapped for a real implementation.
 	Routes map[string]http.Handler
+	// Builds serves the template build API; nil answers those routes with 501.
+	Builds TemplateBuilds
+	// MaxUploadBytes caps one COPY archive upload; default DefaultMaxUploadBytes.
+	MaxUploadBytes int64
 }
 
 // Server is the API handler.
@@ -50,6 +54,9 @@ type Server struct {
 	domain  *string
 	maxBody int64
 	mux     *http.ServeMux
+	builds  TemplateBuilds
+	// maxUpload caps COPY archive uploads.
+	maxUpload int64
 }
 
 // New builds the API handler.
@@ -60,6 +67,10 @@ func New(opts Options) (*Server, error) {
 	s := &Server{driver: opts.Driver, store: opts.Store, log: opts.Logger, maxBody: opts.MaxBodyBytes}
 	if s.maxBody <= 0 {
 		s.maxBody = DefaultMaxBodyBytes
+	}
+	s.builds, s.maxUpload = opts.Builds, opts.MaxUploadBytes
+	if s.maxUpload <= 0 {
+		s.maxUpload = DefaultMaxUploadBytes
 	}
 	if opts.Domain != "" {
 		d := opts.Domain
@@ -99,6 +110,11 @@ func New(opts Options) (*Server, error) {
 		"POST /templates/tags":                    notSupported("template tags"),
 		"DELETE /templates/tags":                  notSupported("template tags"),
 	}
+	if s.builds != nil {
+		for p, h := range s.templateBuildRoutes() {
+			routes[p] = h
+		}
+	}
 	for p, h := range opts.Routes {
 		routes[p] = h
 	}
@@ -106,6 +122,11 @@ func New(opts Options) (*Server, error) {
 	s.mux = http.NewServeMux()
 	if err := register(s.mux, "GET /health", http.HandlerFunc(s.health)); err != nil {
 		return nil, err
+	}
+	if s.builds != nil {
+		if err := register(s.mux, uploadRoute, s.handle(s.upload)); err != nil {
+			return nil, err
+		}
 	}
 	for p, h := range routes {
 		if err := register(s.mux, p, s.authenticate(h)); err != nil {
@@ -136,7 +157,11 @@ func register(mux *http.ServeMux, pattern string, h http.Handler) (err error) {
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	if r.Body != nil {
-		r.Body = http.MaxBytesReader(w, r.Body, s.maxBody)
+		limit := s.maxBody
+		if isUpload(r) {
+			limit = s.maxUpload
+		}
+		r.Body = http.MaxBytesReader(w, r.Body, limit)
 	}
 	rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
 	s.mux.ServeHTTP(rec, r)

@@ -6,8 +6,8 @@ import (
 	"testing"
 )
 
-// TestDependencies keeps the control plane's layering one-way: api → driver → store → apikey,
-// errdefs. The driver reaches nodes only through its Node interface and node's plain types, so the
+// TestDependencies keeps the control plane's layering one-way: api → driver, templates → store →
+// apikey, errdefs. templates reaches the host side only through the build engine. The driver reaches nodes only through its Node interface and node's plain types, so the
 // node package is the only door to the host side; egress is the pure policy model both share.
 // apikey, store and egress are checked transitively (they must stay leaves); driver and api by
 // their direct imports, since node legitimately pulls in the host side behind it.
@@ -22,7 +22,8 @@ func TestDependencies(t *testing.T) {
 		{"store", true, []string{"apikey", "errdefs"}},
 		{"egress", true, []string{"errdefs"}},
 		{"driver", false, []string{"store", "errdefs", "node", "egress"}},
-		{"api", false, []string{"driver", "store", "errdefs"}},
+		{"templates", false, []string{"store", "errdefs", "build", "template", "agentproto"}},
+		{"api", false, []string{"driver", "store", "errdefs", "templates"}},
 	} {
 		args := []string{"list", "-f", `{{join .Imports "\n"}}`, mod + tc.pkg}
 		if tc.deep {

@@ -34,6 +34,26 @@ type Serve struct {
 	TLSCert           string
 	TLSKey            string
 	LogLevel          string
+	// RegistryMirrors maps registry hosts to mirrors ("docker.io=127.0.0.1:5000").
+	RegistryMirrors []string
+	// InsecureRegistries are reached over plain HTTP.
+	InsecureRegistries []string
+	DockerConfig       string
+	BuildConcurrency   int
+	ReadyTimeout       time.Duration
+}
+
+// Mirrors parses --registry-mirror into a host -> mirror map.
+func (c *Serve) Mirrors() (map[string]string, error) {
+	out := map[string]string{}
+	for _, m := range c.RegistryMirrors {
+		host, mirror, ok := strings.Cut(m, "=")
+		if !ok || host == "" || mirror == "" || strings.Contains(mirror, "/") {
+			return nil, fmt.Errorf("--registry-mirror %q: want <registry>=<mirror host[:port]>, e.g. docker.io=127.0.0.1:5000", m)
+		}
+		out[host] = mirror
+	}
+	return out, nil
 }
 
 // DefaultDataDir is where vmon keeps its state unless told otherwise.
@@ -61,6 +81,11 @@ func BindServe(fs *pflag.FlagSet, c *Serve) {
 	fs.StringVar(&c.TLSCert, "tls-cert", "", "TLS certificate file (PEM) for the listener")
 	fs.StringVar(&c.TLSKey, "tls-key", "", "TLS private key file (PEM) for the listener")
 	fs.StringVar(&c.LogLevel, "log-level", "info", "log level: debug, info, warn, error")
+	fs.StringSliceVar(&c.RegistryMirrors, "registry-mirror", nil, "pull images of a registry from a mirror: <registry>=<host[:port]> (repeatable), e.g. docker.io=127.0.0.1:5000")
+	fs.StringSliceVar(&c.InsecureRegistries, "insecure-registry", nil, "registries (host[:port]) reached over plain HTTP, e.g. a local mirror (repeatable)")
+	fs.StringVar(&c.DockerConfig, "docker-config", "", "Docker config.json with registry credentials (default: $DOCKER_CONFIG or ~/.docker/config.json)")
+	fs.IntVar(&c.BuildConcurrency, "build-concurrency", 2, "template builds run at the same time; more wait")
+	fs.DurationVar(&c.ReadyTimeout, "template-ready-timeout", 60*time.Second, "how long a template's ready command may take to succeed, at build and at sandbox create")
 }
 
 // BindDataDir registers --data-dir.
@@ -109,6 +134,15 @@ func (c *Serve) Validate() error {
 	}
 	if c.BootConcurrency < 1 || c.BootConcurrency > 32 {
 		return fmt.Errorf("--boot-concurrency must be between 1 and 32")
+	}
+	if c.BuildConcurrency < 1 || c.BuildConcurrency > 16 {
+		return fmt.Errorf("--build-concurrency must be between 1 and 16")
+	}
+	if c.ReadyTimeout < time.Second || c.ReadyTimeout > time.Hour {
+		return fmt.Errorf("--template-ready-timeout must be between 1s and 1h")
+	}
+	if _, err := c.Mirrors(); err != nil {
+		return err
 	}
 	switch c.Net {
 	case "auto", "tap":

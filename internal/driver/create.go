@@ -205,7 +205,7 @@ func (d *Driver) boot(ctx context.Context, sb Sandbox, tpl store.Template, polic
 		user = defaultUser
 	}
 	info, err := d.node.CreateSandbox(bctx, node.CreateSpec{
-		ID: sb.ID, TemplateID: sb.TemplateID, CPUs: sb.CPU, MemoryMB: sb.MemoryMB,
+		ID: sb.ID, TemplateID: sb.TemplateID, BuildID: tpl.BuildID, CPUs: sb.CPU, MemoryMB: sb.MemoryMB,
 		EnvVars: sb.EnvVars, AccessToken: sb.EnvdAccessToken,
 		DefaultUser: user, DefaultWorkdir: tpl.DefaultWorkdir, Egress: policy,
 	})
@@ -267,6 +267,33 @@ func (d *Driver) ResolveTemplate(ctx context.Context, ref string) (store.Templat
 	if err != nil {
 		return store.Template{}, "", err
 	}
+	tag := "default"
+	// An alias that carries the tag itself ("name:tag" registered as a name) is its own build.
+	if i := strings.LastIndexByte(ref, ':'); i > strings.LastIndexByte(ref, '/') && !strings.Contains(alias, ":") {
+		tag = strings.ToLower(ref[i+1:])
+	}
+	// Templates built from steps name their builds by tag; the tag's build supplies the
+	// sandbox's resources and user. A template without tags (base) is its own build.
+	bid, err := d.store.TagBuild(ctx, tpl.ID, tag)
+	switch {
+	case err == nil:
+		b, err := d.store.GetBuild(ctx, tpl.ID, bid)
+		if err != nil {
+			return store.Template{}, "", err
+		}
+		tpl.BuildID, tpl.CPU, tpl.MemoryMB = b.ID, b.CPU, b.MemoryMB
+		tpl.DefaultUser, tpl.DefaultWorkdir, tpl.Status = b.DefaultUser, b.DefaultWorkdir, b.Status
+	case !errdefs.Is(err, errdefs.KindNotFound):
+		return store.Template{}, "", err
+	case tag != "default":
+		return store.Template{}, "", errdefs.NotFound("template %q has no tag %q", tpl.ID, tag)
+	default:
+		if tags, err := d.store.ListTags(ctx, tpl.ID); err != nil {
+			return store.Template{}, "", err
+		} else if len(tags) > 0 {
+			return store.Template{}, "", errdefs.NotFound("template %q has no tag %q", tpl.ID, tag)
+		}
+	}
 	if tpl.Status != store.TemplateReady {
 		return store.Template{}, "", errdefs.NotFound("template %q is not ready (status %s)", ref, tpl.Status)
 	}
@@ -317,13 +344,13 @@ func templateCandidates(ref string) []string {
 		}
 		out = append(out, n)
 	}
+	// Tags of templates built from steps are resolved by ResolveTemplate, so the bare name is a
+	// candidate whatever the tag.
 	withTag := func(n string) {
-		if tag == "" || tag == "default" {
-			add(n)
-		}
 		if tag != "" {
 			add(n + ":" + tag)
 		}
+		add(n)
 	}
 	add(ref)
 	withTag(name)

@@ -153,10 +153,10 @@ func TestTemplateCandidates(t *testing.T) {
 	}{
 		{"base", "base"},
 		{"base:default", "base:default base"},
-		{"base:v1", "base:v1"},
+		{"base:v1", "base:v1 base"},
 		{"ns/base", "ns/base base"},
-		{"ns/base:v1", "ns/base:v1 base:v1"},
-		{"ns/base:default", "ns/base:default ns/base base base:default"},
+		{"ns/base:v1", "ns/base:v1 ns/base base:v1 base"},
+		{"ns/base:default", "ns/base:default ns/base base:default base"},
 	} {
 		if got := strings.Join(templateCandidates(tc.in), " "); got != tc.want {
 			t.Errorf("templateCandidates(%q) = %q, want %q", tc.in, got, tc.want)

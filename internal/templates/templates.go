@@ -1,0 +1,699 @@
+// Package templates owns the E2B template build flow: template identity (names, tags), build
+// records and their status, upload tokens for COPY files, the bound on concurrent builds, and
+// which build a tag points at once a build succeeds. It runs builds through the build engine and
+// keeps records in the store; it never touches layers, mounts or sandboxes itself, and never
+// speaks HTTP (the api package does).
+package templates
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/subtle"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/vibemon/vmon/internal/agentproto"
+	"github.com/vibemon/vmon/internal/build"
+	"github.com/vibemon/vmon/internal/errdefs"
+	"github.com/vibemon/vmon/internal/store"
+	"github.com/vibemon/vmon/internal/template"
+)
+
+// Engine runs one build (*build.Engine).
+type Engine interface {
+	Run(ctx context.Context, req build.Request, log *build.Log) (template.Manifest, error)
+}
+
+// Resolver finds a ready template build by id or name[:tag] (the driver).
+type Resolver interface {
+	ResolveTemplate(ctx context.Context, ref string) (store.Template, string, error)
+}
+
+// Options configure a Service.
+type Options struct {
+	DataDir  string
+	Store    *store.Store
+	Engine   Engine
+	Files    *build.Files
+	Resolver Resolver
+	// MaxConcurrent bounds builds running at once; more wait in status "waiting". Default 2.
+	MaxConcurrent int
+	// UploadTTL is how long an upload URL stays valid (E2B's SDK allows an hour per upload).
+	UploadTTL time.Duration
+	Log       *slog.Logger
+}
+
+// Service runs the template build API.
+type Service struct {
+	opts  Options
+	slots chan struct{}
+	ctx   context.Context
+	stop  context.CancelFunc
+	wg    sync.WaitGroup
+
+	mu sync.Mutex
+	// +checklocks:mu
+	active map[string]*running
+	// +checklocks:mu
+	uploads map[string]upload
+}
+
+type running struct {
+	templateID string
+	log        *build.Log
+	tags       []string
+	done       chan struct{}
+}
+
+type upload struct {
+	templateID, hash string
+	expires          time.Time
+}
+
+// DefaultTag is the tag a name without one means.
+const DefaultTag = "default"
+
+// Defaults of a template's sandboxes when a build asks for none (E2B's base: 2 vCPU, 512 MB).
+const (
+	DefaultCPUs     = 2
+	DefaultMemoryMB = 512
+)
+
+// New returns the service; call Recover before serving and Close at exit.
+func New(o Options) *Service {
+	if o.MaxConcurrent <= 0 {
+		o.MaxConcurrent = 2
+	}
+	if o.UploadTTL == 0 {
+		o.UploadTTL = time.Hour
+	}
+	if o.Log == nil {
+		o.Log = slog.New(slog.DiscardHandler)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	return &Service{opts: o, slots: make(chan struct{}, o.MaxConcurrent), ctx: ctx, stop: stop,
+		active: map[string]*running{}, uploads: map[string]upload{}}
+}
+
+// Recover fails builds a previous run left unfinished: nothing runs them any more.
+func (s *Service) Recover(ctx context.Context) error {
+	n, err := s.opts.Store.FailUnfinishedBuilds(ctx, "the build was interrupted by a server restart", time.Now())
+	if n > 0 {
+		s.opts.Log.Warn("failed builds interrupted by a restart", "builds", n)
+	}
+	return err
+}
+
+// Close cancels running builds and waits for them to clean up.
+func (s *Service) Close() {
+	s.stop()
+	s.wg.Wait()
+}
+
+var (
+	nameRe = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]*$`)
+	tagRe  = regexp.MustCompile(`^[a-z0-9_.-]+$`)
+	uuidRe = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
+)
+
+// ParseName splits "[namespace/]name[:tag]" into the name templates are stored under and the
+// tag ("" when none was given). A single-tenant vmon drops the namespace.
+func ParseName(ref string) (name, tag string, err error) {
+	ref = strings.ToLower(strings.TrimSpace(ref))
+	name = ref
+	if i := strings.LastIndexByte(ref, ':'); i >= 0 {
+		name, tag = ref[:i], ref[i+1:]
+		if !tagRe.MatchString(tag) || uuidRe.MatchString(tag) || len(tag) > 128 {
+			return "", "", errdefs.InvalidArgument("invalid tag %q: use lowercase letters, digits, '-', '_' and '.' (not a UUID)", tag)
+		}
+	}
+	if i := strings.IndexByte(name, '/'); i >= 0 {
+		ns := name[:i]
+		name = name[i+1:]
+		if !nameRe.MatchString(ns) {
+			return "", "", errdefs.InvalidArgument("invalid namespace %q", ns)
+		}
+	}
+	if !nameRe.MatchString(name) || len(name) > 128 {
+		return "", "", errdefs.InvalidArgument("invalid template name %q: use lowercase letters, digits, '-' and '_'", ref)
+	}
+	return name, tag, nil
+}
+
+// CreateRequest is POST /v3/templates.
+type CreateRequest struct {
+	Name     string
+	Tags     []string
+	CPUs     int
+	MemoryMB int
+}
+
+// Created answers a create.
+type Created struct {
+	TemplateID, BuildID string
+	Names, Tags         []string
+	Aliases             []string
+}
+
+// Create registers a new build of the template called req.Name, creating the template when the
+// name is new. The build waits for StartBuild.
+func (s *Service) Create(ctx context.Context, req CreateRequest) (Created, error) {
+	name, tag, err := ParseName(req.Name)
+	if err != nil {
+		return Created{}, err
+	}
+	tags := []string{}
+	if tag != "" {
+		tags = append(tags, tag)
+	}
+	for _, t := range req.Tags {
+		t = strings.ToLower(strings.TrimSpace(t))
+		if !tagRe.MatchString(t) || uuidRe.MatchString(t) {
+			return Created{}, errdefs.InvalidArgument("invalid tag %q", t)
+		}
+		if !slices.Contains(tags, t) {
+			tags = append(tags, t)
+		}
+	}
+	if req.CPUs == 0 {
+		req.CPUs = DefaultCPUs
+	}
+	if req.MemoryMB == 0 {
+		req.MemoryMB = DefaultMemoryMB
+	}
+	if req.CPUs < 1 || req.CPUs > 64 {
+		return Created{}, errdefs.InvalidArgument("cpuCount must be between 1 and 64 (got %d)", req.CPUs)
+	}
+	if req.MemoryMB < 128 || req.MemoryMB > 256<<10 || req.MemoryMB%2 != 0 {
+		return Created{}, errdefs.InvalidArgument("memoryMB must be an even number between 128 and %d (got %d)", 256<<10, req.MemoryMB)
+	}
+	now := time.Now().UTC()
+	tpl, err := s.opts.Store.TemplateByAlias(ctx, name)
+	switch {
+	case err == nil:
+		if tpl.ID == template.BaseID {
+			return Created{}, errdefs.InvalidArgument("the base template is built with `vmon template build base`")
+		}
+	case errdefs.Is(err, errdefs.KindNotFound):
+		id, err := newTemplateID()
+		if err != nil {
+			return Created{}, err
+		}
+		tpl = store.Template{ID: id, Aliases: []string{name}, CPU: req.CPUs, MemoryMB: req.MemoryMB,
+			EnvdVersion: agentproto.EnvdVersion, Status: store.TemplateWaiting, CreatedAt: now, UpdatedAt: now}
+	default:
+		return Created{}, err
+	}
+	buildID := uuid.NewString()
+	if tpl.Status != store.TemplateReady {
+		tpl.Status, tpl.BuildID, tpl.UpdatedAt = store.TemplateWaiting, buildID, now
+	}
+	if err := s.opts.Store.PutTemplate(ctx, tpl); err != nil {
+		return Created{}, err
+	}
+	if err := s.opts.Store.PutBuild(ctx, store.Build{ID: buildID, TemplateID: tpl.ID, Status: store.TemplateWaiting,
+		CPU: req.CPUs, MemoryMB: req.MemoryMB, CreatedAt: now, UpdatedAt: now}); err != nil {
+		return Created{}, err
+	}
+	s.mu.Lock()
+	s.active[buildID] = &running{templateID: tpl.ID, tags: tags, done: make(chan struct{})}
+	s.mu.Unlock()
+	names := []string{name}
+	for _, t := range tags {
+		names = append(names, name+":"+t)
+	}
+	return Created{TemplateID: tpl.ID, BuildID: buildID, Names: names, Tags: tags, Aliases: []string{name}}, nil
+}
+
+func newTemplateID() (string, error) {
+	const alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
+	b := make([]byte, 20)
+	if _, err := rand.Read(b); err != nil {
+		return "", fmt.Errorf("generate template id: %w", err)
+	}
+	for i := range b {
+		b[i] = alphabet[int(b[i])%len(alphabet)]
+	}
+	return string(b), nil
+}
+
+// FileStatus answers whether a COPY archive is stored and, when it is not, a token to upload it
+// with.
+func (s *Service) FileStatus(ctx context.Context, templateID, hash string) (present bool, token string, err error) {
+	if _, err := s.opts.Store.GetTemplate(ctx, templateID); err != nil {
+		return false, "", err
+	}
+	present, err = s.opts.Files.Has(templateID, hash)
+	if err != nil {
+		return false, "", err
+	}
+	var b [24]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return false, "", err
+	}
+	token = hex.EncodeToString(b[:])
+	now := time.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for k, u := range s.uploads {
+		if now.After(u.expires) {
+			delete(s.uploads, k)
+		}
+	}
+	s.uploads[token] = upload{templateID: templateID, hash: hash, expires: now.Add(s.opts.UploadTTL)}
+	return present, token, nil
+}
+
+// Upload stores a COPY archive sent to an upload URL. The token is the URL's credential: the SDK
+// sends no API key with it.
+func (s *Service) Upload(ctx context.Context, templateID, hash, token string, r io.Reader, size int64) error {
+	s.mu.Lock()
+	var ok bool
+	for k, u := range s.uploads {
+		if subtle.ConstantTimeCompare([]byte(k), []byte(token)) == 1 && u.templateID == templateID &&
+			u.hash == hash && time.Now().Before(u.expires) {
+			ok = true
+		}
+	}
+	s.mu.Unlock()
+	if !ok {
+		return errdefs.Unauthorized("invalid or expired upload URL")
+	}
+	if size < 0 {
+		return errdefs.InvalidArgument("uploads need a Content-Length")
+	}
+	return s.opts.Files.Put(templateID, hash, r, size)
+}
+
+// Wire types of the build API, defined by the build engine.
+type (
+	Step     = build.Step
+	Registry = build.Registry
+	LogEntry = build.Entry
+)
+
+// StartSpec is POST /v2/templates/{id}/builds/{buildID} (TemplateBuildStartV2).
+type StartSpec struct {
+	FromImage         string
+	FromTemplate      string
+	FromImageRegistry *Registry
+	StartCmd          string
+	ReadyCmd          string
+	Force             bool
+	Steps             []Step
+}
+
+// StartBuild validates a build's steps and runs it in the background.
+func (s *Service) StartBuild(ctx context.Context, templateID, buildID string, spec StartSpec) error {
+	b, err := s.opts.Store.GetBuild(ctx, templateID, buildID)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	run := s.active[buildID]
+	s.mu.Unlock()
+	if b.Status != store.TemplateWaiting || run == nil || run.log != nil {
+		return errdefs.Conflict("build %s was already started", buildID)
+	}
+	req := build.Request{TemplateID: templateID, BuildID: buildID, FromImage: spec.FromImage,
+		FromImageRegistry: spec.FromImageRegistry, StartCmd: spec.StartCmd, ReadyCmd: spec.ReadyCmd,
+		Force: spec.Force, Steps: spec.Steps, CPUs: b.CPU, MemoryMB: b.MemoryMB}
+	if spec.FromImage == "" {
+		from := spec.FromTemplate
+		if from == "" {
+			// The SDK's default image is E2B's base image; vmon's base template is its equivalent.
+			from = template.BaseID
+		}
+		parent, err := s.parent(ctx, from)
+		if err != nil {
+			return err
+		}
+		if parent.TemplateID == templateID {
+			return errdefs.InvalidArgument("a template cannot be built from itself")
+		}
+		req.FromTemplate = parent
+	} else if spec.FromTemplate != "" {
+		return errdefs.InvalidArgument("exactly one of fromImage and fromTemplate is allowed")
+	}
+	if err := req.Validate(); err != nil {
+		return err
+	}
+	log, err := build.NewLog(s.logPath(buildID))
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	run.log = log
+	s.mu.Unlock()
+	s.wg.Add(1)
+	go s.run(run, b, req)
+	return nil
+}
+
+// parent resolves fromTemplate to the build sandboxes of it run.
+func (s *Service) parent(ctx context.Context, ref string) (*build.Parent, error) {
+	tpl, _, err := s.opts.Resolver.ResolveTemplate(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	m, err := template.LoadBuild(s.opts.DataDir, tpl.ID, tpl.BuildID)
+	if err != nil {
+		return nil, err
+	}
+	layers := m.Layers
+	if len(layers) == 0 {
+		rel, err := filepath.Rel(s.opts.DataDir, m.RootfsDir())
+		if err != nil || !filepath.IsLocal(rel) {
+			return nil, fmt.Errorf("template %s lies outside the data dir", tpl.ID)
+		}
+		layers = []string{rel}
+	}
+	return &build.Parent{TemplateID: tpl.ID, BuildID: tpl.BuildID, Layers: layers, Env: m.Env,
+		User: m.DefaultUser, Workdir: m.DefaultWorkdir}, nil
+}
+
+func (s *Service) logPath(buildID string) string {
+	return filepath.Join(s.opts.DataDir, "build-logs", buildID+".jsonl")
+}
+
+func (s *Service) run(run *running, b store.Build, req build.Request) {
+	defer s.wg.Done()
+	defer close(run.done)
+	defer func() {
+		_ = run.log.Close()
+		s.mu.Lock()
+		delete(s.active, b.ID)
+		s.mu.Unlock()
+	}()
+	ctx := s.ctx
+	if len(s.slots) == cap(s.slots) {
+		run.log.Add("info", "", "waiting for one of %d build slots", cap(s.slots))
+	}
+	select {
+	case s.slots <- struct{}{}:
+	case <-ctx.Done():
+		s.fail(b, run, &build.StepError{Step: "base", Msg: "the server shut down before the build started"})
+		return
+	}
+	defer func() { <-s.slots }()
+	b.Status, b.UpdatedAt = store.TemplateBuilding, time.Now().UTC()
+	if err := s.opts.Store.PutBuild(ctx, b); err != nil {
+		s.opts.Log.Error("record build start", "build", b.ID, "err", err)
+	}
+	s.setTemplateStatus(b.TemplateID, store.TemplateBuilding)
+	run.log.Add("info", "", "building template %s (build %s)", b.TemplateID, b.ID)
+	m, err := s.opts.Engine.Run(ctx, req, run.log)
+	if err != nil {
+		s.fail(b, run, err)
+		return
+	}
+	if err := s.succeed(b, run, m); err != nil {
+		s.opts.Log.Error("record finished build", "build", b.ID, "err", err)
+		s.fail(b, run, &build.StepError{Step: "finalize", Msg: "cannot record the build", Cause: err})
+	}
+}
+
+func (s *Service) fail(b store.Build, run *running, err error) {
+	var se *build.StepError
+	if !errors.As(err, &se) {
+		se = &build.StepError{Step: "finalize", Msg: "internal error", Cause: err}
+	}
+	s.opts.Log.Warn("template build failed", "template", b.TemplateID, "build", b.ID, "step", se.Step, "err", err)
+	run.log.Add("error", se.Step, "build failed at step %s: %s", se.Step, se.Msg)
+	now := time.Now().UTC()
+	b.Status, b.ReasonMessage, b.ReasonStep, b.UpdatedAt, b.FinishedAt = store.TemplateError, reasonMessage(se), se.Step, now, now
+	ctx := context.WithoutCancel(s.ctx)
+	if err := s.opts.Store.PutBuild(ctx, b); err != nil {
+		s.opts.Log.Error("record failed build", "build", b.ID, "err", err)
+	}
+	// A template keeps serving its last good build; one that never had one is in error.
+	tags, _ := s.opts.Store.ListTags(ctx, b.TemplateID)
+	if len(tags) == 0 {
+		s.setTemplateStatus(b.TemplateID, store.TemplateError)
+	} else {
+		s.setTemplateStatus(b.TemplateID, store.TemplateReady)
+	}
+}
+
+// reasonMessage is what the SDK's BuildError says: which step failed, then why.
+func reasonMessage(se *build.StepError) string {
+	switch se.Step {
+	case "base":
+		return "base image: " + se.Msg
+	case "finalize":
+		return "start/ready command: " + se.Msg
+	default:
+		return "step " + se.Step + ": " + se.Msg
+	}
+}
+
+func (s *Service) succeed(b store.Build, run *running, m template.Manifest) error {
+	ctx := context.WithoutCancel(s.ctx)
+	now := time.Now().UTC()
+	b.Status, b.UpdatedAt, b.FinishedAt = store.TemplateReady, now, now
+	b.DefaultUser, b.DefaultWorkdir = m.DefaultUser, m.DefaultWorkdir
+	if err := s.opts.Store.PutBuild(ctx, b); err != nil {
+		return err
+	}
+	tags := slices.Clone(run.tags)
+	existing, err := s.opts.Store.ListTags(ctx, b.TemplateID)
+	if err != nil {
+		return err
+	}
+	// A name without a tag builds the default tag; so does a template's first build, whatever
+	// it was tagged, so the bare name always resolves.
+	if len(run.tags) == 0 || !slices.ContainsFunc(existing, func(t store.Tag) bool { return t.Tag == DefaultTag }) {
+		if !slices.Contains(tags, DefaultTag) {
+			tags = append(tags, DefaultTag)
+		}
+	}
+	if err := s.opts.Store.SetTags(ctx, b.TemplateID, b.ID, tags, now); err != nil {
+		return err
+	}
+	tpl, err := s.opts.Store.GetTemplate(ctx, b.TemplateID)
+	if err != nil {
+		return err
+	}
+	if def, err := s.opts.Store.TagBuild(ctx, b.TemplateID, DefaultTag); err == nil && def == b.ID {
+		tpl.BuildID, tpl.CPU, tpl.MemoryMB = b.ID, b.CPU, b.MemoryMB
+		tpl.DefaultUser, tpl.DefaultWorkdir = b.DefaultUser, b.DefaultWorkdir
+	}
+	tpl.Status, tpl.UpdatedAt = store.TemplateReady, now
+	if err := s.opts.Store.PutTemplate(ctx, tpl); err != nil {
+		return err
+	}
+	run.log.Add("info", "", "tagged %s", strings.Join(tags, ", "))
+	return nil
+}
+
+func (s *Service) setTemplateStatus(id string, st store.TemplateStatus) {
+	ctx := context.WithoutCancel(s.ctx)
+	tpl, err := s.opts.Store.GetTemplate(ctx, id)
+	if err != nil {
+		return
+	}
+	if st == store.TemplateBuilding && tpl.Status == store.TemplateReady {
+		return // a rebuild does not take the template out of service
+	}
+	tpl.Status, tpl.UpdatedAt = st, time.Now().UTC()
+	if err := s.opts.Store.PutTemplate(ctx, tpl); err != nil {
+		s.opts.Log.Error("record template status", "template", id, "err", err)
+	}
+}
+
+// Status is a build's state and a page of its log.
+type Status struct {
+	Build   store.Build
+	Entries []LogEntry
+}
+
+// MaxLogPage is the most log entries one status call returns (E2B's limit).
+const MaxLogPage = 100
+
+// Status returns a build and its log entries from offset on.
+func (s *Service) Status(ctx context.Context, templateID, buildID string, offset int) (Status, error) {
+	b, err := s.opts.Store.GetBuild(ctx, templateID, buildID)
+	if err != nil {
+		return Status{}, err
+	}
+	if offset < 0 {
+		return Status{}, errdefs.InvalidArgument("logsOffset must not be negative")
+	}
+	s.mu.Lock()
+	run := s.active[buildID]
+	s.mu.Unlock()
+	var log *build.Log
+	if run != nil && run.log != nil {
+		log = run.log
+		// Re-read: the build may have finished between the two reads; the log then holds
+		// every line, so the status is read after the log to never report "ready" early.
+		b, err = s.opts.Store.GetBuild(ctx, templateID, buildID)
+		if err != nil {
+			return Status{}, err
+		}
+	} else if l, err := build.ReadLog(s.logPath(buildID)); err == nil {
+		log = l
+	}
+	entries := []build.Entry{}
+	if log != nil {
+		entries = log.Since(offset, MaxLogPage)
+	}
+	return Status{Build: b, Entries: entries}, nil
+}
+
+// Wait blocks until a build finishes or ctx ends, and returns its record.
+func (s *Service) Wait(ctx context.Context, templateID, buildID string) (store.Build, error) {
+	s.mu.Lock()
+	run := s.active[buildID]
+	s.mu.Unlock()
+	if run != nil {
+		select {
+		case <-run.done:
+		case <-ctx.Done():
+			return store.Build{}, ctx.Err()
+		}
+	}
+	return s.opts.Store.GetBuild(ctx, templateID, buildID)
+}
+
+// Log returns the live log of a running build (nil once it finished).
+func (s *Service) Log(buildID string) *build.Log {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if run := s.active[buildID]; run != nil {
+		return run.log
+	}
+	return nil
+}
+
+// Delete removes a template, its builds, tags and uploads. Sandboxes running from it keep their
+// layers; its builds' layers stay in the build cache.
+func (s *Service) Delete(ctx context.Context, ref string) error {
+	tpl, err := s.lookup(ctx, ref)
+	if err != nil {
+		return err
+	}
+	if tpl.ID == template.BaseID {
+		return errdefs.InvalidArgument("the base template cannot be deleted")
+	}
+	s.mu.Lock()
+	for _, run := range s.active {
+		if run.templateID == tpl.ID && run.log != nil {
+			s.mu.Unlock()
+			return errdefs.Conflict("template %s has a build in progress", tpl.ID)
+		}
+	}
+	for id, run := range s.active {
+		if run.templateID == tpl.ID {
+			delete(s.active, id)
+		}
+	}
+	s.mu.Unlock()
+	if err := s.opts.Store.DeleteTemplate(ctx, tpl.ID); err != nil {
+		return err
+	}
+	return errors.Join(template.RemoveBuilds(s.opts.DataDir, tpl.ID), s.opts.Files.RemoveTemplate(tpl.ID))
+}
+
+// lookup finds a template by id or name, ready or not.
+func (s *Service) lookup(ctx context.Context, ref string) (store.Template, error) {
+	ref = strings.ToLower(strings.TrimSpace(ref))
+	if tpl, err := s.opts.Store.GetTemplate(ctx, ref); err == nil {
+		return tpl, nil
+	}
+	name, _, err := ParseName(ref)
+	if err != nil {
+		return store.Template{}, errdefs.NotFound("template %q not found", ref)
+	}
+	return s.opts.Store.TemplateByAlias(ctx, name)
+}
+
+// AssignTags points tags at the build target ("name:tag" or "name") names.
+func (s *Service) AssignTags(ctx context.Context, target string, tags []string) (string, []string, error) {
+	tpl, _, err := s.opts.Resolver.ResolveTemplate(ctx, target)
+	if err != nil {
+		return "", nil, err
+	}
+	clean, err := cleanTags(tags)
+	if err != nil {
+		return "", nil, err
+	}
+	if err := s.opts.Store.SetTags(ctx, tpl.ID, tpl.BuildID, clean, time.Now().UTC()); err != nil {
+		return "", nil, err
+	}
+	if slices.Contains(clean, DefaultTag) {
+		if err := s.syncDefault(ctx, tpl.ID); err != nil {
+			return "", nil, err
+		}
+	}
+	return tpl.BuildID, clean, nil
+}
+
+// RemoveTags removes tags from the template called name.
+func (s *Service) RemoveTags(ctx context.Context, name string, tags []string) error {
+	tpl, err := s.lookup(ctx, name)
+	if err != nil {
+		return err
+	}
+	clean, err := cleanTags(tags)
+	if err != nil {
+		return err
+	}
+	return s.opts.Store.RemoveTags(ctx, tpl.ID, clean)
+}
+
+// Tags lists a template's tags.
+func (s *Service) Tags(ctx context.Context, ref string) ([]store.Tag, error) {
+	tpl, err := s.lookup(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	return s.opts.Store.ListTags(ctx, tpl.ID)
+}
+
+// syncDefault makes the template record describe the build its default tag names.
+func (s *Service) syncDefault(ctx context.Context, id string) error {
+	bid, err := s.opts.Store.TagBuild(ctx, id, DefaultTag)
+	if err != nil {
+		return err
+	}
+	b, err := s.opts.Store.GetBuild(ctx, id, bid)
+	if err != nil {
+		return err
+	}
+	tpl, err := s.opts.Store.GetTemplate(ctx, id)
+	if err != nil {
+		return err
+	}
+	tpl.BuildID, tpl.CPU, tpl.MemoryMB, tpl.DefaultUser, tpl.DefaultWorkdir = b.ID, b.CPU, b.MemoryMB, b.DefaultUser, b.DefaultWorkdir
+	tpl.UpdatedAt = time.Now().UTC()
+	return s.opts.Store.PutTemplate(ctx, tpl)
+}
+
+func cleanTags(tags []string) ([]string, error) {
+	if len(tags) == 0 {
+		return nil, errdefs.InvalidArgument("tags must not be empty")
+	}
+	var out []string
+	for _, t := range tags {
+		t = strings.ToLower(strings.TrimSpace(t))
+		if !tagRe.MatchString(t) || uuidRe.MatchString(t) {
+			return nil, errdefs.InvalidArgument("invalid tag %q", t)
+		}
+		if !slices.Contains(out, t) {
+			out = append(out, t)
+		}
+	}
+	return out, nil
+}
