@@ -4,7 +4,7 @@ BIN := bin
 PREFIX ?= /usr/local
 export CGO_ENABLED := 0
 
-.PHONY: build install test test-go test-e2e lint proto clean
+.PHONY: build install test test-go test-e2e lint proto clean FORCE
 
 build:
 	$(GO) build -trimpath -o $(BIN)/vmon ./cmd/vmon
@@ -23,8 +23,12 @@ lint:
 test-go: build
 	$(GO) test -count=1 -p 1 -timeout 20m ./...
 
+# The fixture OCI registry the template tests pull from (loopback only).
+$(BIN)/vmon-test-registry: FORCE
+	$(GO) build -trimpath -o $@ ./test/registry
+
 # The official e2b SDK against a real `vmon serve` (needs the base template; see scripts/test.sh).
-test-e2e: build
+test-e2e: build $(BIN)/vmon-test-registry
 	bash scripts/test-e2e.sh
 
 test: lint test-go test-e2e

@@ -6,12 +6,13 @@
 #   iproute2          ip netns / ip link, for debugging and the networking layer
 #   iptables          sandbox uplink filtering (networking layer)
 #   libnss-myhostname makes *.localhost names resolve to loopback (E2B_DOMAIN=localhost setups)
-#   busybox-static    the tiny rootfs of the runtime tests
+#   busybox-static    the tiny rootfs of the runtime tests and the fixture images of the template tests
+#   bash-static       the fixture images' /bin/bash (the SDK runs commands with bash)
 #   ca-certificates, curl, file  used by the scripts and tests
 # Node.js and npm (for the SDK end-to-end tests) are expected to be installed already.
 set -eu
 
-PACKAGES="make git mmdebstrap iproute2 iptables libnss-myhostname busybox-static ca-certificates curl file"
+PACKAGES="make git mmdebstrap iproute2 iptables libnss-myhostname busybox-static bash-static ca-certificates curl file"
 
 missing=""
 for p in $PACKAGES; do

@@ -1,0 +1,309 @@
+// Templates: the SDK's Template builder against vmon's build API, with images from local OCI
+// registries (test/registry, go-containerregistry's registry in-process on loopback; no public
+// registry is reachable here). Builds run in build sandboxes; every sandbox made from a template
+// gets its files, env, workdir, user and a running, ready start command.
+
+import assert from 'node:assert/strict';
+import { describe, before, after } from 'node:test';
+import { spawn } from 'node:child_process';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import readline from 'node:readline';
+import { Sandbox, Template, BuildError } from 'e2b';
+import { useServer, runId, killQuietly, apiFetch, pgrep, waitFor, REPO_ROOT } from '../lib/harness.js';
+
+/** Start a fixture registry; resolves to { addr, proc }. */
+async function startRegistry(extra = []) {
+  const bin = process.env.VMON_TEST_REGISTRY_BIN || path.join(REPO_ROOT, 'bin', 'vmon-test-registry');
+  const proc = spawn(bin, extra, { stdio: ['ignore', 'pipe', 'inherit'] });
+  const rl = readline.createInterface({ input: proc.stdout });
+  const line = await new Promise((resolve, reject) => {
+    proc.once('exit', (code) => reject(new Error(`test registry exited with ${code} before it was ready`)));
+    rl.once('line', resolve);
+  });
+  const info = JSON.parse(line);
+  return { addr: info.addr, proc };
+}
+
+function stopRegistry(r) {
+  if (r?.proc && r.proc.exitCode === null) r.proc.kill('SIGTERM');
+}
+
+/** A build log collector that also records the SDK's own lines (uploads). */
+function collectLogs() {
+  const lines = [];
+  const fn = (e) => lines.push(`${e.level} ${e.message}`);
+  fn.lines = lines;
+  fn.text = () => lines.join('\n');
+  return fn;
+}
+
+describe('templates (Template builder, OCI images, start/ready)', () => {
+  const registry = {};
+  const authRegistry = {};
+  // Filled in before the server starts (useServer's before hook runs after this describe's).
+  const args = ['--template-ready-timeout', '5s'];
+  before(async () => {
+    Object.assign(registry, await startRegistry());
+    Object.assign(authRegistry, await startRegistry(['--user', 'reguser', '--password', 'regpass']));
+    args.push(
+      '--insecure-registry', registry.addr,
+      '--insecure-registry', authRegistry.addr,
+      // docker.io references are served by the local registry (a pull-through mirror's role).
+      '--registry-mirror', `docker.io=${registry.addr}`,
+    );
+  });
+  after(() => {
+    stopRegistry(registry);
+    stopRegistry(authRegistry);
+  });
+
+  const srv = useServer({ name: 'templates', args });
+  const RUN = runId('tpl');
+  const name = (s) => `${RUN}-${s}`.toLowerCase().replace(/[^a-z0-9-_]/g, '-');
+  const created = [];
+  let ctxDir;
+
+  srv.before(async () => {
+    ctxDir = fs.mkdtempSync(path.join(os.tmpdir(), 'vmon-tpl-'));
+    fs.mkdirSync(path.join(ctxDir, 'tree', 'sub', 'deeper'), { recursive: true });
+    fs.writeFileSync(path.join(ctxDir, 'tree', 'top.txt'), 'top\n');
+    fs.writeFileSync(path.join(ctxDir, 'tree', 'sub', 'mid.txt'), 'mid\n');
+    fs.writeFileSync(path.join(ctxDir, 'tree', 'sub', 'deeper', 'leaf.sh'), '#!/bin/sh\necho leaf\n', { mode: 0o755 });
+    fs.symlinkSync('top.txt', path.join(ctxDir, 'tree', 'link.txt'));
+    fs.writeFileSync(path.join(ctxDir, 'single.txt'), 'single\n');
+  });
+
+  srv.after(async () => {
+    await killQuietly(srv.sdkOpts, ...created);
+    if (ctxDir) fs.rmSync(ctxDir, { recursive: true, force: true });
+  });
+
+  const opts = () => ({ ...srv.sdkOpts });
+
+  async function create(template, extra = {}) {
+    const sb = await Sandbox.create(template, { ...opts(), metadata: { run: RUN }, ...extra });
+    created.push(sb);
+    return sb;
+  }
+
+  async function run(sb, cmd, o = {}) {
+    const r = await sb.commands.run(cmd, o);
+    return r.stdout;
+  }
+
+  /** No build sandbox may outlive its build. */
+  async function assertNoBuildSandboxes() {
+    await waitFor(
+      () => {
+        const dir = path.join(srv.dataDir, 'sandboxes');
+        return fs.readdirSync(dir).filter((n) => n.startsWith('b')).length === 0;
+      },
+      { timeoutMs: 15_000, what: 'build sandboxes to be removed' },
+    );
+  }
+
+  srv.test('from an OCI image: layers, whiteouts, ownership, ENV/WORKDIR/USER, multi-arch index', async () => {
+    const logs = collectLogs();
+    const t = Template().fromImage(`${registry.addr}/vmon-test/busybox:latest`).runCmd('id -un > /tmp/build-user; touch /home/app/built');
+    const info = await Template.build(t, name('img'), { ...opts(), onBuildLogs: logs });
+    assert.ok(info.templateId, 'template id');
+    const sb = await create(name('img'));
+    // The image's USER, WORKDIR and ENV are the sandbox's defaults.
+    assert.equal(await run(sb, 'whoami'), 'app\n');
+    assert.equal(await run(sb, 'pwd'), '/opt/app\n');
+    assert.equal(await run(sb, 'echo $FIXTURE_ENV'), 'from-image\n');
+    // Layer 3 deleted a file of layer 2 and made a directory opaque.
+    assert.equal(await run(sb, 'test -e /etc/removed-later && echo present || echo gone'), 'gone\n');
+    assert.equal(await run(sb, 'ls /opt/app/dir-replaced'), 'new.txt\n');
+    assert.equal(await run(sb, 'stat -c "%u:%g %a" /opt/app/data.txt; cat /opt/app/data.txt'), '1234:1234 640\nfixture-data\n');
+    // The RUN step ran as the image's user and its writes are in the template.
+    assert.equal(await run(sb, 'cat /tmp/build-user; ls /home/app/built'), 'app\n/home/app/built\n');
+    // vmon provisioned the default user in an image that did not have it.
+    assert.match(await run(sb, 'grep ^user: /etc/passwd'), /^user:x:\d+:\d+::\/home\/user:/);
+    // The amd64 image of the index was picked (the arm64 one has /arch.txt).
+    assert.equal(await run(sb, 'test -e /arch.txt && echo arm64 || echo amd64'), 'amd64\n');
+  });
+
+  srv.test('docker.io references go through --registry-mirror', async () => {
+    const t = Template().fromImage('docker.io/vmon-test/busybox-root:latest').runCmd('echo mirrored > /mirrored', { user: 'root' });
+    await Template.build(t, name('mirror'), opts());
+    const sb = await create(name('mirror'));
+    // No USER in the image: sandboxes run as the default user in its home.
+    assert.equal(await run(sb, 'whoami; pwd; cat /mirrored'), 'user\n/home/user\nmirrored\n');
+  });
+
+  srv.test('from base: COPY a tree (upload skipped the second time), RUN as root and user, envs/workdir/user', async () => {
+    const mk = () =>
+      Template({ fileContextPath: ctxDir })
+        .fromTemplate('base')
+        .copy('tree', '/opt/tree')
+        .copy('single.txt', '/srv/', { user: 'root', mode: 0o600 })
+        .runCmd('whoami > /tmp/as-user && echo "$(whoami)" > ~/who')
+        .runCmd(['apt-get --version > /dev/null', 'whoami > /root-was'], { user: 'root' })
+        .setEnvs({ TPL_ENV: 'tpl value', OTHER: 'x' })
+        .setWorkdir('/opt/tree')
+        .setUser('user');
+    const first = collectLogs();
+    await Template.build(mk(), name('base'), { ...opts(), onBuildLogs: first });
+    assert.match(first.text(), /Uploaded 'tree'/);
+
+    const sb = await create(name('base'));
+    assert.equal(await run(sb, 'cat /opt/tree/top.txt /opt/tree/sub/mid.txt; /opt/tree/sub/deeper/leaf.sh; readlink /opt/tree/link.txt'),
+      'top\nmid\nleaf\ntop.txt\n');
+    assert.equal(await run(sb, 'stat -c "%U %a" /opt/tree/top.txt /srv/single.txt'), 'user 644\nroot 600\n');
+    assert.equal(await run(sb, 'cat /tmp/as-user /home/user/who /root-was'), 'user\nuser\nroot\n');
+    assert.equal(await run(sb, 'echo "$TPL_ENV|$OTHER"; pwd; whoami'), 'tpl value|x\n/opt/tree\nuser\n');
+    // The sandbox's own envs override the template's.
+    const sb2 = await create(name('base'), { envs: { OTHER: 'mine' } });
+    assert.equal(await run(sb2, 'echo "$TPL_ENV|$OTHER"'), 'tpl value|mine\n');
+
+    // The same steps again: uploads are skipped and every step comes from the cache.
+    const second = collectLogs();
+    await Template.build(mk(), name('base'), { ...opts(), onBuildLogs: second });
+    assert.match(second.text(), /Skipping upload of 'tree', already cached/);
+    const cached = second.lines.filter((l) => /CACHED \[\d+\/\d+\]/.test(l)).length;
+    assert.equal(cached, 7, `all 7 steps cached:\n${second.text()}`);
+    await assertNoBuildSandboxes();
+  });
+
+  srv.test('start + ready command: a server answers through ingress right after create', async () => {
+    const t = Template()
+      .fromTemplate('base')
+      .setWorkdir('/srv/www')
+      .runCmd('echo served-by-template > /srv/www/index.html', { user: 'root' })
+      .setStartCmd('python3 -m http.server 8080', 'curl -sf http://localhost:8080/ > /dev/null');
+    await Template.build(t, name('web'), opts());
+    const sb = await create(name('web'));
+    // No retry: the server must already be listening when create returned.
+    const res = await fetch(`${srv.apiUrl}/index.html`, { headers: { 'E2b-Sandbox-Id': sb.sandboxId, 'E2b-Sandbox-Port': '8080' } });
+    assert.equal(res.status, 200);
+    assert.equal(await res.text(), 'served-by-template\n');
+    assert.match(await run(sb, 'pgrep -f "http.server 8080" | head -1'), /^\d+\n$/);
+  });
+
+  srv.test('tags, aliases and exists', async () => {
+    const n = name('tags');
+    assert.equal(await Template.exists(n, opts()), false);
+    await Template.build(Template().fromTemplate('base').runCmd('echo one > /version', { user: 'root' }), `${n}:v1`, opts());
+    await Template.build(Template().fromTemplate('base').runCmd('echo two > /version', { user: 'root' }), `${n}:v2`, opts());
+    assert.equal(await Template.exists(n, opts()), true);
+    assert.equal(await run(await create(`${n}:v1`), 'cat /version'), 'one\n');
+    assert.equal(await run(await create(`${n}:v2`), 'cat /version'), 'two\n');
+    // The first build also became the default tag.
+    assert.equal(await run(await create(n), 'cat /version'), 'one\n');
+
+    const tagged = await Template.assignTags(`${n}:v2`, ['prod', 'default'], opts());
+    assert.deepEqual([...tagged.tags].sort(), ['default', 'prod']);
+    assert.equal(await run(await create(`${n}:prod`), 'cat /version'), 'two\n');
+    assert.equal(await run(await create(n), 'cat /version'), 'two\n');
+    const tags = await Template.getTags(n, opts());
+    assert.deepEqual(tags.map((t) => t.tag).sort(), ['default', 'prod', 'v1', 'v2']);
+    await Template.removeTags(n, ['prod'], opts());
+    await assert.rejects(create(`${n}:prod`), (err) => err.statusCode === 404 || /404|not found/i.test(err.message));
+    await assert.rejects(create(`${n}:never`), (err) => /404|not found|no tag/i.test(err.message));
+  });
+
+  srv.test('registry credentials: wrong ones fail at the base step, right ones work', async () => {
+    const ref = `${authRegistry.addr}/vmon-test/busybox-root:latest`;
+    await assert.rejects(
+      Template.build(Template().fromImage(ref, { username: 'reguser', password: 'wrong' }), name('auth-bad'), opts()),
+      (err) => err instanceof BuildError && /credentials|unauthori[sz]ed|denied/i.test(err.message) && /base image/.test(err.message),
+    );
+    await assert.rejects(Template.build(Template().fromImage(ref), name('auth-none'), opts()), BuildError);
+    await Template.build(Template().fromImage(ref, { username: 'reguser', password: 'regpass' }), name('auth-ok'), opts());
+    assert.equal(await run(await create(name('auth-ok')), 'echo ok'), 'ok\n');
+  });
+
+  srv.test('failures: unknown image, failing RUN, never-ready, missing upload, invalid name', async () => {
+    await assert.rejects(
+      Template.build(Template().fromImage(`${registry.addr}/vmon-test/nope:latest`), name('noimg'), opts()),
+      (err) => err instanceof BuildError && /not found/i.test(err.message),
+    );
+
+    const failing = Template()
+      .fromTemplate('base')
+      .runCmd('echo fine')
+      .runCmd('echo some output; echo on-stderr >&2; exit 7');
+    await assert.rejects(Template.build(failing, name('failrun'), opts()), (err) => {
+      assert.ok(err instanceof BuildError, `${err}`);
+      assert.match(err.message, /step 2/);
+      assert.match(err.message, /exited with code 7/);
+      assert.match(err.message, /some output/);
+      assert.match(err.message, /on-stderr/);
+      return true;
+    });
+
+    const t0 = Date.now();
+    const neverReady = Template().fromTemplate('base').setStartCmd('sleep 1000', 'false');
+    await assert.rejects(Template.build(neverReady, name('never'), opts()), (err) => {
+      assert.ok(err instanceof BuildError, `${err}`);
+      assert.match(err.message, /start\/ready command: ready command did not succeed within 5s/);
+      return true;
+    });
+    assert.ok(Date.now() - t0 < 120_000, 'the ready check is bounded');
+
+    // A COPY step whose files were never uploaded, through the raw API.
+    const res = await apiFetch(srv, '/v3/templates', { method: 'POST', body: JSON.stringify({ name: name('nofiles') }) });
+    assert.equal(res.status, 202, res.text);
+    const { templateID, buildID } = res.json;
+    const start = await apiFetch(srv, `/v2/templates/${templateID}/builds/${buildID}`, {
+      method: 'POST',
+      body: JSON.stringify({ fromTemplate: 'base', force: false, steps: [{ type: 'COPY', args: ['x', '/x', '', ''], force: false, filesHash: 'f'.repeat(64) }] }),
+    });
+    assert.equal(start.status, 202, start.text);
+    let status;
+    await waitFor(async () => {
+      status = (await apiFetch(srv, `/templates/${templateID}/builds/${buildID}/status?logsOffset=0`)).json;
+      return status.status === 'error';
+    }, { timeoutMs: 60_000, what: 'the build to fail' });
+    assert.equal(status.reason.step, '1');
+    assert.match(status.reason.message, /never uploaded/);
+    assert.ok(status.logEntries.some((e) => e.level === 'error' && /step 1/.test(e.message)), JSON.stringify(status.logEntries));
+
+    // Invalid names never create anything.
+    for (const bad of ['Bad Name!', 'UPPER/ok:tag:x', 'a:' + '0'.repeat(8) + '-0000-0000-0000-' + '0'.repeat(12)]) {
+      const r = await apiFetch(srv, '/v3/templates', { method: 'POST', body: JSON.stringify({ name: bad }) });
+      assert.equal(r.status, 400, `${bad}: ${r.text}`);
+    }
+
+    // Failed templates and unknown ones cannot start sandboxes; nothing half-built is listed ready.
+    for (const ref of [name('failrun'), name('never'), name('noimg'), name('nofiles'), 'no-such-template']) {
+      await assert.rejects(create(ref), (err) => [400, 404].includes(err.statusCode) || /not found|not ready/i.test(err.message), ref);
+    }
+    const listed = await apiFetch(srv, '/templates');
+    for (const t of listed.json.filter((t) => t.aliases.some((a) => a.startsWith(RUN.toLowerCase())))) {
+      if ([name('failrun'), name('never'), name('noimg'), name('nofiles')].some((n) => t.aliases.includes(n))) {
+        assert.equal(t.buildStatus, 'error', JSON.stringify(t));
+      }
+    }
+    await assertNoBuildSandboxes();
+    assert.deepEqual(await pgrep(`runsc.*${srv.dataDir}.* b[a-z0-9]{19}$`), []);
+  });
+
+  srv.test('status polling pages logs by logsOffset; delete removes the template', async () => {
+    const n = name('del');
+    // The run id keeps the step out of the build cache, whose hits print nothing.
+    const t = Template().fromTemplate('base').runCmd(`echo ${RUN}; for i in $(seq 1 150); do echo line-$i; done`);
+    const info = await Template.build(t, n, opts());
+    const all = [];
+    for (let offset = 0; ; ) {
+      const r = await apiFetch(srv, `/templates/${info.templateId}/builds/${info.buildId}/status?logsOffset=${offset}`);
+      assert.equal(r.status, 200);
+      assert.ok(r.json.logEntries.length <= 100);
+      if (r.json.logEntries.length === 0) break;
+      all.push(...r.json.logEntries);
+      offset += r.json.logEntries.length;
+    }
+    assert.ok(all.some((e) => e.message === 'line-150'), 'the last line of output is in the log');
+    assert.equal(new Set(all.map((e) => `${e.timestamp}|${e.message}`)).size, all.length, 'pages do not overlap');
+
+    const del = await apiFetch(srv, `/templates/${info.templateId}`, { method: 'DELETE' });
+    assert.equal(del.status, 204, del.text);
+    assert.equal(await Template.exists(n, opts()), false);
+    await assert.rejects(create(n), (err) => err.statusCode === 404 || /not found/i.test(err.message));
+    assert.equal((await apiFetch(srv, `/templates/${info.templateId}`, { method: 'DELETE' })).status, 404);
+    assert.equal((await apiFetch(srv, '/templates/base', { method: 'DELETE' })).status, 400);
+  });
+});
