@@ -324,8 +324,11 @@ func (e *Engine) run(ctx context.Context, req Request, state State, s Step, key,
 		if len(tail) > 10 {
 			tail = tail[len(tail)-10:]
 		}
-		return "", &StepError{Step: step, Msg: fmt.Sprintf("command %q exited with code %d: %s",
-			s.Args[0], exit, strings.Join(tail, "\n"))}
+		msg := fmt.Sprintf("command %q exited with code %d", s.Args[0], exit)
+		if len(tail) > 0 {
+			msg += ": " + strings.Join(tail, "\n")
+		}
+		return "", &StepError{Step: step, Msg: msg}
 	}
 	if err != nil {
 		_ = sb.Discard(ctx)

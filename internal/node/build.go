@@ -20,6 +20,9 @@ type BuildSpec struct {
 	Env map[string]string
 }
 
+// BuildRuntimePrefix starts the runtime ids of build sandboxes.
+const BuildRuntimePrefix = "build"
+
 // BuildSandbox is a running build sandbox. Exactly one of Commit and Discard must be called.
 type BuildSandbox struct {
 	n     *Node
@@ -30,10 +33,9 @@ type BuildSandbox struct {
 
 // StartBuild boots a build sandbox.
 func (n *Node) StartBuild(ctx context.Context, spec BuildSpec) (*BuildSandbox, error) {
-	// The runtime id marks it as a build ("b" first, like the warm pool's "w"); without a
-	// sandbox-id file, recovery after a crash removes it like any unclaimed sandbox.
-	id := newRuntimeID()
-	id = "b" + id[1:]
+	// The runtime id marks it as a build: "build" and 20 characters, a length no API sandbox id
+	// has. Without a sandbox-id file, recovery after a crash removes it like any unclaimed one.
+	id := BuildRuntimePrefix + newRuntimeID()
 	sb, err := n.boot(ctx, bootSpec{runtimeID: id, templateID: "build", lowers: spec.Lowers,
 		cpus: spec.CPUs, memoryMB: spec.MemoryMB, unrestricted: true})
 	if err != nil {

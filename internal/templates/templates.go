@@ -326,6 +326,11 @@ func (s *Service) StartBuild(ctx context.Context, templateID, buildID string, sp
 	if b.Status != store.TemplateWaiting || run == nil || run.log != nil {
 		return errdefs.Conflict("build %s was already started", buildID)
 	}
+	if isE2BBaseImage(spec.FromImage) && spec.FromTemplate == "" {
+		// The SDK's default image (Template() with no from*, fromBaseImage()) is E2B's base
+		// environment; vmon's base template is that environment, built offline.
+		spec.FromImage = ""
+	}
 	req := build.Request{TemplateID: templateID, BuildID: buildID, FromImage: spec.FromImage,
 		FromImageRegistry: spec.FromImageRegistry, StartCmd: spec.StartCmd, ReadyCmd: spec.ReadyCmd,
 		Force: spec.Force, Steps: spec.Steps, CPUs: b.CPU, MemoryMB: b.MemoryMB}
@@ -359,6 +364,12 @@ func (s *Service) StartBuild(ctx context.Context, templateID, buildID string, sp
 	s.wg.Add(1)
 	go s.run(run, b, req)
 	return nil
+}
+
+// isE2BBaseImage reports whether ref names E2B's base image, e2bdev/base.
+func isE2BBaseImage(ref string) bool {
+	ref = strings.TrimPrefix(strings.TrimPrefix(ref, "docker.io/"), "index.docker.io/")
+	return ref == "e2bdev/base" || ref == "e2bdev/base:latest"
 }
 
 // parent resolves fromTemplate to the build sandboxes of it run.

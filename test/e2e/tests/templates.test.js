@@ -78,6 +78,13 @@ describe('templates (Template builder, OCI images, start/ready)', () => {
   srv.after(async () => {
     await killQuietly(srv.sdkOpts, ...created);
     if (ctxDir) fs.rmSync(ctxDir, { recursive: true, force: true });
+    // The data dir is shared between runs: remove this run's templates.
+    const listed = await apiFetch(srv, '/templates');
+    for (const t of listed.json ?? []) {
+      if (t.aliases.some((a) => a.startsWith(RUN.toLowerCase()))) {
+        await apiFetch(srv, `/templates/${t.templateID}`, { method: 'DELETE' });
+      }
+    }
   });
 
   const opts = () => ({ ...srv.sdkOpts });
@@ -98,7 +105,8 @@ describe('templates (Template builder, OCI images, start/ready)', () => {
     await waitFor(
       () => {
         const dir = path.join(srv.dataDir, 'sandboxes');
-        return fs.readdirSync(dir).filter((n) => n.startsWith('b')).length === 0;
+        // Build sandboxes run as "build" + 20 characters; API sandbox ids have 20.
+        return fs.readdirSync(dir).filter((n) => /^build[a-z0-9]{20}$/.test(n)).length === 0;
       },
       { timeoutMs: 15_000, what: 'build sandboxes to be removed' },
     );
@@ -166,6 +174,25 @@ describe('templates (Template builder, OCI images, start/ready)', () => {
     const cached = second.lines.filter((l) => /CACHED \[\d+\/\d+\]/.test(l)).length;
     assert.equal(cached, 7, `all 7 steps cached:\n${second.text()}`);
     await assertNoBuildSandboxes();
+  });
+
+  srv.test('fromDockerfile (as the SDK translates it) and the SDK default image', async () => {
+    const dockerfile = [
+      `FROM ${registry.addr}/vmon-test/busybox-root:latest`,
+      'ENV GREETING=hello',
+      'ARG UNUSED',
+      'WORKDIR /app',
+      'COPY single.txt ./',
+      'RUN echo "$GREETING from $(whoami)" > /app/greeting && chown -R user /app',
+    ].join('\n');
+    await Template.build(Template({ fileContextPath: ctxDir }).fromDockerfile(dockerfile), name('dockerfile'), opts());
+    const sb = await create(name('dockerfile'));
+    // No USER in the Dockerfile: the SDK ends with the default user; WORKDIR stays.
+    assert.equal(await run(sb, 'whoami; pwd; cat greeting single.txt; echo $GREETING'), 'user\n/app\nhello from root\nsingle\nhello\n');
+
+    // Template() without from* asks for E2B's base image, which is vmon's base template.
+    await Template.build(Template().runCmd('python3 --version > /tmp/py'), name('default'), opts());
+    assert.match(await run(await create(name('default')), 'cat /tmp/py'), /^Python 3\./);
   });
 
   srv.test('start + ready command: a server answers through ingress right after create', async () => {
@@ -279,7 +306,7 @@ describe('templates (Template builder, OCI images, start/ready)', () => {
       }
     }
     await assertNoBuildSandboxes();
-    assert.deepEqual(await pgrep(`runsc.*${srv.dataDir}.* b[a-z0-9]{19}$`), []);
+    assert.deepEqual(await pgrep(`runsc.*${srv.dataDir}.* build[a-z0-9]{20}$`), []);
   });
 
   srv.test('status polling pages logs by logsOffset; delete removes the template', async () => {
