@@ -285,6 +285,10 @@ func prune(dir string) error {
 			continue
 		}
 		path := filepath.Join(dir, name)
+		if old && referencedByBuilds(filepath.Dir(filepath.Dir(dir)), path) {
+			// Templates built on top of this rootfs stack it under their layers.
+			continue
+		}
 		if old {
 			inUse, err := rootfs.LowerInUse(path)
 			if err != nil {
@@ -299,4 +303,33 @@ func prune(dir string) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// referencedByBuilds reports whether a build manifest of any template stacks its layers on
+// layerDir. Unreadable manifests count as references: keeping a rootfs is always safe.
+func referencedByBuilds(dataDir, layerDir string) bool {
+	rel, err := filepath.Rel(dataDir, layerDir)
+	if err != nil {
+		return true
+	}
+	paths, err := filepath.Glob(filepath.Join(TemplatesDir(dataDir), "*", "builds", "*.json"))
+	if err != nil {
+		return true
+	}
+	for _, p := range paths {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return true
+		}
+		var m Manifest
+		if json.Unmarshal(b, &m) != nil {
+			return true
+		}
+		for _, l := range m.Layers {
+			if filepath.Clean(l) == rel {
+				return true
+			}
+		}
+	}
+	return false
 }

@@ -213,3 +213,38 @@ func TestLoadErrors(t *testing.T) {
 		t.Fatalf("public message leaks a host path: %q", msg)
 	}
 }
+
+// A rebuilt base keeps its old rootfs while a template built from steps stacks on it.
+func TestPruneKeepsRootfsUnderBuilds(t *testing.T) {
+	dataDir := t.TempDir()
+	dir := Dir(dataDir, BaseID)
+	current, old := rootfsPrefix+"20260202T000000Z", rootfsPrefix+"20260101T000000Z"
+	for _, d := range []string{current, old} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := writeManifest(dir, Manifest{ID: BaseID, BuildID: "2", Rootfs: current}); err != nil {
+		t.Fatal(err)
+	}
+	err := WriteBuild(dataDir, Manifest{ID: "child", BuildID: "b1",
+		Layers: []string{"layers/abc", filepath.Join("templates", BaseID, old)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := Prune(context.Background(), dataDir, BaseID); err != nil {
+		t.Fatal(err)
+	}
+	if dirs := buildDirs(t, dataDir); !slices.Equal(dirs, []string{old, current}) {
+		t.Fatalf("dirs after Prune = %v, want the referenced old rootfs kept", dirs)
+	}
+	if err := RemoveBuilds(dataDir, "child"); err != nil {
+		t.Fatal(err)
+	}
+	if err := Prune(context.Background(), dataDir, BaseID); err != nil {
+		t.Fatal(err)
+	}
+	if dirs := buildDirs(t, dataDir); !slices.Equal(dirs, []string{current}) {
+		t.Fatalf("dirs after the child was removed = %v", dirs)
+	}
+}
