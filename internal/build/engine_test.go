@@ -306,3 +306,48 @@ func mountLayers(t *testing.T, data string, layers []string) *fsroot.Root {
 	t.Cleanup(func() { r.Close() })
 	return r
 }
+
+func TestGCKeepsWhatBuildsAndSandboxesUse(t *testing.T) {
+	e, data, parent := newTestEngine(t)
+	ctx := context.Background()
+	req := func(id, dir string) Request {
+		return Request{TemplateID: id, BuildID: id + "-b", FromTemplate: parent, Steps: []Step{{Type: "WORKDIR", Args: []string{dir}}}}
+	}
+	keep, err := e.Run(ctx, req("keep", "/kept"), memLog(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone, err := e.Run(ctx, req("gone", "/gone"), memLog(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mounted, err := e.Run(ctx, req("mounted", "/mounted"), memLog(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A sandbox still runs on "mounted" after its template is deleted.
+	mountLayers(t, data, mounted.Layers)
+	for _, id := range []string{"gone", "mounted"} {
+		if err := template.RemoveBuilds(data, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n, err := e.GC(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	exists := func(rel string) bool { _, err := os.Stat(filepath.Join(data, rel)); return err == nil }
+	if n != 1 || exists(gone.Layers[0]) || !exists(keep.Layers[0]) || !exists(mounted.Layers[0]) || !exists("parent") {
+		t.Fatalf("GC removed %d; gone %v kept %v mounted %v", n, exists(gone.Layers[0]), exists(keep.Layers[0]), exists(mounted.Layers[0]))
+	}
+	// The collected step is no longer a cache hit; the kept one still is.
+	log := memLog(t)
+	if _, err := e.Run(ctx, Request{TemplateID: "again", BuildID: "again-b", FromTemplate: parent, Steps: []Step{
+		{Type: "WORKDIR", Args: []string{"/kept"}}}}, log); err != nil || countMsg(log, "CACHED [") != 1 {
+		t.Fatalf("kept step not cached: %v\n%s", err, dump(log))
+	}
+	log = memLog(t)
+	if _, err := e.Run(ctx, req("gone2", "/gone"), log); err != nil || countMsg(log, "CACHED [") != 0 {
+		t.Fatalf("collected step still cached: %v\n%s", err, dump(log))
+	}
+}

@@ -62,6 +62,10 @@ type Service struct {
 	stop  context.CancelFunc
 	wg    sync.WaitGroup
 
+	// gcMu is held shared by every running build and exclusively by layer collection, which
+	// must never see a build's fresh layers before its manifest names them.
+	gcMu sync.RWMutex
+
 	mu sync.Mutex
 	// +checklocks:mu
 	active map[string]*running
@@ -112,7 +116,30 @@ func (s *Service) Recover(ctx context.Context) error {
 	if n > 0 {
 		s.opts.Log.Warn("failed builds interrupted by a restart", "builds", n)
 	}
+	s.collect(ctx)
 	return err
+}
+
+// collector is the engine's layer garbage collection (*build.Engine).
+type collector interface {
+	GC(ctx context.Context) (int, error)
+}
+
+// collect removes layers no build needs any more, unless a build is running (it will be done at
+// the next delete or start).
+func (s *Service) collect(ctx context.Context) {
+	gc, ok := s.opts.Engine.(collector)
+	if !ok || !s.gcMu.TryLock() {
+		return
+	}
+	defer s.gcMu.Unlock()
+	n, err := gc.GC(ctx)
+	if err != nil {
+		s.opts.Log.Warn("collecting unused template layers", "err", err)
+	}
+	if n > 0 {
+		s.opts.Log.Info("removed unused template layers", "layers", n)
+	}
 }
 
 // Close cancels running builds and waits for them to clean up.
@@ -424,7 +451,9 @@ func (s *Service) run(run *running, b store.Build, req build.Request) {
 	}
 	s.setTemplateStatus(b.TemplateID, store.TemplateBuilding)
 	run.log.Add("info", "", "building template %s (build %s)", b.TemplateID, b.ID)
+	s.gcMu.RLock()
 	m, err := s.opts.Engine.Run(ctx, req, run.log)
+	s.gcMu.RUnlock()
 	if err != nil {
 		s.fail(b, run, err)
 		return
@@ -614,7 +643,9 @@ func (s *Service) Delete(ctx context.Context, ref string) error {
 	if err := s.opts.Store.DeleteTemplate(ctx, tpl.ID); err != nil {
 		return err
 	}
-	return errors.Join(template.RemoveBuilds(s.opts.DataDir, tpl.ID), s.opts.Files.RemoveTemplate(tpl.ID))
+	err = errors.Join(template.RemoveBuilds(s.opts.DataDir, tpl.ID), s.opts.Files.RemoveTemplate(tpl.ID))
+	s.collect(context.WithoutCancel(ctx))
+	return err
 }
 
 // lookup finds a template by id or name, ready or not.

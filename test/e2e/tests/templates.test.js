@@ -201,8 +201,13 @@ describe('templates (Template builder, OCI images, start/ready)', () => {
       .setWorkdir('/srv/www')
       .runCmd('echo served-by-template > /srv/www/index.html', { user: 'root' })
       .setStartCmd('python3 -m http.server 8080', 'curl -sf http://localhost:8080/ > /dev/null');
-    await Template.build(t, name('web'), opts());
+    await Template.build(t, name('web'), { ...opts(), cpuCount: 1, memoryMB: 384 });
     const sb = await create(name('web'));
+    // The template's resources are the sandbox's.
+    assert.equal((await sb.getInfo()).cpuCount, 1);
+    assert.equal(await run(sb, 'nproc'), '1\n');
+    const memKB = Number((await run(sb, "awk '/MemTotal/ {print $2}' /proc/meminfo")).trim());
+    assert.ok(memKB > 300 * 1024 && memKB <= 400 * 1024, `MemTotal ${memKB} kB for a 384 MB template`);
     // No retry: the server must already be listening when create returned.
     const res = await fetch(`${srv.apiUrl}/index.html`, { headers: { 'E2b-Sandbox-Id': sb.sandboxId, 'E2b-Sandbox-Port': '8080' } });
     assert.equal(res.status, 200);
