@@ -97,6 +97,18 @@ func (s *Store) GetBuild(ctx context.Context, templateID, buildID string) (Build
 	return b, nil
 }
 
+// BuildByID returns a build by its id alone (build ids are unique across templates).
+func (s *Store) BuildByID(ctx context.Context, buildID string) (Build, error) {
+	b, err := scanBuild(s.db.QueryRowContext(ctx, buildCols+` WHERE id = ?`, buildID))
+	if isNoRows(err) {
+		return Build{}, errdefs.NotFound("build %q not found", buildID)
+	}
+	if err != nil {
+		return Build{}, fmt.Errorf("get build: %w", err)
+	}
+	return b, nil
+}
+
 // ListBuilds returns a template's builds, newest first.
 func (s *Store) ListBuilds(ctx context.Context, templateID string) ([]Build, error) {
 	rows, err := s.db.QueryContext(ctx, buildCols+` WHERE template_id = ? ORDER BY created_at DESC, id`, templateID)

@@ -38,19 +38,36 @@ type plan struct {
 // fakeEngine implements templates.Engine: it records requests, logs, optionally blocks and fails,
 // and on success writes a build manifest like the real engine does.
 type fakeEngine struct {
-	dataDir string
-	// entered receives the build id of every Run as it starts.
-	entered chan string
-
+	dataDir    string
 	mu         sync.Mutex
+	started    []string
 	plans      map[string]plan
 	reqs       []build.Request
 	running    int
 	maxRunning int
+	// gcs counts GC calls; gcDuringRun those made while a build ran.
+	gcs, gcDuringRun int
+}
+
+// GC implements the service's optional layer collector.
+func (f *fakeEngine) GC(context.Context) (int, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.gcs++
+	if f.running > 0 {
+		f.gcDuringRun++
+	}
+	return 0, nil
+}
+
+func (f *fakeEngine) gcCount() (calls, duringRun int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.gcs, f.gcDuringRun
 }
 
 func newFakeEngine(dataDir string) *fakeEngine {
-	return &fakeEngine{dataDir: dataDir, entered: make(chan string, 128), plans: map[string]plan{}}
+	return &fakeEngine{dataDir: dataDir, plans: map[string]plan{}}
 }
 
 func (f *fakeEngine) setPlan(buildID string, p plan) {
@@ -74,6 +91,7 @@ func (f *fakeEngine) peak() int {
 func (f *fakeEngine) Run(ctx context.Context, req build.Request, log *build.Log) (template.Manifest, error) {
 	f.mu.Lock()
 	f.reqs = append(f.reqs, req)
+	f.started = append(f.started, req.BuildID)
 	p := f.plans[req.BuildID]
 	f.running++
 	f.maxRunning = max(f.maxRunning, f.running)
@@ -83,7 +101,6 @@ func (f *fakeEngine) Run(ctx context.Context, req build.Request, log *build.Log)
 		f.running--
 		f.mu.Unlock()
 	}()
-	f.entered <- req.BuildID
 	for i := range p.lines {
 		log.Add("info", "1", "line %d", i)
 	}
@@ -218,17 +235,14 @@ func (e *env) build(name string, tags ...string) templates.Created {
 	return c
 }
 
-// entered waits until the fake engine starts running buildID.
+// entered waits until the fake engine has started running buildID.
 func (e *env) entered(buildID string) {
 	e.t.Helper()
-	select {
-	case id := <-e.eng.entered:
-		if id != buildID {
-			e.t.Fatalf("engine started build %s, want %s", id, buildID)
-		}
-	case <-time.After(10 * time.Second):
-		e.t.Fatalf("timed out waiting for the engine to start build %s", buildID)
-	}
+	waitFor(e.t, "the engine to start build "+buildID, func() bool {
+		e.eng.mu.Lock()
+		defer e.eng.mu.Unlock()
+		return slices.Contains(e.eng.started, buildID)
+	})
 }
 
 func (e *env) status(c templates.Created, offset int) templates.Status {

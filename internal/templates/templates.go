@@ -75,9 +75,12 @@ type Service struct {
 
 type running struct {
 	templateID string
-	log        *build.Log
-	tags       []string
-	done       chan struct{}
+	created    time.Time
+	// started is set by the one StartBuild that runs the build.
+	started bool
+	log     *build.Log
+	tags    []string
+	done    chan struct{}
 }
 
 type upload struct {
@@ -206,7 +209,7 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (Created, error
 	}
 	for _, t := range req.Tags {
 		t = strings.ToLower(strings.TrimSpace(t))
-		if !tagRe.MatchString(t) || uuidRe.MatchString(t) {
+		if !tagRe.MatchString(t) || uuidRe.MatchString(t) || len(t) > 128 {
 			return Created{}, errdefs.InvalidArgument("invalid tag %q", t)
 		}
 		if !slices.Contains(tags, t) {
@@ -254,13 +257,51 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (Created, error
 		return Created{}, err
 	}
 	s.mu.Lock()
-	s.active[buildID] = &running{templateID: tpl.ID, tags: tags, done: make(chan struct{})}
+	s.active[buildID] = &running{templateID: tpl.ID, tags: tags, created: now, done: make(chan struct{})}
+	expired := s.expireUnstarted(now)
 	s.mu.Unlock()
+	for _, id := range expired {
+		s.failUnstarted(ctx, id)
+	}
 	names := []string{name}
 	for _, t := range tags {
 		names = append(names, name+":"+t)
 	}
 	return Created{TemplateID: tpl.ID, BuildID: buildID, Names: names, Tags: tags, Aliases: []string{name}}, nil
+}
+
+// unstartedTTL is how long a created build may wait for its start before it is failed: a
+// client that created one and went away must not hold it in memory for ever.
+const unstartedTTL = time.Hour
+
+// expireUnstarted drops builds created before now-unstartedTTL and never started, returning
+// their ids.
+//
+// +checklocks:s.mu
+func (s *Service) expireUnstarted(now time.Time) []string {
+	var out []string
+	for id, run := range s.active {
+		if !run.started && now.Sub(run.created) > unstartedTTL {
+			delete(s.active, id)
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+func (s *Service) failUnstarted(ctx context.Context, buildID string) {
+	ctx = context.WithoutCancel(ctx)
+	// The template id is not needed to find the build: ids are unique.
+	builds, err := s.opts.Store.BuildByID(ctx, buildID)
+	if err != nil {
+		return
+	}
+	now := time.Now().UTC()
+	builds.Status, builds.ReasonMessage, builds.UpdatedAt, builds.FinishedAt = store.TemplateError,
+		"the build was never started", now, now
+	if err := s.opts.Store.PutBuild(ctx, builds); err != nil {
+		s.opts.Log.Warn("fail an unstarted build", "build", buildID, "err", err)
+	}
 }
 
 func newTemplateID() (string, error) {
@@ -342,17 +383,27 @@ type StartSpec struct {
 }
 
 // StartBuild validates a build's steps and runs it in the background.
-func (s *Service) StartBuild(ctx context.Context, templateID, buildID string, spec StartSpec) error {
+func (s *Service) StartBuild(ctx context.Context, templateID, buildID string, spec StartSpec) (retErr error) {
 	b, err := s.opts.Store.GetBuild(ctx, templateID, buildID)
 	if err != nil {
 		return err
 	}
+	// Claim the build in one step: concurrent starts (an SDK retry) must not both run it.
 	s.mu.Lock()
 	run := s.active[buildID]
-	s.mu.Unlock()
-	if b.Status != store.TemplateWaiting || run == nil || run.log != nil {
+	if b.Status != store.TemplateWaiting || run == nil || run.started {
+		s.mu.Unlock()
 		return errdefs.Conflict("build %s was already started", buildID)
 	}
+	run.started = true
+	s.mu.Unlock()
+	defer func() {
+		if retErr != nil {
+			s.mu.Lock()
+			run.started = false
+			s.mu.Unlock()
+		}
+	}()
 	if isE2BBaseImage(spec.FromImage) && spec.FromTemplate == "" {
 		// The SDK's default image (Template() with no from*, fromBaseImage()) is E2B's base
 		// environment; vmon's base template is that environment, built offline.
@@ -467,10 +518,10 @@ func (s *Service) run(run *running, b store.Build, req build.Request) {
 func (s *Service) fail(b store.Build, run *running, err error) {
 	var se *build.StepError
 	if !errors.As(err, &se) {
-		se = &build.StepError{Step: "finalize", Msg: "internal error", Cause: err}
+		se = &build.StepError{Msg: "internal error", Cause: err}
 	}
 	s.opts.Log.Warn("template build failed", "template", b.TemplateID, "build", b.ID, "step", se.Step, "err", err)
-	run.log.Add("error", se.Step, "build failed at step %s: %s", se.Step, se.Msg)
+	run.log.Add("error", se.Step, "%s", reasonMessage(se))
 	now := time.Now().UTC()
 	b.Status, b.ReasonMessage, b.ReasonStep, b.UpdatedAt, b.FinishedAt = store.TemplateError, reasonMessage(se), se.Step, now, now
 	ctx := context.WithoutCancel(s.ctx)
@@ -493,6 +544,8 @@ func reasonMessage(se *build.StepError) string {
 		return "base image: " + se.Msg
 	case "finalize":
 		return "start/ready command: " + se.Msg
+	case "":
+		return "build failed: " + se.Msg
 	default:
 		return "step " + se.Step + ": " + se.Msg
 	}
@@ -629,7 +682,7 @@ func (s *Service) Delete(ctx context.Context, ref string) error {
 	}
 	s.mu.Lock()
 	for _, run := range s.active {
-		if run.templateID == tpl.ID && run.log != nil {
+		if run.templateID == tpl.ID && run.started {
 			s.mu.Unlock()
 			return errdefs.Conflict("template %s has a build in progress", tpl.ID)
 		}
@@ -730,7 +783,7 @@ func cleanTags(tags []string) ([]string, error) {
 	var out []string
 	for _, t := range tags {
 		t = strings.ToLower(strings.TrimSpace(t))
-		if !tagRe.MatchString(t) || uuidRe.MatchString(t) {
+		if !tagRe.MatchString(t) || uuidRe.MatchString(t) || len(t) > 128 {
 			return nil, errdefs.InvalidArgument("invalid tag %q", t)
 		}
 		if !slices.Contains(out, t) {
