@@ -1,10 +1,5 @@
 //go:build linux
 
-// Package fsroot does file operations inside a guest root filesystem from the host, as root,
-// without ever leaving it: every path is resolved by the kernel inside the root (openat2 with
-// RESOLVE_IN_ROOT), so an image's absolute or ".." symlinks resolve as the guest would see them
-// and never reach host files. Template builds use it to provision images and apply COPY steps.
-// It must never be given a root a sandbox is running on: the runtime assumes it owns those files.
 package fsroot
 
 import (
@@ -12,7 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path"
+	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -36,21 +31,121 @@ func Open(dir string) (*Root, error) {
 // Close releases the root.
 func (r *Root) Close() error { return unix.Close(r.fd) }
 
-// Clean makes p a path relative to the root ("." for the root itself); ".." cannot climb above it.
-func Clean(p string) string {
-	c := path.Clean("/" + p)
-	if c == "/" {
-		return "."
+// FD is the root's O_PATH directory descriptor, for *at calls and ProcPath on the root itself.
+// It stays owned by r: do not close it.
+func (r *Root) FD() int { return r.fd }
+
+// OpenFD resolves p (cleaned with Clean) inside the root, following symlinks as the guest
+// would, and opens it with flags (O_CLOEXEC is added; flags must not create a file). The caller
+// closes the returned descriptor.
+func (r *Root) OpenFD(p string, flags uint64) (int, error) {
+	how := unix.OpenHow{
+		Flags:   flags | unix.O_CLOEXEC,
+		Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS,
 	}
-	return c[1:]
+	rel := Clean(p)
+	for range 16 {
+		fd, err := unix.Openat2(r.fd, rel, &how)
+		// EAGAIN means a concurrent rename raced the lookup; nothing else renames in the
+		// root, but retrying is what the kernel asks for.
+		if err == unix.EAGAIN || err == unix.EINTR {
+			continue
+		}
+		return fd, err
+	}
+	return -1, unix.EAGAIN
 }
 
-func (r *Root) openat(p string, flags uint64, mode uint32) (int, error) {
-	return unix.Openat2(r.fd, Clean(p), &unix.OpenHow{
-		Flags: flags | unix.O_CLOEXEC, Mode: uint64(mode),
-		Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS,
-	})
+// OpenDirFD returns an O_PATH handle on the directory p, which must exist. Errors are bare
+// errnos (ENOENT, ENOTDIR, ELOOP, ...).
+func (r *Root) OpenDirFD(p string) (int, error) {
+	return r.OpenFD(p, unix.O_PATH|unix.O_DIRECTORY)
 }
+
+// MkdirAllFD returns an O_PATH handle on directory p, creating it and missing parents with
+// perm (less the umask), owned by the caller. A non-directory in the way matches unix.ENOTDIR;
+// a dangling symlink in the way matches ErrDangling (its target is never created).
+func (r *Root) MkdirAllFD(p string, perm os.FileMode) (int, error) {
+	return r.mkdirAll(Clean(p), uint32(perm.Perm()), nil)
+}
+
+// mkdirAll is the walk behind MkdirAll and MkdirAllFD. It returns an O_PATH handle on the clean
+// path c, creating missing directories with mkdir(perm) and then calling made (if non-nil) on
+// each one it created, relative to its parent.
+func (r *Root) mkdirAll(c string, perm uint32, made func(dfd int, name string) error) (int, error) {
+	fd, err := r.OpenDirFD(c)
+	if err == nil || c == "." {
+		return fd, err
+	}
+	// Slow path: resolve each prefix from the root (so absolute symlinks stay inside) to find
+	// what is missing or in the way, holding the last directory reached.
+	dfd, err := unix.FcntlInt(uintptr(r.fd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return -1, err
+	}
+	cur, created := "", false
+	for el := range strings.SplitSeq(c, "/") {
+		if cur == "" {
+			cur = el
+		} else {
+			cur += "/" + el
+		}
+		if !created { // below a directory we just made, nothing exists yet
+			fd, err := r.OpenFD(cur, unix.O_PATH)
+			if err == nil {
+				var st unix.Stat_t
+				if err = unix.Fstat(fd, &st); err == nil && st.Mode&unix.S_IFMT != unix.S_IFDIR {
+					err = notDirError(cur)
+				}
+				unix.Close(dfd)
+				if err != nil {
+					unix.Close(fd)
+					return -1, err
+				}
+				dfd = fd
+				continue
+			}
+			if err != unix.ENOENT {
+				unix.Close(dfd)
+				return -1, fmt.Errorf("stat /%s: %w", cur, err)
+			}
+		}
+		err := unix.Mkdirat(dfd, el, perm)
+		if err == unix.EEXIST {
+			// Something exists but does not resolve: a dangling symlink. Creating its target
+			// would mean interpreting it ourselves.
+			unix.Close(dfd)
+			return -1, danglingError(cur)
+		}
+		if err == nil && made != nil {
+			err = made(dfd, el)
+		}
+		if err != nil {
+			unix.Close(dfd)
+			return -1, fmt.Errorf("mkdir /%s: %w", cur, err)
+		}
+		created = true
+		fd, err := unix.Openat(dfd, el, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		unix.Close(dfd)
+		if err != nil {
+			return -1, fmt.Errorf("open /%s: %w", cur, err)
+		}
+		dfd = fd
+	}
+	return dfd, nil
+}
+
+// notDirError is a non-directory where a directory is needed; it matches unix.ENOTDIR.
+type notDirError string
+
+func (e notDirError) Error() string { return "/" + string(e) + " exists and is not a directory" }
+func (e notDirError) Unwrap() error { return unix.ENOTDIR }
+
+// danglingError is a dangling symlink where a directory is needed; it matches ErrDangling.
+type danglingError string
+
+func (e danglingError) Error() string { return ErrDangling.Error() + ": /" + string(e) }
+func (e danglingError) Unwrap() error { return ErrDangling }
 
 // Parent opens the directory holding p (resolved in the root) and returns it with p's last
 // element, which the caller operates on with *at calls that do not follow it.
@@ -59,17 +154,18 @@ func (r *Root) Parent(p string) (*os.File, string, error) {
 	if c == "." {
 		return nil, "", errors.New("the root itself has no parent")
 	}
-	fd, err := r.openat(path.Dir(c), unix.O_PATH|unix.O_DIRECTORY, 0)
+	dir, base := SplitParent(c)
+	fd, err := r.OpenDirFD(dir)
 	if err != nil {
 		return nil, "", fmt.Errorf("open parent of /%s: %w", c, err)
 	}
-	return os.NewFile(uintptr(fd), "/"+path.Dir(c)), path.Base(c), nil
+	return os.NewFile(uintptr(fd), "/"+dir), base, nil
 }
 
 // Stat follows symlinks inside the root.
 func (r *Root) Stat(p string) (unix.Stat_t, error) {
 	var st unix.Stat_t
-	fd, err := r.openat(p, unix.O_PATH, 0)
+	fd, err := r.OpenFD(p, unix.O_PATH)
 	if err != nil {
 		return st, err
 	}
@@ -95,7 +191,7 @@ func (r *Root) Lstat(p string) (unix.Stat_t, error) {
 
 // ReadFile reads a file, following symlinks inside the root; at most limit bytes.
 func (r *Root) ReadFile(p string, limit int64) ([]byte, error) {
-	fd, err := r.openat(p, unix.O_RDONLY, 0)
+	fd, err := r.OpenFD(p, unix.O_RDONLY)
 	if err != nil {
 		return nil, err
 	}
@@ -105,43 +201,25 @@ func (r *Root) ReadFile(p string, limit int64) ([]byte, error) {
 }
 
 // MkdirAll creates p and missing parents with mode and owner; existing directories are kept as
-// they are. A non-directory in the way is an error.
+// they are. A non-directory in the way is an error; a dangling symlink at p itself is left as
+// it is (a caller that needs the directory checks with Stat), one above p is an error.
 func (r *Root) MkdirAll(p string, mode os.FileMode, uid, gid int) error {
 	c := Clean(p)
-	if c == "." {
-		return nil
-	}
-	cur := ""
-	for _, el := range strings.Split(c, "/") {
-		cur = path.Join(cur, el)
-		st, err := r.Stat(cur)
-		if err == nil {
-			if st.Mode&unix.S_IFMT != unix.S_IFDIR {
-				return fmt.Errorf("/%s exists and is not a directory", cur)
-			}
-			continue
-		}
-		if !errors.Is(err, unix.ENOENT) {
-			return fmt.Errorf("stat /%s: %w", cur, err)
-		}
-		dir, base, err := r.Parent(cur)
-		if err != nil {
+	fd, err := r.mkdirAll(c, uint32(mode.Perm()), func(dfd int, name string) error {
+		if err := unix.Fchownat(dfd, name, uid, gid, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 			return err
 		}
-		err = unix.Mkdirat(int(dir.Fd()), base, uint32(mode.Perm()))
-		if err == nil {
-			err = unix.Fchownat(int(dir.Fd()), base, uid, gid, unix.AT_SYMLINK_NOFOLLOW)
-		}
-		if err == nil {
-			// mkdir applies the umask; set the mode (and special bits) exactly.
-			err = fchmodat(dir, base, mode)
-		}
-		dir.Close()
-		if err != nil && !errors.Is(err, unix.EEXIST) {
-			return fmt.Errorf("mkdir /%s: %w", cur, err)
-		}
+		// mkdir applies the umask; set the mode (and special bits) exactly.
+		return fchmodat(dfd, name, mode)
+	})
+	if err == nil {
+		unix.Close(fd)
+		return nil
 	}
-	return nil
+	if d, ok := errors.AsType[danglingError](err); ok && string(d) == c {
+		return nil
+	}
+	return err
 }
 
 // WriteFile replaces p with a regular file (a symlink at p is replaced, never followed).
@@ -204,7 +282,7 @@ func (r *Root) Symlink(target, p string, uid, gid int) error {
 	return nil
 }
 
-// Chown and Chmod change p itself (not a symlink's target).
+// Chown changes the owner of p itself (not a symlink's target).
 func (r *Root) Chown(p string, uid, gid int) error {
 	if Clean(p) == "." {
 		return unix.Fchownat(r.fd, "", uid, gid, unix.AT_EMPTY_PATH)
@@ -224,18 +302,18 @@ func (r *Root) Chmod(p string, mode os.FileMode) error {
 		return err
 	}
 	defer dir.Close()
-	return fchmodat(dir, base, mode)
+	return fchmodat(int(dir.Fd()), base, mode)
 }
 
-func fchmodat(dir *os.File, base string, mode os.FileMode) error {
+func fchmodat(dfd int, base string, mode os.FileMode) error {
 	var st unix.Stat_t
-	if err := unix.Fstatat(int(dir.Fd()), base, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+	if err := unix.Fstatat(dfd, base, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 		return err
 	}
 	if st.Mode&unix.S_IFMT == unix.S_IFLNK {
 		return nil
 	}
-	return unix.Fchmodat(int(dir.Fd()), base, unixMode(mode), 0)
+	return unix.Fchmodat(dfd, base, unixMode(mode), 0)
 }
 
 func unixMode(m os.FileMode) uint32 {
@@ -266,4 +344,65 @@ func removeNonDir(dfd int, base string) error {
 		return fmt.Errorf("%s is a directory", base)
 	}
 	return unix.Unlinkat(dfd, base, 0)
+}
+
+// RemoveAllAt deletes name inside dirfd and, for a directory, everything below it, without
+// following any symlink. A missing name is not an error.
+func RemoveAllAt(dirfd int, name string) error {
+	err := unix.Unlinkat(dirfd, name, 0)
+	if err == nil || err == unix.ENOENT {
+		return nil
+	}
+	if err != unix.EISDIR {
+		return fmt.Errorf("remove %s: %w", name, err)
+	}
+	for range 3 {
+		fd, err := unix.Openat(dirfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return fmt.Errorf("open %s: %w", name, err)
+		}
+		names, err := ReadDirNames(fd)
+		if err == nil {
+			for _, n := range names {
+				if err = RemoveAllAt(fd, n); err != nil {
+					break
+				}
+			}
+		}
+		unix.Close(fd)
+		if err != nil {
+			return err
+		}
+		err = unix.Unlinkat(dirfd, name, unix.AT_REMOVEDIR)
+		if err == nil || err == unix.ENOENT {
+			return nil
+		}
+		if err != unix.ENOTEMPTY {
+			return fmt.Errorf("remove %s: %w", name, err)
+		}
+	}
+	return fmt.Errorf("remove %s: %w", name, unix.ENOTEMPTY)
+}
+
+// ReadDirNames lists the directory open (for reading, not O_PATH) at fd without consuming fd,
+// which stays open for the caller.
+func ReadDirNames(fd int) ([]string, error) {
+	dup, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	f := os.NewFile(uintptr(dup), "dir")
+	defer f.Close()
+	return f.Readdirnames(-1)
+}
+
+// ProcPath names entry name inside dirfd ("" for dirfd itself) through /proc, for calls that
+// have no *at form (xattrs, chmod of an O_PATH handle); the kernel walks the fd's magic link,
+// never the host path of the root.
+func ProcPath(dirfd int, name string) string {
+	p := "/proc/self/fd/" + strconv.Itoa(dirfd)
+	if name != "" {
+		p += "/" + name
+	}
+	return p
 }

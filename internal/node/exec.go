@@ -6,16 +6,15 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"path/filepath"
 	"strings"
 	"time"
 
 	"connectrpc.com/connect"
-	"golang.org/x/sys/unix"
 
 	"github.com/vibemon/vmon/internal/agent"
 	"github.com/vibemon/vmon/internal/envd/gen/process"
 	"github.com/vibemon/vmon/internal/envd/gen/process/processconnect"
+	"github.com/vibemon/vmon/internal/fsroot"
 )
 
 // guestCmd is a shell command the node itself runs in a sandbox through envd, as the SDK would:
@@ -41,19 +40,13 @@ func shellFor(root string) []string {
 // existsInRoot reports whether path exists inside root as the guest would resolve it: symlinks
 // in the image are absolute guest paths and must never resolve against the host.
 func existsInRoot(root, path string) bool {
-	rfd, err := unix.Open(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	r, err := fsroot.Open(root)
 	if err != nil {
 		return false
 	}
-	defer unix.Close(rfd)
-	fd, err := unix.Openat2(rfd, filepath.Clean(path), &unix.OpenHow{
-		Flags: unix.O_PATH | unix.O_CLOEXEC, Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS,
-	})
-	if err != nil {
-		return false
-	}
-	unix.Close(fd)
-	return true
+	defer r.Close()
+	_, err = r.Stat(path)
+	return err == nil
 }
 
 func processClient(ch *agent.Channel) processconnect.ProcessClient {

@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vibemon/vmon/internal/errdefs"
+	"github.com/vibemon/vmon/internal/fsroot"
 )
 
 const (
@@ -86,9 +87,30 @@ func (p *Puller) Unpack(ctx context.Context, img *Image, dir string, progress fu
 	return u.finish()
 }
 
+// openRoot opens dir, which must be an existing empty directory, as the unpack root.
+func openRoot(dir string) (*fsroot.Root, error) {
+	f, err := os.Open(dir)
+	if err != nil {
+		return nil, fmt.Errorf("open unpack dir: %w", err)
+	}
+	names, err := f.Readdirnames(1)
+	f.Close()
+	if err != nil && !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("read unpack dir: %w", err)
+	}
+	if len(names) > 0 {
+		return nil, fmt.Errorf("unpack dir %s is not empty", dir)
+	}
+	root, err := fsroot.Open(dir)
+	if err != nil {
+		return nil, fmt.Errorf("open unpack dir: %w", err)
+	}
+	return root, nil
+}
+
 // unpacker holds the state of one Unpack across layers.
 type unpacker struct {
-	root *fsRoot
+	root *fsroot.Root
 	ref  string
 	log  *slog.Logger
 	// touched holds the paths the current layer created or descended into: whiteouts and
@@ -168,10 +190,10 @@ func (u *unpacker) entryErr(rel string, err error) error {
 	switch {
 	case errors.Is(err, unix.ENOSPC), errors.Is(err, unix.EDQUOT):
 		return errdefs.Wrap(errdefs.KindResourceExhausted, err, "not enough disk space to unpack image %q", u.ref)
-	case errors.Is(err, errUnsafePath):
+	case errors.Is(err, fsroot.ErrUnsafePath):
 		return errdefs.Wrap(errdefs.KindInvalidArgument, err, "image %q contains an unsafe path", u.ref)
 	case errors.Is(err, unix.ENOTDIR), errors.Is(err, unix.ELOOP), errors.Is(err, unix.ENOENT),
-		errors.Is(err, unix.EEXIST), errors.Is(err, unix.EXDEV), errors.Is(err, errDangling):
+		errors.Is(err, unix.EEXIST), errors.Is(err, unix.EXDEV), errors.Is(err, fsroot.ErrDangling):
 		return errdefs.Wrap(errdefs.KindInvalidArgument, err, "image %q has an invalid layer entry /%s", u.ref, rel)
 	}
 	return fmt.Errorf("unpack /%s: %w", rel, err)
@@ -180,7 +202,7 @@ func (u *unpacker) entryErr(rel string, err error) error {
 func (u *unpacker) touch(rel string) {
 	for rel != "." && rel != "" && !u.touched[rel] {
 		u.touched[rel] = true
-		rel, _ = splitPath(rel)
+		rel, _ = fsroot.SplitParent(rel)
 	}
 }
 
@@ -192,14 +214,14 @@ func joinRel(dir, name string) string {
 }
 
 func (u *unpacker) apply(hdr *tar.Header, r io.Reader) error {
-	rel, err := cleanPath(hdr.Name)
+	rel, err := fsroot.CleanStrict(hdr.Name)
 	if err != nil {
 		return u.entryErr(hdr.Name, err)
 	}
 	if rel == "." {
 		return u.applyRoot(hdr)
 	}
-	parent, base := splitPath(rel)
+	parent, base := fsroot.SplitParent(rel)
 	if strings.HasPrefix(base, whiteoutPrefix) {
 		if err := u.whiteout(parent, base); err != nil {
 			return u.entryErr(rel, err)
@@ -209,7 +231,7 @@ func (u *unpacker) apply(hdr *tar.Header, r io.Reader) error {
 
 	var target string
 	if hdr.Typeflag == tar.TypeLink {
-		if target, err = cleanPath(hdr.Linkname); err != nil {
+		if target, err = fsroot.CleanStrict(hdr.Linkname); err != nil {
 			return u.entryErr(rel, err)
 		}
 		if target == rel {
@@ -221,7 +243,7 @@ func (u *unpacker) apply(hdr *tar.Header, r io.Reader) error {
 	}
 
 	u.touch(rel)
-	pfd, err := u.root.mkdirAll(parent)
+	pfd, err := u.root.MkdirAllFD(parent, 0o755)
 	if err != nil {
 		return u.entryErr(rel, err)
 	}
@@ -233,7 +255,7 @@ func (u *unpacker) apply(hdr *tar.Header, r io.Reader) error {
 	// A directory over a directory merges (later layers add to it); anything else replaces
 	// what lower layers had, as an overlay would show it.
 	if exists && !(hdr.Typeflag == tar.TypeDir && isDir) {
-		if err := removeAllAt(pfd, base); err != nil {
+		if err := fsroot.RemoveAllAt(pfd, base); err != nil {
 			return u.entryErr(rel, err)
 		}
 	}
@@ -262,8 +284,8 @@ func (u *unpacker) apply(hdr *tar.Header, r io.Reader) error {
 		return u.entryErr2(rel, u.meta(pfd, base, hdr, false))
 
 	case tar.TypeLink:
-		tparent, tbase := splitPath(target)
-		tfd, err := u.root.openDir(tparent)
+		tparent, tbase := fsroot.SplitParent(target)
+		tfd, err := u.root.OpenDirFD(tparent)
 		if err != nil {
 			return u.entryErr(rel, fmt.Errorf("hard link target /%s: %w", target, err))
 		}
@@ -317,7 +339,7 @@ func (u *unpacker) applyRoot(hdr *tar.Header) error {
 	if hdr.Typeflag != tar.TypeDir {
 		return u.entryErr(".", fmt.Errorf("root entry is not a directory: %w", unix.ENOTDIR))
 	}
-	p := procPath(u.root.fd, "")
+	p := fsroot.ProcPath(u.root.FD(), "")
 	if err := unix.Chown(p, hdr.Uid, hdr.Gid); err != nil {
 		return fmt.Errorf("chown root: %w", err)
 	}
@@ -365,7 +387,7 @@ func (u *unpacker) meta(dirfd int, name string, hdr *tar.Header, chmod bool) err
 		if !ok {
 			continue
 		}
-		if err := unix.Lsetxattr(procPath(dirfd, name), attr, []byte(v), 0); err != nil {
+		if err := unix.Lsetxattr(fsroot.ProcPath(dirfd, name), attr, []byte(v), 0); err != nil {
 			// Filesystems without xattrs, LSM labels the host will not take, and user.*
 			// attributes on symlinks are not worth failing a pull over.
 			if err == unix.ENOTSUP || strings.HasPrefix(attr, "security.") || strings.HasPrefix(attr, "trusted.") || !chmod {
@@ -411,9 +433,9 @@ func (u *unpacker) whiteout(parent, base string) error {
 	}
 	name := strings.TrimPrefix(base, whiteoutPrefix)
 	if name == "" || name == "." || name == ".." {
-		return fmt.Errorf("%w: whiteout %q", errUnsafePath, base)
+		return fmt.Errorf("%w: whiteout %q", fsroot.ErrUnsafePath, base)
 	}
-	pfd, err := u.root.openDir(parent)
+	pfd, err := u.root.OpenDirFD(parent)
 	if err == unix.ENOENT || err == unix.ENOTDIR {
 		return nil // nothing below to hide
 	}
@@ -425,12 +447,12 @@ func (u *unpacker) whiteout(parent, base string) error {
 	if u.touched[rel] {
 		return u.pruneAt(pfd, name, rel)
 	}
-	return removeAllAt(pfd, name)
+	return fsroot.RemoveAllAt(pfd, name)
 }
 
 // opaque hides everything lower layers put in dir, keeping what this layer adds to it.
 func (u *unpacker) opaque(dir string) error {
-	pfd, err := u.root.mkdirAll(dir)
+	pfd, err := u.root.MkdirAllFD(dir, 0o755)
 	if err != nil {
 		return err
 	}
@@ -467,7 +489,7 @@ func (u *unpacker) pruneAt(dirfd int, name, rel string) error {
 
 // prune removes every entry below directory fd (at rel) that the current layer did not touch.
 func (u *unpacker) prune(fd int, rel string) error {
-	names, err := readDirNames(fd)
+	names, err := fsroot.ReadDirNames(fd)
 	if err != nil {
 		return err
 	}
@@ -476,7 +498,7 @@ func (u *unpacker) prune(fd int, rel string) error {
 		if u.touched[child] {
 			err = u.pruneAt(fd, n, child)
 		} else {
-			err = removeAllAt(fd, n)
+			err = fsroot.RemoveAllAt(fd, n)
 		}
 		if err != nil {
 			return err
@@ -489,13 +511,13 @@ func (u *unpacker) prune(fd int, rel string) error {
 func (u *unpacker) finish() error {
 	for rel, ts := range u.dirTimes {
 		if rel == "." {
-			if err := unix.UtimesNano(procPath(u.root.fd, ""), ts[:]); err != nil {
+			if err := unix.UtimesNano(fsroot.ProcPath(u.root.FD(), ""), ts[:]); err != nil {
 				return fmt.Errorf("set root times: %w", err)
 			}
 			continue
 		}
-		parent, base := splitPath(rel)
-		pfd, err := u.root.openDir(parent)
+		parent, base := fsroot.SplitParent(rel)
+		pfd, err := u.root.OpenDirFD(parent)
 		if err != nil {
 			continue // removed or replaced by a later layer
 		}

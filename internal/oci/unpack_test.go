@@ -435,25 +435,3 @@ func TestHumanSize(t *testing.T) {
 		}
 	}
 }
-
-func TestCleanPath(t *testing.T) {
-	for in, want := range map[string]string{
-		"a":          "a",
-		"./a/b/":     "a/b",
-		"/abs//x/./": "abs/x",
-		"a/../b":     "b",
-		"./":         ".",
-		"/":          ".",
-		"a/b/../../": ".",
-	} {
-		got, err := cleanPath(in)
-		if err != nil || got != want {
-			t.Errorf("cleanPath(%q) = %q, %v; want %q", in, got, err, want)
-		}
-	}
-	for _, in := range []string{"..", "../a", "a/../../b", "/../x", "./../x"} {
-		if got, err := cleanPath(in); !errors.Is(err, errUnsafePath) {
-			t.Errorf("cleanPath(%q) = %q, %v; want errUnsafePath", in, got, err)
-		}
-	}
-}
