@@ -30,6 +30,34 @@ function stopRegistry(r) {
   if (r?.proc && r.proc.exitCode === null) r.proc.kill('SIGTERM');
 }
 
+/**
+ * Finds, among the host cgroups runsc made under "vmon", the one sandbox whose memory limit is
+ * memoryMB and returns its CPU quota. Handles cgroup v2 and v1/hybrid layouts.
+ */
+function hostCgroupLimits(memoryMB) {
+  const read = (f) => { try { return fs.readFileSync(f, 'utf8').trim(); } catch { return null; } };
+  const ls = (d) => { try { return fs.readdirSync(d); } catch { return []; } };
+  const want = String(memoryMB * 1024 * 1024);
+  const hits = [];
+  for (const [memBase, file] of [['/sys/fs/cgroup', 'memory.max'], ['/sys/fs/cgroup/memory', 'memory.limit_in_bytes']]) {
+    for (const id of ls(`${memBase}/vmon`)) {
+      if (read(`${memBase}/vmon/${id}/${file}`) === want) hits.push(id);
+    }
+  }
+  assert.equal(hits.length, 1, `sandbox cgroups with a ${memoryMB} MB limit: ${hits}`);
+  const id = hits[0];
+  const v2 = read(`/sys/fs/cgroup/vmon/${id}/cpu.max`);
+  if (v2) {
+    const [q, p] = v2.split(' ');
+    return { cpuQuotaUS: Number(q), cpuPeriodUS: Number(p) };
+  }
+  for (const base of ['/sys/fs/cgroup/cpu', '/sys/fs/cgroup/cpu,cpuacct']) {
+    const q = read(`${base}/vmon/${id}/cpu.cfs_quota_us`);
+    if (q) return { cpuQuotaUS: Number(q), cpuPeriodUS: Number(read(`${base}/vmon/${id}/cpu.cfs_period_us`)) };
+  }
+  throw new Error(`no CPU controller files for sandbox cgroup ${id}`);
+}
+
 /** A build log collector that also records the SDK's own lines (uploads). */
 function collectLogs() {
   const lines = [];
@@ -204,8 +232,13 @@ describe('templates (Template builder, OCI images, start/ready)', () => {
     await Template.build(t, name('web'), { ...opts(), cpuCount: 1, memoryMB: 384 });
     const sb = await create(name('web'));
     // The template's resources are the sandbox's.
-    assert.equal((await sb.getInfo()).cpuCount, 1);
-    assert.equal(await run(sb, 'nproc'), '1\n');
+    const info = await sb.getInfo();
+    assert.equal(info.cpuCount, 1);
+    assert.equal(info.memoryMB, 384);
+    // The host enforces them on the sandbox's cgroup. gVisor shows the guest at least two vCPUs
+    // whatever the quota (runsc --cpu-num-from-quota floors at 2), so nproc alone cannot tell.
+    assert.deepEqual(hostCgroupLimits(384), { cpuQuotaUS: 100000, cpuPeriodUS: 100000 });
+    assert.ok(Number(await run(sb, 'nproc')) <= 2);
     const memKB = Number((await run(sb, "awk '/MemTotal/ {print $2}' /proc/meminfo")).trim());
     assert.ok(memKB > 300 * 1024 && memKB <= 400 * 1024, `MemTotal ${memKB} kB for a 384 MB template`);
     // No retry: the server must already be listening when create returned.
@@ -337,5 +370,35 @@ describe('templates (Template builder, OCI images, start/ready)', () => {
     await assert.rejects(create(n), (err) => err.statusCode === 404 || /not found/i.test(err.message));
     assert.equal((await apiFetch(srv, `/templates/${info.templateId}`, { method: 'DELETE' })).status, 404);
     assert.equal((await apiFetch(srv, '/templates/base', { method: 'DELETE' })).status, 400);
+  });
+  srv.test('kill -9 of the server mid-build: the build fails cleanly and nothing is left', async () => {
+    const n = name('crash');
+    const info = await Template.buildInBackground(
+      Template().fromTemplate('base').runCmd(`echo ${RUN}; touch /tmp/started; sleep 60`),
+      n,
+      opts(),
+    );
+    // Wait until the RUN step is running in its build sandbox.
+    await waitFor(async () => {
+      const r = await apiFetch(srv, `/templates/${info.templateId}/builds/${info.buildId}/status?logsOffset=0`);
+      return r.json.logEntries.some((e) => e.message === RUN);
+    }, { timeoutMs: 60_000, what: 'the RUN step to start' });
+    await srv.kill9();
+    await srv.start();
+    const r = await apiFetch(srv, `/templates/${info.templateId}/builds/${info.buildId}/status?logsOffset=0`);
+    assert.equal(r.json.status, 'error', r.text);
+    assert.match(r.json.reason.message, /interrupted by a server restart/);
+    assert.ok(r.json.logEntries.some((e) => e.message === RUN), 'the log survived the restart');
+    await assertNoBuildSandboxes();
+    assert.deepEqual(await pgrep(`runsc.*${srv.dataDir}.* build[a-z0-9]{20}$`), []);
+    for (const sub of ['build-scratch']) {
+      const dir = path.join(srv.dataDir, sub);
+      assert.deepEqual(fs.existsSync(dir) ? fs.readdirSync(dir) : [], [], `${sub} is empty`);
+    }
+    assert.deepEqual(fs.readdirSync(path.join(srv.dataDir, 'layers')).filter((d) => d.startsWith('.tmp-')), []);
+    await assert.rejects(create(n), (err) => [400, 404].includes(err.statusCode) || /not found|not ready/i.test(err.message));
+    // The template builds fine afterwards.
+    await Template.build(Template().fromTemplate('base').runCmd(`echo ${RUN} > /tmp/ok`), n, opts());
+    assert.equal(await run(await create(n), 'cat /tmp/ok'), `${RUN}\n`);
   });
 });
