@@ -125,6 +125,8 @@ func (a *allocator) free(i int) { delete(a.used, i) }
 
 func (a *allocator) empty() bool { return len(a.used) == 0 }
 
+func (a *allocator) full() bool { return len(a.used) >= a.size }
+
 // Kind is the type of the host link.
 type Kind int
 

@@ -99,6 +99,8 @@ type fakeSystem struct {
 	destroyed []int
 	failNext  error
 	createDur time.Duration
+	// resetGate, when set, holds every reset until it is closed.
+	resetGate chan struct{}
 }
 
 type fakeHooks struct{ attached bool }
@@ -135,6 +137,12 @@ func (f *fakeSystem) adopt(_ context.Context, lease Lease) (*Link, error) {
 func (f *fakeSystem) prepare(context.Context, *Link) error { return nil }
 
 func (f *fakeSystem) reset(_ context.Context, l *Link) error {
+	f.mu.Lock()
+	gate := f.resetGate
+	f.mu.Unlock()
+	if gate != nil {
+		<-gate
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.resets = append(f.resets, l.lease.Index)
@@ -306,6 +314,93 @@ func TestPoolExhaustion(t *testing.T) {
 	}
 	if !errdefs.Is(err, errdefs.KindResourceExhausted) {
 		t.Errorf("third take from a pool of 2 leases: %v", err)
+	}
+}
+
+// A release in the background keeps its lease until the link is reset; a Take that finds every
+// lease taken waits for it (or for its context) instead of failing, and Close waits for it too.
+func TestPoolReleaseLater(t *testing.T) {
+	ctx := context.Background()
+	cfg, _ := Config{Target: 1, Prefix: netip.MustParsePrefix("172.20.0.0/29")}.withDefaults()
+	sys := &fakeSystem{links: map[int]bool{}, resetGate: make(chan struct{})}
+	p := newPool(cfg, sys)
+	if _, err := p.Recover(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	a, err := p.Take(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Take(ctx); err != nil {
+		t.Fatal(err)
+	}
+	returned := make(chan struct{})
+	go func() { p.ReleaseLater(a); close(returned) }()
+	select {
+	case <-returned:
+	case <-time.After(10 * time.Second):
+		t.Fatal("ReleaseLater waited for the reset")
+	}
+
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	if _, err := p.Take(short); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("take while the only release is held: %v, want the context's deadline", err)
+	}
+
+	got := make(chan *Link, 1)
+	go func() {
+		l, err := p.Take(ctx)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- l
+	}()
+	select {
+	case l := <-got:
+		t.Fatalf("take returned link %v before the release finished", l)
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(sys.resetGate)
+	select {
+	case l := <-got:
+		if l == nil || l.ID() != a.ID() {
+			t.Fatalf("take after the release = %v, want link %d", l, a.ID())
+		}
+		if l.hooks.(*fakeHooks).attached {
+			t.Error("the released link came back attached")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("take did not wake up when the release finished")
+	}
+
+	// Close waits for a release in flight; the link is then torn down, not pooled.
+	sys.mu.Lock()
+	sys.resetGate = make(chan struct{})
+	gate := sys.resetGate
+	sys.mu.Unlock()
+	if l, err := p.Take(ctx); !errdefs.Is(err, errdefs.KindResourceExhausted) {
+		t.Fatalf("take with both leases in use and none releasing = %v, %v; want exhausted at once", l, err)
+	}
+	p.ReleaseLater(a)
+	for p.Stats().InUse != 1 { // the release is now held in its reset
+		time.Sleep(time.Millisecond)
+	}
+	closed := make(chan error, 1)
+	go func() { closed <- p.Close(ctx) }()
+	select {
+	case err := <-closed:
+		t.Fatalf("Close returned (%v) while a release was held", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(gate)
+	if err := <-closed; err != nil {
+		t.Fatal(err)
+	}
+	sys.mu.Lock()
+	defer sys.mu.Unlock()
+	if sys.links[a.lease.Index] {
+		t.Errorf("link %d survived Close", a.ID())
 	}
 }
 

@@ -134,6 +134,12 @@ type Pool struct {
 	recovered, closed bool
 	// +checklocks:mu
 	stats Stats
+	// releasing counts background releases in flight; releaseDone is closed (and replaced) as
+	// each one ends, so a Take that found every lease taken can wait for one.
+	// +checklocks:mu
+	releasing int
+	// +checklocks:mu
+	releaseDone chan struct{}
 
 	kick   chan struct{}
 	bg     context.Context
@@ -151,7 +157,7 @@ func newPool(cfg Config, sys system) *Pool {
 	return &Pool{
 		pool: cfg.Prefix, target: target, sys: sys, log: log,
 		alloc: newAllocator(Leases(cfg.Prefix)), inUse: map[LinkID]*Link{},
-		kick: make(chan struct{}, 1), bg: bg, cancel: cancel,
+		kick: make(chan struct{}, 1), bg: bg, cancel: cancel, releaseDone: make(chan struct{}),
 	}
 }
 
@@ -229,20 +235,34 @@ func (p *Pool) Recover(ctx context.Context, held []LinkID) (map[LinkID]*Link, er
 }
 
 // Take returns a ready link: no ip or iptables call happens here unless the ready pool is empty
-// (counted in Stats.Misses), in which case one is created on the spot.
+// (counted in Stats.Misses), in which case one is created on the spot. When every lease is taken
+// but some are still being released in the background, it waits for one of those.
 func (p *Pool) Take(ctx context.Context) (*Link, error) {
 	p.mu.Lock()
-	if err := p.usable(); err != nil {
+	for {
+		if err := p.usable(); err != nil {
+			p.mu.Unlock()
+			return nil, err
+		}
+		if len(p.ready) > 0 {
+			l := p.ready[0]
+			p.ready = p.ready[1:]
+			p.inUse[l.ID()] = l
+			p.mu.Unlock()
+			p.refill()
+			return l, nil
+		}
+		if p.releasing == 0 || !p.alloc.full() {
+			break
+		}
+		done := p.releaseDone
 		p.mu.Unlock()
-		return nil, err
-	}
-	if len(p.ready) > 0 {
-		l := p.ready[0]
-		p.ready = p.ready[1:]
-		p.inUse[l.ID()] = l
-		p.mu.Unlock()
-		p.refill()
-		return l, nil
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-done:
+		}
+		p.mu.Lock()
 	}
 	p.stats.Misses++
 	p.mu.Unlock()
@@ -376,6 +396,42 @@ func (p *Pool) Release(ctx context.Context, l *Link) error {
 		}
 	}
 	return p.destroy(ctx, l.lease.Index)
+}
+
+// releaseTimeout bounds one background release (an iptables-restore, a ctnetlink delete, and
+// netlink calls when the link is torn down).
+const releaseTimeout = time.Minute
+
+// ReleaseLater is Release off the caller's path (seed: detaching resets the chains to closed in
+// the background). The link's sandbox must be gone already: the link stays closed to traffic
+// until its reset. Errors are logged; Close waits for releases in flight.
+func (p *Pool) ReleaseLater(l *Link) {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		p.logRelease(l, p.Release(context.WithoutCancel(p.bg), l))
+		return
+	}
+	p.releasing++
+	p.wg.Add(1)
+	p.mu.Unlock()
+	go func() {
+		defer p.wg.Done()
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(p.bg), releaseTimeout)
+		defer cancel()
+		p.logRelease(l, p.Release(ctx, l))
+		p.mu.Lock()
+		p.releasing--
+		close(p.releaseDone)
+		p.releaseDone = make(chan struct{})
+		p.mu.Unlock()
+	}()
+}
+
+func (p *Pool) logRelease(l *Link, err error) {
+	if err != nil {
+		p.log.Warn("releasing a sandbox link", "link", l.name, "err", err)
+	}
 }
 
 // destroy tears a link down and frees its lease; a lease whose teardown failed stays reserved

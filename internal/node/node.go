@@ -55,6 +55,8 @@ type Network interface {
 	Attach(ctx context.Context, l *netpool.Link, p egress.Policy) error
 	Update(ctx context.Context, l *netpool.Link, p egress.Policy) error
 	Release(ctx context.Context, l *netpool.Link) error
+	// ReleaseLater is Release in the background, for links whose sandbox is gone.
+	ReleaseLater(l *netpool.Link)
 	// Recover hands back the links recovered sandboxes hold and removes every other one.
 	Recover(ctx context.Context, held []netpool.LinkID) (map[netpool.LinkID]*netpool.Link, error)
 }
@@ -433,12 +435,15 @@ func (n *Node) teardown(ctx context.Context, sb *sandbox) error {
 	if sb.ch != nil {
 		_ = sb.ch.Close()
 	}
-	if sb.link != nil {
-		// After the runtime is gone: the link goes back to the pool closed, its conntrack
-		// state flushed, so the next sandbox on this lease inherits nothing.
-		if err := n.opts.Network.Release(ctx, sb.link); err != nil {
-			errs = append(errs, fmt.Errorf("release network link: %w", err))
-		}
+	if sb.link != nil && len(errs) > 0 {
+		// The runtime may still be sending on the link: keep it out of the pool. The next
+		// start-up removes a link no recovered sandbox holds.
+		n.log.Warn("keeping the network link of a sandbox whose runtime did not stop", "sandbox", sb.id, "link", sb.link.Name())
+	} else if sb.link != nil {
+		// After the runtime is gone, so nothing sends on the link any more: it goes back to the
+		// pool closed, its conntrack state flushed, so the next sandbox on this lease inherits
+		// nothing. That runs in the background; a Take waits for it only when no lease is free.
+		n.opts.Network.ReleaseLater(sb.link)
 	} else if n.opts.NetNS == nil {
 		// Networked node: a link nobody holds is the pool's to remove at recovery.
 	} else if err := n.opts.NetNS.Delete(ctx, n.opts.NetNSPrefix+runtimeID); err != nil {
