@@ -22,24 +22,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
 
-if [ "$(id -u)" != 0 ]; then
-  echo "bench/run.sh must run as root (overlay mounts, network namespaces, runsc)" >&2
-  exit 1
-fi
-
-# Run everything in a loopback-only network namespace: vmon gives sandboxes NATed uplinks, and a
-# benchmark must never let them reach the machine's real network. nsenter switches the network
-# namespace only (`ip netns exec` would remount /sys and hide the cgroups runsc needs).
-if [ -z "${VMON_BENCH_IN_NETNS:-}" ]; then
-  ns=vmonbench-iso
-  ip netns del "$ns" 2>/dev/null || true
-  ip netns add "$ns"
-  ip -n "$ns" link set lo up
-  rc=0
-  VMON_BENCH_IN_NETNS=1 nsenter --net="/run/netns/$ns" bash "$0" "$@" || rc=$?
-  ip netns del "$ns" 2>/dev/null || true
-  exit "$rc"
-fi
+. "$repo/bench/lib.sh"
+require_root
+isolate_netns vmonbench-iso VMON_BENCH_IN_NETNS "$@"
 
 DATA=${VMON_BENCH_DATA_DIR:-/var/lib/vmon-bench}
 TEMPLATE_SRC=${VMON_BENCH_TEMPLATE_SRC:-/var/lib/vmon/templates/base}
@@ -53,53 +38,11 @@ WARM_POOL=${BENCH_WARM_POOL:-2}
 WARM_GAP_MS=${BENCH_WARM_GAP_MS:-1000}
 mkdir -p "$OUT"
 
-# Snapshot the binaries: another build may replace bin/ while the benchmark runs. envd is taken
-# from beside the vmon binary (vmon serve's default --envd-path).
-BIN_DIR="$OUT/bin"
-mkdir -p "$BIN_DIR"
-cp "${VMON_BIN:-$repo/bin/vmon}" "$BIN_DIR/vmon"
-cp "$(dirname "${VMON_BIN:-$repo/bin/vmon}")/envd" "$BIN_DIR/envd"
-VMON="$BIN_DIR/vmon"
+snapshot_binaries
 
-log() { printf '== %s\n' "$*" >&2; }
-
-VMON_PID=
-PORT=
 failed=()
 
-# --- leftover cleanup (only things under this data dir / with this script's names) ----------
-cleanup_cgroups() { # $1 = cgroup parent, $2 = id (or empty: the parent itself)
-  local d
-  for d in /sys/fs/cgroup/*/"$1"${2:+/$2}; do
-    [ -d "$d" ] || continue
-    xargs -r kill -9 <"$d/cgroup.procs" 2>/dev/null || true
-    rmdir "$d" 2>/dev/null || true
-  done
-}
-
-# Sandboxes of the bench data dir that still run after vmon stopped (or before it starts); prints
-# how many there were.
-cleanup_vmon_leftovers() {
-  local -A ids=()
-  local id dir
-  if [ -d "$DATA/runsc" ]; then
-    for id in $("$RUNSC" --root="$DATA/runsc" list -quiet 2>/dev/null || true); do ids[$id]=1; done
-  fi
-  for dir in "$DATA"/sandboxes/*/; do
-    if [ -d "$dir" ]; then ids[$(basename "$dir")]=1; fi
-  done
-  for id in "${!ids[@]}"; do
-    "$RUNSC" --root="$DATA/runsc" kill "$id" KILL >/dev/null 2>&1 || true
-    "$RUNSC" --root="$DATA/runsc" delete --force "$id" >/dev/null 2>&1 || true
-    dir="$DATA/sandboxes/$id"
-    if mountpoint -q "$dir/root" 2>/dev/null; then umount "$dir/root" 2>/dev/null || umount -l "$dir/root" || true; fi
-    if [ -e "/run/netns/vmon-$id" ]; then ip netns del "vmon-$id" 2>/dev/null || true; fi
-    cleanup_cgroups vmon "$id"
-    if ! mountpoint -q "$dir/root" 2>/dev/null; then rm -rf "$dir"; fi
-  done
-  echo "${#ids[@]}"
-}
-
+# --- leftovers of phase 2 (only things under this data dir / with this script's names) -------
 cleanup_runtime_leftovers() {
   local id dir
   if [ -d "$DATA/bench-runtime/runsc" ]; then
@@ -122,87 +65,13 @@ cleanup_runtime_leftovers() {
   rmdir "$DATA/bench-runtime" 2>/dev/null || true
 }
 
-# runsc keeps an nsfs bind mount <root>/null-netns in its state dir; it is only removed once no
-# container of that root is left.
-umount_null_netns() {
-  local root=$1
-  if [ -d "$root" ] && [ -z "$("$RUNSC" --root="$root" list -quiet 2>/dev/null)" ]; then
-    if mountpoint -q "$root/null-netns" 2>/dev/null; then umount "$root/null-netns" || umount -l "$root/null-netns" || true; fi
-  fi
-}
-
-# --- vmon serve ----------------------------------------------------------------------------
-start_vmon() { # $1 = tag, rest = extra serve flags
-  local tag=$1
-  shift
-  PORT=$(node -e 'const s=require("net").createServer();s.listen(0,"127.0.0.1",()=>{console.log(s.address().port);s.close()})')
-  local logf="$OUT/vmon-$tag.log"
-  log "vmon serve --data-dir $DATA --listen 127.0.0.1:$PORT $* (log: $logf)"
-  setsid "$VMON" serve --data-dir "$DATA" --listen "127.0.0.1:$PORT" "$@" >"$logf" 2>&1 </dev/null &
-  VMON_PID=$!
-  export VMON_BENCH_URL="http://127.0.0.1:$PORT" VMON_BENCH_KEY_FILE="$DATA/api-key"
-  local i
-  for i in $(seq 1 1200); do # ≤ 120 s
-    if ! kill -0 "$VMON_PID" 2>/dev/null; then
-      echo "vmon serve exited early; last lines of $logf:" >&2
-      tail -n 30 "$logf" >&2
-      VMON_PID=
-      return 1
-    fi
-    if curl -fsS -o /dev/null --max-time 2 "$VMON_BENCH_URL/health" 2>/dev/null && [ -s "$DATA/api-key" ]; then
-      return 0
-    fi
-    sleep 0.1
-  done
-  echo "vmon serve not healthy after 120 s" >&2
-  return 1
-}
-
-stop_vmon() {
-  if [ -n "$VMON_PID" ] && kill -0 "$VMON_PID" 2>/dev/null; then
-    timeout 120 node bench/sdk.mjs cleanup || true
-    kill -TERM "$VMON_PID" 2>/dev/null || true
-    local i
-    for i in $(seq 1 200); do # ≤ 20 s
-      kill -0 "$VMON_PID" 2>/dev/null || break
-      sleep 0.1
-    done
-    if kill -0 "$VMON_PID" 2>/dev/null; then
-      log "vmon serve ignored SIGTERM for 20 s; SIGKILL"
-      kill -KILL "$VMON_PID" 2>/dev/null || true
-    fi
-  fi
-  [ -z "$VMON_PID" ] || wait "$VMON_PID" 2>/dev/null || true
-  VMON_PID=
-  local left
-  left=$(cleanup_vmon_leftovers)
-  if [ "$left" != 0 ]; then
-    log "removed $left sandbox(es) of $DATA left running after vmon stopped"
-    echo "$left" >>"$OUT/leftovers.txt"
-  fi
-}
-
-on_exit() {
-  local rc=$?
-  trap - EXIT INT TERM
-  stop_vmon || true
-  cleanup_runtime_leftovers || true
-  umount_null_netns "$DATA/runsc" || true
-  exit "$rc"
-}
+EXIT_CLEANUP=cleanup_runtime_leftovers
 trap on_exit EXIT
 trap 'exit 130' INT TERM
 
 # --- preparation -------------------------------------------------------------------------
-mkdir -p "$DATA/templates"
-if [ ! -e "$DATA/templates/base/manifest.json" ]; then
-  log "hard-linking the base template from $TEMPLATE_SRC"
-  cp -al "$TEMPLATE_SRC" "$DATA/templates/base"
-fi
-pre=$(cleanup_vmon_leftovers)
-[ "$pre" = 0 ] || log "removed $pre sandbox(es) left in $DATA by an earlier run"
+prepare_data_dir
 cleanup_runtime_leftovers
-: >"$OUT/leftovers.txt"
 : >"$OUT/incidents.txt"
 
 warm_flag=no
@@ -210,26 +79,12 @@ if "$VMON" serve --help 2>&1 | grep -q -- '--warm-pool'; then warm_flag=yes; fi
 cold_flags=()
 [ "$warm_flag" = yes ] && cold_flags=(--warm-pool 0)
 
-cat >"$OUT/meta.json" <<EOF
-{
-  "startedAt": "$(date -u +%Y-%m-%dT%H:%M:%SZ)",
-  "command": "sudo bash bench/run.sh",
-  "git": "$(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo '?')",
-  "gitDirty": $( [ -n "$(git -C "$repo" status --porcelain -- . ':!bench' 2>/dev/null)" ] && echo true || echo false),
-  "vmonSha256": "$(sha256sum "$VMON" | cut -c1-12)",
-  "runsc": "$(readlink -f "$RUNSC")",
-  "runscVersion": "$("$RUNSC" --version 2>/dev/null | head -1)",
-  "kernel": "$(uname -r)",
-  "cpus": $(nproc),
-  "memTotalMiB": $(awk '/^MemTotal:/ {print int($2/1024)}' /proc/meminfo),
-  "cpuModel": "$(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo | sed 's/"/\\"/g')",
-  "node": "$(node --version)",
-  "dataDir": "$DATA",
+write_meta "$(cat <<EOF
   "warmPoolFlag": $( [ "$warm_flag" = yes ] && echo true || echo false),
   "warmPool": $WARM_POOL,
   "warmGapMs": $WARM_GAP_MS
-}
 EOF
+)"
 
 phase() { # $1 = name, rest = command; a failed phase is reported and the rest still runs
   local name=$1
@@ -251,7 +106,7 @@ phase() { # $1 = name, rest = command; a failed phase is reported and the rest s
 
 # --- cold server: phases 1, 2, 4, 5 ------------------------------------------------------
 vmon_rss() { awk '/^VmRSS:/ {print $2 * 1024}' "/proc/$VMON_PID/status" 2>/dev/null || echo null; }
-if start_vmon cold "${cold_flags[@]}"; then
+if start_vmon "$OUT/vmon-cold.log" "${cold_flags[@]}"; then
   phase 1-sdk-cold node bench/sdk.mjs create --n "$N_CREATES" --label cold --out "$OUT/sdk-cold.json" \
     --capture-config "$OUT/vmon-config.json" --data-dir "$DATA"
   # No sandbox runs during phase 2 (vmon idles).
@@ -267,7 +122,7 @@ fi
 
 # --- warm server: phase 3 ----------------------------------------------------------------
 if [ "$warm_flag" = yes ]; then
-  if start_vmon warm --warm-pool "$WARM_POOL"; then
+  if start_vmon "$OUT/vmon-warm.log" --warm-pool "$WARM_POOL"; then
     phase 3-sdk-warm node bench/sdk.mjs create --n "$N_CREATES" --label warm --gap-ms "$WARM_GAP_MS" \
       --initial-wait-ms 3000 --out "$OUT/sdk-warm.json"
     stop_vmon
