@@ -27,14 +27,16 @@ import (
 	"github.com/vibemon/vmon/internal/envd/process"
 	"github.com/vibemon/vmon/internal/envd/reaper"
 	"github.com/vibemon/vmon/internal/envd/server"
+	"github.com/vibemon/vmon/internal/guestnet"
 )
 
 type config struct {
-	socket   string
-	listen   string
-	initMode bool
-	setClock bool
-	logLevel slog.Level
+	socket       string
+	listen       string
+	initMode     bool
+	setClock     bool
+	configureNet bool
+	logLevel     slog.Level
 }
 
 func main() {
@@ -48,6 +50,7 @@ func run(args []string) int {
 	fl.StringVar(&cfg.listen, "listen", "", "also serve the API on this TCP address, e.g. 127.0.0.1:49983 (tests, debugging)")
 	fl.BoolVar(&cfg.initMode, "init", false, "also act as init: reap orphaned zombies (implied when PID 1)")
 	fl.BoolVar(&cfg.setClock, "set-clock", true, "let POST /init set the system clock from its timestamp")
+	fl.BoolVar(&cfg.configureNet, "configure-network", true, "let POST /init configure the guest's interface, address and default route (vmonNetwork)")
 	fl.TextVar(&cfg.logLevel, "log-level", slog.LevelInfo, "log level (debug, info, warn, error)")
 	version := fl.Bool("version", false, "print the envd protocol version and exit")
 	if err := fl.Parse(args); err != nil {
@@ -88,7 +91,11 @@ func serve(cfg config, log *slog.Logger, starter process.Starter) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 
-	srv, err := server.New(server.Options{Logger: log, SetClock: cfg.setClock, Starter: starter})
+	opts := server.Options{Logger: log, SetClock: cfg.setClock, Starter: starter}
+	if cfg.configureNet {
+		opts.ConfigureNetwork = guestnet.Apply
+	}
+	srv, err := server.New(opts)
 	if err != nil {
 		return fmt.Errorf("create server: %w", err)
 	}

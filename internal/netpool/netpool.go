@@ -29,6 +29,10 @@ import (
 // DefaultPrefix is --net-pool's default: 16384 leases.
 const DefaultPrefix = "172.20.0.0/16"
 
+// GuestInterface is the guest's NIC: the veth peer inside a gVisor sandbox's namespace, and the
+// first NIC of a Linux VM.
+const GuestInterface = "eth0"
+
 // MaxReady caps the ready pool target whatever --boot-concurrency says.
 const MaxReady = 32
 
@@ -131,8 +135,8 @@ func (a *allocator) full() bool { return len(a.used) >= a.size }
 type Kind int
 
 const (
-	// Veth: the host end of a veth pair whose peer, eth0, is configured inside a network
-	// namespace the runtime joins (gVisor's netstack takes it over).
+	// Veth: the host end of a veth pair whose peer, eth0, waits inside a network namespace the
+	// runtime joins (gVisor's netstack takes it over; envd then configures the lease on it).
 	Veth Kind = iota
 	// TAP: a persistent TAP device the VMM opens (Firecracker), owned by VMMUser. It has no
 	// namespace: the guest is configured over the agent channel.

@@ -13,14 +13,17 @@ import (
 	"github.com/vibemon/vmon/internal/egress"
 	"github.com/vibemon/vmon/internal/errdefs"
 	"github.com/vibemon/vmon/internal/firewall"
+	"github.com/vibemon/vmon/internal/guestnet"
 )
 
 // Config configures a Pool.
 type Config struct {
 	// Prefix is --net-pool (see ParsePrefix); the zero value is DefaultPrefix.
 	Prefix netip.Prefix
-	// Target is the ready-pool size: --boot-concurrency, clamped to 1..MaxReady. Released links
-	// return to the pool while it holds fewer than twice this.
+	// Target is the ready-pool size, clamped to 0..MaxReady: one link per boot slot
+	// (--boot-concurrency) unless --net-ready-links says otherwise. Released links return to the
+	// pool while it holds fewer than twice this. 0 turns the pool off: every take builds its link
+	// on the request path and every release tears it down (the benchmark's "without" case).
 	Target int
 	// Kind selects veth (gVisor) or TAP (VM runtimes) host links; the rules are identical.
 	Kind Kind
@@ -74,9 +77,15 @@ func (l *Link) Lease() Lease { return l.lease }
 // Name is the host link's name, vmon<N>.
 func (l *Link) Name() string { return l.name }
 
-// NetNSPath is the namespace the runtime must join (runsc: the OCI network namespace path):
-// eth0 with the guest address, lo up, default route via the host address. "" for TAP links.
+// NetNSPath is the namespace the runtime must join (runsc: the OCI network namespace path): eth0
+// up with only a link-local placeholder address, lo up. "" for TAP links.
 func (l *Link) NetNSPath() string { return l.nsPath }
+
+// GuestNet is what the guest configures once booted: the node pushes it to envd over the agent
+// channel (guests run no DHCP client).
+func (l *Link) GuestNet() guestnet.Config {
+	return guestnet.Config{Interface: GuestInterface, Address: l.lease.GuestPrefix(), Gateway: l.lease.Host}
+}
 
 // Unrestricted reports a template-build link: no egress hooks.
 func (l *Link) Unrestricted() bool { return l.unrestricted }
@@ -148,7 +157,7 @@ type Pool struct {
 }
 
 func newPool(cfg Config, sys system) *Pool {
-	target := min(max(cfg.Target, 1), MaxReady)
+	target := min(max(cfg.Target, 0), MaxReady)
 	log := cfg.Log
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)

@@ -14,6 +14,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/vibemon/vmon/internal/egress"
+	"github.com/vibemon/vmon/internal/guestnet"
 	"github.com/vibemon/vmon/internal/netns"
 	"github.com/vibemon/vmon/internal/testutil/netnstest"
 )
@@ -154,6 +155,32 @@ func expect(t *testing.T, what string, got netnstest.Result, want netnstest.Outc
 	}
 }
 
+// boot stands in for the runtime and envd on a link just taken: the namespace holds eth0 with only
+// the link-local placeholder and no route, and the address push (guestnet.Apply, as envd runs it
+// on the node's /init) configures the lease. The namespace's kernel stack plays the guest's.
+func boot(t *testing.T, l *Link) *netnstest.NS {
+	t.Helper()
+	guest := netnstest.Open(t, l.NetNSPath())
+	if out := guest.MustRun("", "ip", "-4", "-o", "addr", "show", GuestInterface); strings.Count(out, "inet ") != 1 ||
+		!strings.Contains(out, "inet "+guestPlaceholder.String()+" ") {
+		t.Errorf("%s before the push: %s, want only the placeholder %s", l.Name(), out, guestPlaceholder)
+	}
+	if out := guest.MustRun("", "ip", "-4", "route"); strings.TrimSpace(out) != "" {
+		t.Errorf("%s has routes before the push: %s", l.Name(), out)
+	}
+	if err := guest.Do(func() error { return guestnet.Apply(l.GuestNet()) }); err != nil {
+		t.Fatalf("push %+v: %v", l.GuestNet(), err)
+	}
+	if out := guest.MustRun("", "ip", "-4", "-o", "addr", "show", GuestInterface); strings.Count(out, "inet ") != 1 ||
+		!strings.Contains(out, l.Lease().GuestPrefix().String()) {
+		t.Errorf("%s after the push: %s", l.Name(), out)
+	}
+	if out := guest.MustRun("", "ip", "route"); !strings.Contains(out, "default via "+l.Lease().Host.String()) {
+		t.Errorf("%s routes after the push: %s", l.Name(), out)
+	}
+	return guest
+}
+
 func TestPoolLinks(t *testing.T) {
 	ctx := context.Background()
 	e := newEnv(t)
@@ -178,13 +205,7 @@ func TestPoolLinks(t *testing.T) {
 	if err != nil || host.Type() != "veth" || host.Attrs().OperState == netlink.OperDown {
 		t.Fatalf("host link %v (%v)", host, err)
 	}
-	guest := netnstest.Open(t, l.NetNSPath())
-	if out := guest.MustRun("", "ip", "-4", "addr", "show", "eth0"); !strings.Contains(out, l.Lease().GuestPrefix().String()) {
-		t.Errorf("guest address: %s", out)
-	}
-	if out := guest.MustRun("", "ip", "route"); !strings.Contains(out, "default via "+l.Lease().Host.String()) {
-		t.Errorf("guest routes: %s", out)
-	}
+	guest := boot(t, l)
 
 	// Closed until attached, then open, and the flow is marked.
 	expect(t, "before attach", guest.TCP(web, silentWait), netnstest.Silent)
@@ -208,10 +229,9 @@ func TestPoolLinks(t *testing.T) {
 	if s := p.Stats(); s.Ready != 3 || s.InUse != 0 {
 		t.Errorf("stats after release: %+v", s)
 	}
+	// The next sandbox on the link finds it as new: placeholder only, and closed once configured.
+	guest = boot(t, l)
 	expect(t, "released link", guest.TCP(web, silentWait), netnstest.Silent)
-	if out := guest.MustRun("", "ip", "-4", "addr", "show", "eth0"); !strings.Contains(out, l.Lease().GuestPrefix().String()) {
-		t.Errorf("released link lost its guest address: %s", out)
-	}
 
 	if err := p.Close(ctx); err != nil {
 		t.Fatal(err)
@@ -288,7 +308,7 @@ func TestPoolRecoverAfterCrash(t *testing.T) {
 		if err := p1.Attach(ctx, l, egress.Policy{}); err != nil {
 			t.Fatal(err)
 		}
-		expect(t, "flow before the crash", netnstest.Open(t, l.NetNSPath()).UDP(netip.Addr{}, web, "x", answerWait),
+		expect(t, "flow before the crash", boot(t, l).UDP(netip.Addr{}, web, "x", answerWait),
 			netnstest.Answered)
 	}
 	waitReadyReal(t, p1, 2)
@@ -367,7 +387,7 @@ func TestPoolUnrestricted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	expect(t, "template build to an always-denied address", netnstest.Open(t, l.NetNSPath()).TCP(private, answerWait),
+	expect(t, "template build to an always-denied address", boot(t, l).TCP(private, answerWait),
 		netnstest.Answered)
 	if err := p.Release(ctx, l); err != nil {
 		t.Fatal(err)

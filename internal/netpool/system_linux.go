@@ -23,7 +23,7 @@ import (
 )
 
 // peerName is the guest's interface inside the sandbox namespace.
-const peerName = "eth0"
+const peerName = GuestInterface
 
 // New returns a pool for cfg. Nothing is created until Recover.
 func New(ctx context.Context, cfg Config) (*Pool, error) {
@@ -181,10 +181,18 @@ func (s *linuxSystem) configureHost(h *netlink.Handle, l *Link) error {
 	return nil
 }
 
-// prepare configures the peer inside the sandbox namespace: address, up, lo up, default route.
+// guestPlaceholder is the only IPv4 address the sandbox end holds before a runtime boots. runsc
+// adopts only interfaces that carry an address (and takes every address it finds over into the
+// sandbox); the guest's real address comes later, pushed to envd over the agent channel (seed
+// 000: guests run no DHCP client), and the push removes the placeholder. A link-local /32 routes
+// nowhere, and the host end drops anything not sourced from the lease.
+var guestPlaceholder = netip.MustParsePrefix("169.254.0.2/32")
+
+// prepare readies the peer inside the sandbox namespace for the next runtime: up, with lo up, the
+// placeholder as its only IPv4 address and no routes beyond it, whatever an earlier guest left.
 func (s *linuxSystem) prepare(ctx context.Context, l *Link) error {
 	if l.nsPath == "" {
-		return nil // TAP: the guest is configured over the agent channel
+		return nil // TAP: the VM's NIC is the guest's; it too is configured over the agent channel
 	}
 	h, err := handle(l.nsPath)
 	if err != nil {
@@ -195,19 +203,26 @@ func (s *linuxSystem) prepare(ctx context.Context, l *Link) error {
 	if err != nil {
 		return fmt.Errorf("find %s in %s: %w", peerName, l.nsPath, err)
 	}
-	if err := h.AddrReplace(peer, &netlink.Addr{IPNet: ipNet(l.lease.GuestPrefix())}); err != nil {
-		return fmt.Errorf("address %s on %s: %w", l.lease.Guest, peerName, err)
+	addrs, err := h.AddrList(peer, netlink.FAMILY_V4)
+	if err != nil {
+		return fmt.Errorf("addresses of %s in %s: %w", peerName, l.nsPath, err)
+	}
+	for _, a := range addrs {
+		if a.IPNet.String() == guestPlaceholder.String() {
+			continue
+		}
+		if err := h.AddrDel(peer, &a); err != nil && !errors.Is(err, unix.EADDRNOTAVAIL) {
+			return fmt.Errorf("remove %s from %s: %w", a.IPNet, peerName, err)
+		}
+	}
+	if err := h.AddrReplace(peer, &netlink.Addr{IPNet: ipNet(guestPlaceholder)}); err != nil {
+		return fmt.Errorf("placeholder address on %s: %w", peerName, err)
 	}
 	if err := h.LinkSetUp(peer); err != nil {
 		return fmt.Errorf("set %s up: %w", peerName, err)
 	}
 	if lo, err := h.LinkByName("lo"); err == nil {
 		_ = h.LinkSetUp(lo)
-	}
-	route := &netlink.Route{LinkIndex: peer.Attrs().Index, Gw: l.lease.Host.AsSlice(),
-		Dst: ipNet(netip.MustParsePrefix("0.0.0.0/0"))}
-	if err := h.RouteReplace(route); err != nil {
-		return fmt.Errorf("default route via %s: %w", l.lease.Host, err)
 	}
 	return nil
 }

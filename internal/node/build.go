@@ -43,7 +43,7 @@ func (n *Node) StartBuild(ctx context.Context, spec BuildSpec) (*BuildSandbox, e
 	}
 	// No token: envd without one serves only the node, which alone reaches the agent channel.
 	initCtx, cancel := context.WithTimeout(ctx, n.opts.BootTimeout)
-	err = n.initEnvd(initCtx, sb.ch, CreateSpec{EnvVars: spec.Env, DefaultUser: "root", DefaultWorkdir: "/"})
+	err = n.initEnvd(initCtx, sb, CreateSpec{EnvVars: spec.Env, DefaultUser: "root", DefaultWorkdir: "/"})
 	cancel()
 	if err != nil {
 		_ = n.teardown(context.WithoutCancel(ctx), sb)

@@ -214,7 +214,7 @@ func (n *Node) handOut(ctx context.Context, sb *sandbox, spec CreateSpec, img Im
 		}
 		attached := n.attachAsync(ctx, link, spec.Egress)
 		bootCtx, cancel := context.WithTimeout(ctx, n.opts.BootTimeout)
-		err = n.initEnvd(bootCtx, sb.ch, spec)
+		err = n.initEnvd(bootCtx, sb, spec)
 		cancel()
 		err = errors.Join(err, <-attached)
 		sb.attached = sb.link != nil
@@ -360,18 +360,25 @@ func (n *Node) boot(ctx context.Context, bs bootSpec) (_ *sandbox, retErr error)
 }
 
 // initEnvd waits for envd and delivers the sandbox's /init state, retrying until it succeeds,
-// because envd may be up before its HTTP server accepts streams.
-func (n *Node) initEnvd(ctx context.Context, ch *agent.Channel, spec CreateSpec) error {
-	body, err := json.Marshal(map[string]any{
+// because envd may be up before its HTTP server accepts streams. With a link, /init also pushes
+// the guest's address and default route: guests run no DHCP client, and until this push a
+// gVisor guest holds only a link-local placeholder.
+func (n *Node) initEnvd(ctx context.Context, sb *sandbox, spec CreateSpec) error {
+	init := map[string]any{
 		"envVars":        spec.EnvVars,
 		"accessToken":    spec.AccessToken,
 		"defaultUser":    spec.DefaultUser,
 		"defaultWorkdir": spec.DefaultWorkdir,
 		"timestamp":      time.Now().UTC().Format(time.RFC3339Nano),
-	})
+	}
+	if sb.link != nil {
+		init["vmonNetwork"] = sb.link.GuestNet()
+	}
+	body, err := json.Marshal(init)
 	if err != nil {
 		return err
 	}
+	ch := sb.ch
 	if err := ch.WaitConnected(ctx); err != nil {
 		return err
 	}
@@ -395,6 +402,9 @@ func (n *Node) initEnvd(ctx context.Context, ch *agent.Channel, spec CreateSpec)
 				return nil
 			}
 			err = fmt.Errorf("envd /init answered %s: %s", resp.Status, bytes.TrimSpace(msg))
+			if resp.StatusCode < 500 {
+				return err // a verdict on the request itself: sending it again changes nothing
+			}
 		}
 		lastErr = err
 		select {

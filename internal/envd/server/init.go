@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -15,16 +16,20 @@ import (
 
 	"github.com/vibemon/vmon/internal/agentproto"
 	"github.com/vibemon/vmon/internal/errdefs"
+	"github.com/vibemon/vmon/internal/guestnet"
 )
 
 // initRequest is POST /init's body; every field is optional. volumeMounts, hyperloopIP,
 // lifecycleID and caBundle are E2B infrastructure hooks vmon does not use; they are ignored.
+// vmonNetwork is vmon's own: the node pushes the guest's address with it after every boot, since
+// guests run no DHCP client (seed 000).
 type initRequest struct {
 	EnvVars        map[string]string `json:"envVars"`
 	AccessToken    *string           `json:"accessToken"`
 	Timestamp      *time.Time        `json:"timestamp"`
 	DefaultUser    *string           `json:"defaultUser"`
 	DefaultWorkdir *string           `json:"defaultWorkdir"`
+	VmonNetwork    *guestnet.Config  `json:"vmonNetwork"`
 }
 
 // init applies the control plane's session state. Once a token is set, a later /init must prove
@@ -42,12 +47,27 @@ func (s *Server) init(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	if req.VmonNetwork != nil {
+		if err := req.VmonNetwork.Validate(); err != nil {
+			s.writeError(w, r, errdefs.InvalidArgument("%v", err))
+			return
+		}
+	}
 	s.mu.Lock()
 	if s.token != "" {
 		sameToken := req.AccessToken != nil && tokenEqual(*req.AccessToken, s.token)
 		if !sameToken && !tokenEqual(r.Header.Get("X-Access-Token"), s.token) {
 			s.mu.Unlock()
 			s.writeError(w, r, errdefs.Unauthorized("an access token is set; /init needs it in X-Access-Token"))
+			return
+		}
+	}
+	// The network goes first and under the lock: a failed push changes no other state, and the
+	// node's retry of the same /init finds the same token.
+	if req.VmonNetwork != nil {
+		if err := s.configureNetwork(*req.VmonNetwork); err != nil {
+			s.mu.Unlock()
+			s.writeError(w, r, err)
 			return
 		}
 	}
@@ -71,10 +91,23 @@ func (s *Server) init(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	s.log.Info("initialised", "envVars", len(req.EnvVars), "token", req.AccessToken != nil,
-		"defaultUser", req.DefaultUser != nil, "defaultWorkdir", req.DefaultWorkdir != nil)
+		"defaultUser", req.DefaultUser != nil, "defaultWorkdir", req.DefaultWorkdir != nil,
+		"network", req.VmonNetwork != nil)
 	w.Header().Set("X-Envd-Version", agentproto.EnvdVersion)
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// configureNetwork applies the guest network /init pushed. +checklocks:mu
+func (s *Server) configureNetwork(c guestnet.Config) error {
+	if s.netConf == nil {
+		return errdefs.Unavailable("this envd does not configure the guest network")
+	}
+	if err := s.netConf(c); err != nil {
+		return fmt.Errorf("configure the guest network: %w", err)
+	}
+	s.log.Info("guest network configured", "interface", c.Interface, "address", c.Address, "gateway", c.Gateway)
+	return nil
 }
 
 // metrics is GET /metrics's body (E2B's field names).

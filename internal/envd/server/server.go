@@ -22,6 +22,7 @@ import (
 	"github.com/vibemon/vmon/internal/envd/process"
 	"github.com/vibemon/vmon/internal/envd/users"
 	"github.com/vibemon/vmon/internal/errdefs"
+	"github.com/vibemon/vmon/internal/guestnet"
 )
 
 // builtinDefaultUser is the user requests act as until /init sets defaultUser (E2B: root).
@@ -35,6 +36,9 @@ type Options struct {
 	// SetClock lets /init set the guest's clock from its timestamp. Only the real agent sets it;
 	// tests run on a host whose clock must not move.
 	SetClock bool
+	// ConfigureNetwork applies the address /init pushes (guestnet.Apply in the real agent). Nil
+	// refuses such an /init: tests run on a host whose network must not change.
+	ConfigureNetwork func(guestnet.Config) error
 	// Starter starts the processes envd runs (see process.Options.Starter).
 	Starter process.Starter
 }
@@ -44,6 +48,7 @@ type Server struct {
 	log      *slog.Logger
 	users    users.DB
 	setClock bool
+	netConf  func(guestnet.Config) error
 	handler  http.Handler
 	fs       *filesystem.Service
 	metrics  cpuSampler
@@ -69,6 +74,7 @@ func New(opts Options) (*Server, error) {
 		log:         log,
 		users:       opts.Users,
 		setClock:    opts.SetClock,
+		netConf:     opts.ConfigureNetwork,
 		defaultUser: builtinDefaultUser,
 		envVars:     map[string]string{},
 	}

@@ -151,6 +151,16 @@ describe('egress policy on a --net tap node', () => {
     const guestNet = (await sbx.commands.run('ip -o -4 addr show dev eth0; ip -4 route show default')).stdout;
     assert.match(guestNet, new RegExp(`inet ${g.replaceAll('.', '\\.')}/30 `), guestNet);
     assert.match(guestNet, new RegExp(`default via ${lease.host.replaceAll('.', '\\.')} dev eth0`), guestNet);
+    // Guests run no DHCP client: the lease arrives with the node's /init push over the agent
+    // channel. Sandbox namespaces never hold a lease address (runsc adopts eth0 by a link-local
+    // placeholder, which the push replaces), so the lease in the guest can only come from it.
+    assert.equal(guestNet.split('\n').filter((l) => / inet /.test(l)).length, 1, `only the pushed lease on eth0: ${guestNet}`);
+    const pooled = vmonNetns().filter((n) => n.startsWith('vmon-net-'));
+    assert.ok(pooled.length >= 2, `sandbox namespaces: ${pooled}`);
+    for (const ns of pooled) {
+      const held = (await sh('ip', ['-n', ns, '-o', '-4', 'addr', 'show', 'dev', 'eth0'])).stdout.trim();
+      assert.ok(held === '' || /^\d+: eth0 +inet 169\.254\.0\.2\/32 /.test(held), `${ns} eth0: ${held}`);
+    }
     assert.ok((await vmonLinks()).includes(`vmon${lease.index}`), `host end vmon${lease.index} exists in the node`);
 
     await expectReach(sbx, {

@@ -1,0 +1,73 @@
+package guestnet
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// Apply puts c in place in the calling thread's network namespace (inside a gVisor sandbox, the
+// sentry's netstack): the address on the interface, the interface up, the default route via the
+// gateway. It is idempotent, and it removes any other IPv4 address of the interface, so a guest
+// resumed or forked onto a new lease keeps no trace of the old one.
+func Apply(c Config) error {
+	if err := c.Validate(); err != nil {
+		return err
+	}
+	h, err := netlink.NewHandle(unix.NETLINK_ROUTE)
+	if err != nil {
+		return fmt.Errorf("guest network: open netlink: %w", err)
+	}
+	defer h.Close()
+	link, err := h.LinkByName(c.Interface)
+	if err != nil {
+		return fmt.Errorf("guest network: find interface %s: %w", c.Interface, err)
+	}
+	addrs, err := h.AddrList(link, netlink.FAMILY_V4)
+	if err != nil {
+		return fmt.Errorf("guest network: list addresses of %s: %w", c.Interface, err)
+	}
+	for _, a := range addrs {
+		if p, ok := prefixOf(a.IPNet); ok && p == c.Address {
+			continue
+		}
+		if err := h.AddrDel(link, &a); err != nil && !errors.Is(err, unix.EADDRNOTAVAIL) {
+			return fmt.Errorf("guest network: remove stale address %s from %s: %w", a.IPNet, c.Interface, err)
+		}
+	}
+	if err := h.AddrReplace(link, &netlink.Addr{IPNet: ipNet(c.Address)}); err != nil {
+		return fmt.Errorf("guest network: address %s on %s: %w", c.Address, c.Interface, err)
+	}
+	if err := h.LinkSetUp(link); err != nil {
+		return fmt.Errorf("guest network: set %s up: %w", c.Interface, err)
+	}
+	route := &netlink.Route{
+		LinkIndex: link.Attrs().Index,
+		Dst:       &net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)},
+		Gw:        c.Gateway.AsSlice(),
+	}
+	if err := h.RouteReplace(route); err != nil {
+		return fmt.Errorf("guest network: default route via %s: %w", c.Gateway, err)
+	}
+	return nil
+}
+
+func ipNet(p netip.Prefix) *net.IPNet {
+	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
+}
+
+func prefixOf(n *net.IPNet) (netip.Prefix, bool) {
+	if n == nil {
+		return netip.Prefix{}, false
+	}
+	a, ok := netip.AddrFromSlice(n.IP)
+	if !ok {
+		return netip.Prefix{}, false
+	}
+	ones, _ := n.Mask.Size()
+	return netip.PrefixFrom(a.Unmap(), ones), true
+}
