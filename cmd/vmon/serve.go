@@ -365,7 +365,7 @@ func setupNetwork(ctx context.Context, c *config.Serve, log *slog.Logger) (*netp
 		return nil, nop, err
 	}
 	pool, err := netpool.New(ctx, netpool.Config{
-		Prefix: prefix, Target: c.BootConcurrency, Kind: netpool.Veth, NetNSScope: dataDirScope(c.DataDir),
+		Prefix: prefix, Target: c.ReadyLinks(), Kind: netpool.Veth, NetNSScope: dataDirScope(c.DataDir),
 		VMMUser: uid, VMMGroup: gid, Env: egress.NewEnv(internal), Log: log,
 	})
 	if err != nil {

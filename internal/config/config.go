@@ -23,6 +23,7 @@ type Serve struct {
 	Platform          string
 	EnvdPath          string
 	BootConcurrency   int
+	NetReadyLinks     int
 	MaxSandboxes      int
 	WarmPool          int
 	MaxSandboxTimeout time.Duration
@@ -56,6 +57,15 @@ func (c *Serve) Mirrors() (map[string]string, error) {
 	return out, nil
 }
 
+// ReadyLinks is the ready link pool's target: --net-ready-links, or one per boot slot (seed 000,
+// "Ready TAP pool").
+func (c *Serve) ReadyLinks() int {
+	if c.NetReadyLinks >= 0 {
+		return c.NetReadyLinks
+	}
+	return min(c.BootConcurrency, 32)
+}
+
 // DefaultDataDir is where vmon keeps its state unless told otherwise.
 const DefaultDataDir = "/var/lib/vmon"
 
@@ -74,6 +84,7 @@ func BindServe(fs *pflag.FlagSet, c *Serve) {
 	fs.IntVar(&c.MaxSandboxes, "max-sandboxes", 0, "sandboxes this node holds at most (0: derived from memory)")
 	fs.DurationVar(&c.MaxSandboxTimeout, "max-sandbox-timeout", 24*time.Hour, "longest sandbox timeout a client may ask for")
 	fs.StringVar(&c.Net, "net", "auto", "sandbox networking: auto (tap if CAP_NET_ADMIN, else none), tap, or user")
+	fs.IntVar(&c.NetReadyLinks, "net-ready-links", -1, "sandbox links kept pre-created (-1: one per --boot-concurrency slot, at most 32; 0: none, creates build their link)")
 	fs.StringVar(&c.NetPool, "net-pool", "172.20.0.0/16", "IPv4 prefix (/8-/30) the per-sandbox /30 leases are carved from")
 	fs.StringVar(&c.EgressInternal, "egress-internal-allow", "", "comma-separated CIDRs exempted from the always-denied ranges on this node")
 	fs.StringVar(&c.VMMUser, "vmm-user", "", "uid that owns sandbox links when VMMs drop privileges")
@@ -134,6 +145,9 @@ func (c *Serve) Validate() error {
 	}
 	if c.BootConcurrency < 1 || c.BootConcurrency > 32 {
 		return fmt.Errorf("--boot-concurrency must be between 1 and 32")
+	}
+	if c.NetReadyLinks < -1 || c.NetReadyLinks > 32 {
+		return fmt.Errorf("--net-ready-links must be between 0 and 32, or -1 for one per --boot-concurrency slot")
 	}
 	if c.BuildConcurrency < 1 || c.BuildConcurrency > 16 {
 		return fmt.Errorf("--build-concurrency must be between 1 and 16")

@@ -62,6 +62,29 @@ func TestNetPoolEdges(t *testing.T) {
 	}
 }
 
+// The ready link pool follows --boot-concurrency unless --net-ready-links (0 to 32) says otherwise.
+func TestReadyLinks(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		env  map[string]string
+		want int
+	}{
+		{want: 4},
+		{args: []string{"--boot-concurrency", "32"}, want: 32},
+		{args: []string{"--net-ready-links", "0"}, want: 0},
+		{args: []string{"--net-ready-links", "32", "--boot-concurrency", "2"}, want: 32},
+		{env: map[string]string{"VMON_NET_READY_LINKS": "7"}, want: 7},
+	} {
+		c, err := parse(t, tc.args, tc.env)
+		if err != nil {
+			t.Fatalf("%v %v: %v", tc.args, tc.env, err)
+		}
+		if got := c.ReadyLinks(); got != tc.want {
+			t.Errorf("%v %v: %d ready links, want %d", tc.args, tc.env, got, tc.want)
+		}
+	}
+}
+
 func TestInvalid(t *testing.T) {
 	for _, tc := range []struct {
 		args []string
@@ -75,6 +98,8 @@ func TestInvalid(t *testing.T) {
 		{args: []string{"--boot-concurrency", "0"}, want: "--boot-concurrency"},
 		{args: []string{"--boot-concurrency", "33"}, want: "--boot-concurrency"},
 		{args: []string{"--warm-pool", "-1"}, want: "--warm-pool"},
+		{args: []string{"--net-ready-links", "33"}, want: "--net-ready-links"},
+		{args: []string{"--net-ready-links", "-2"}, want: "--net-ready-links"},
 		{args: []string{"--runtime", "firecracker"}, want: "not available"},
 		{args: []string{"--max-sandbox-timeout", "0s"}, want: "positive"},
 		{env: map[string]string{"VMON_BOOT_CONCURRENCY": "many"}, want: "VMON_BOOT_CONCURRENCY"},

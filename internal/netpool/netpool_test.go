@@ -193,6 +193,38 @@ func waitReady(t *testing.T, p *Pool, n int) {
 	}
 }
 
+// Target 0 is the ready pool turned off: nothing is pre-created, every take builds a link and
+// every release tears it down.
+func TestPoolWithoutReadyLinks(t *testing.T) {
+	ctx := context.Background()
+	p, sys := newFakePool(t, 0)
+	if _, err := p.Recover(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(20 * time.Millisecond) // a refill, were one running, would have started by now
+	if s := p.Stats(); s.Ready != 0 || s.Target != 0 {
+		t.Fatalf("stats of a pool without ready links: %+v", s)
+	}
+	for i := range 3 {
+		l, err := p.Take(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s := p.Stats(); s.Misses != i+1 || s.Ready != 0 || s.InUse != 1 {
+			t.Fatalf("take %d: %+v", i, s)
+		}
+		if err := p.Release(ctx, l); err != nil {
+			t.Fatal(err)
+		}
+		sys.mu.Lock()
+		left := len(sys.links)
+		sys.mu.Unlock()
+		if s := p.Stats(); s.Ready != 0 || s.InUse != 0 || s.Destroyed != i+1 || left != 0 {
+			t.Fatalf("release %d: %+v, %d links left", i, s, left)
+		}
+	}
+}
+
 func TestPoolLifecycle(t *testing.T) {
 	ctx := context.Background()
 	p, sys := newFakePool(t, 2)
