@@ -13,9 +13,9 @@
 // and their ip6tables rules; enforcement by IPv6 traffic is covered by the Go firewall tests in
 // real namespaces (internal/firewall).
 //
-// Not covered here: the pre-attach window (a guest cannot send before its policy is attached
-// when driven through the SDK, whose first instruction comes after create returns); the Go tests
-// of internal/netpool and internal/firewall cover closed chains.
+// The pre-attach window is driven with runsc exec in a pre-started sandbox (the SDK's first
+// instruction only comes after create returns); the Go tests of internal/netpool and
+// internal/firewall cover closed chains for every protocol.
 
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
@@ -52,6 +52,8 @@ import {
   delGuestAddrs,
   linkRejects,
   inputRejects,
+  inetStats,
+  statsDelta,
   sh,
 } from '../lib/net.js';
 
@@ -175,6 +177,43 @@ describe('egress policy on a --net tap node', () => {
     assert.notEqual(info.allowInternetAccess, false);
     assert.equal(info.network?.allowOut, undefined);
     assert.equal(info.network?.denyOut, undefined);
+    await sbx.kill();
+  });
+
+  srv.test('pre-attach window: a pre-started guest has no address, and what it sends before its policy is attached gets nothing out', async () => {
+    // The warm pool (--warm-pool 1, the default) holds a booted base sandbox whose link stays
+    // closed until a create hands it out. runsc exec plays a guest that does not wait for the
+    // node: it configures the lease itself and sends.
+    const root = path.join(srv.dataDir, 'sandboxes');
+    const warm = () =>
+      fs.readdirSync(root).find((d) => /^w[a-z0-9]{19}$/.test(d) && fs.existsSync(path.join(root, d, 'link')) && !fs.existsSync(path.join(root, d, 'sandbox-id')));
+    await waitFor(async () => !!warm(), { what: 'a pre-started sandbox' });
+    const wid = warm();
+    const lease = leaseAt(DEFAULT_POOL, Number(fs.readFileSync(path.join(root, wid, 'link'), 'utf8')));
+    const flags = [`--root=${path.join(srv.dataDir, 'runsc')}`, '--platform=systrap', '--network=sandbox', '--host-uds=open', '--overlay2=none', '--allow-suid'];
+    const inGuest = async (script) => (await sh('runsc', [...flags, 'exec', wid, 'sh', '-c', script], { timeoutMs: 30_000 })).stdout;
+
+    assert.equal((await inGuest('ip -o -4 addr show dev eth0')).trim().split('\n').length, 1);
+    assert.match(await inGuest('ip -o -4 addr show dev eth0'), / inet 169\.254\.0\.2\/32 /, 'before the push eth0 holds only the placeholder');
+    assert.equal((await inGuest('ip -4 route show default')).trim(), '', 'and no default route');
+
+    const before = await inetStats();
+    const out = await inGuest(
+      `ip addr add ${lease.guest}/30 dev eth0 && ip route add default via ${lease.host} dev eth0 && ` +
+        `for t in http://${A}/ http://${C}/; do curl -s -m 2 -o /dev/null "$t"; echo "curl $t $?"; done; ` +
+        `ping -c 2 -W 1 ${A} >/dev/null 2>&1; echo "ping $?"`,
+    );
+    assert.match(out, new RegExp(`curl http://${A.replaceAll('.', '\\.')}/ 28`), `curl timed out (silent DROP):\n${out}`);
+    assert.match(out, /ping 1/, `ping got no answer:\n${out}`);
+    assert.deepEqual(statsDelta(before, await inetStats()), {}, 'nothing reached the fake internet before attach');
+
+    // Handed out: the policy is attached, /init pushes the same lease, and traffic flows.
+    const sbx = await box.create();
+    assert.equal(runtimeIdOf(srv.dataDir, sbx.sandboxId), wid, 'the create took the pre-started sandbox');
+    const guestNet = (await sbx.commands.run('ip -o -4 addr show dev eth0')).stdout;
+    assert.equal(guestNet.trim().split('\n').length, 1, guestNet);
+    assert.match(guestNet, new RegExp(` inet ${lease.guest.replaceAll('.', '\\.')}/30 `));
+    await expectReach(sbx, { answered: [`http://${A}`, `icmp://${A}`] });
     await sbx.kill();
   });
 
