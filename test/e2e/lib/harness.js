@@ -153,8 +153,10 @@ function probe(url, { ca, host, timeoutMs = 2000 } = {}) {
  * `{ tls: true, port: 443, args: ['--tls', 'self-signed', '--domain', 'localhost'] }`.
  */
 export class VmonServer {
-  constructor({ name, args = [], port, tls = false, domain = 'localhost', headerTlsCA } = {}) {
+  constructor({ name, args = [], port, tls = false, domain = 'localhost', headerTlsCA, wrap = [] } = {}) {
     this.name = name || 'vmon';
+    // A command vmon runs under, e.g. setpriv dropping a capability: [cmd, ...its args].
+    this.wrap = wrap;
     // With --tls-cert/--tls-key in header mode: the CA (PEM path) the client trusts for 127.0.0.1.
     this.headerTlsCA = headerTlsCA;
     this.extraArgs = args;
@@ -215,10 +217,11 @@ export class VmonServer {
     const stamp = new Date().toISOString().replace(/[:.]/g, '-');
     this.logFile = path.join(logDir(), `${this.name}-${stamp}-${this.starts}.log`);
     this.logStream = fs.createWriteStream(this.logFile, { flags: 'a' });
-    this.logStream.write(`# ${bin} ${args.join(' ')}\n`);
-    this.tail.push(`[harness] start #${this.starts}: ${bin} ${args.join(' ')}`);
+    this.logStream.write(`# ${[...this.wrap, bin, ...args].join(' ')}\n`);
+    this.tail.push(`[harness] start #${this.starts}: ${[...this.wrap, bin, ...args].join(' ')}`);
 
-    const proc = spawn(bin, args, { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env } });
+    const argv = [...this.wrap, bin, ...args];
+    const proc = spawn(argv[0], argv.slice(1), { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env } });
     this.proc = proc;
     proc.stdout.on('data', (c) => this._record(c, 'stdout'));
     proc.stderr.on('data', (c) => this._record(c, 'stderr'));
