@@ -9,7 +9,8 @@
 //
 //	filter FORWARD  -i vmon<N> -j VMON-F<N>                 guard: anti-spoofing, established TCP,
 //	                                                        policy, then refusal of what it returns
-//	VMON-E<N>       the egress policy; a single DROP (closed) until Attach
+//	VMON-E<N>       the egress policy; a single DROP (closed) until Attach, then a block that
+//	                jumps to VMON-DENIED first and ends in a verdict
 //	mangle PREROUTING -i vmon<N> -j CONNMARK --set-mark N+1  tags every guest flow for conntrack flushes
 //	nat POSTROUTING -s guest ! -d pool -j VMON-M<N>         MASQUERADE, never towards another lease
 //	nat PREROUTING  -i vmon<N> tcp 80,443 -j VMON-T<N>      empty slot for the transparent proxy
@@ -19,6 +20,7 @@
 //	filter FORWARD  -o vmon+ ESTABLISHED,RELATED -j ACCEPT   return traffic only
 //	                -o vmon+ ! -i vmon+ -j DROP              nothing new reaches a guest from outside
 //	filter INPUT    -i vmon+ -j REJECT                      a guest reaches no address of the node
+//	VMON-DENIED     the always-denied ranges minus --egress-internal-allow, refused
 //
 // Refusals fail fast: TCP gets a reset, everything else ICMP admin-prohibited; only the closed
 // pre-attach chain and anti-spoofing drop silently.
@@ -138,6 +140,10 @@ func newNames(prefix string) (names, error) {
 }
 
 func (n names) iface(i int) string { return n.prefix + strconv.Itoa(i) }
+
+// deniedChain is the node-wide chain of the always-denied ranges (see deniedRules). Its name has
+// no link index, so ownChain never takes it for a link's.
+func (n names) deniedChain() string { return n.chain + "DENIED" }
 
 func (n names) chainName(kind byte, i int) string {
 	return n.chain + string(kind) + strconv.Itoa(i)

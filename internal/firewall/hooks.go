@@ -103,8 +103,8 @@ func perFamily(fn func(f family) error) error {
 }
 
 // EnsureGlobal (re)writes the node-wide rules every link relies on (return traffic, no inbound
-// connections, host isolation), in one transaction per family that replaces whatever version of
-// them exists. Install calls it the first time; start-up may call it explicitly.
+// connections, host isolation, the always-denied chain for this node's Env), in one transaction
+// per family that replaces whatever version of them exists. Install calls it the first time; start-up may call it explicitly.
 func (fw *Firewall) EnsureGlobal(ctx context.Context) error {
 	fw.globalMu.Lock()
 	defer fw.globalMu.Unlock()
@@ -116,7 +116,9 @@ func (fw *Firewall) EnsureGlobal(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		return fw.run.restore(ctx, f, renderGlobal(fw.names, f, globalDeletes(fw.names, parseSave(out))))
+		saved := parseSave(out)
+		return fw.run.restore(ctx, f, renderGlobal(fw.names, f, globalDeletes(fw.names, saved),
+			hasChain(saved, "filter", fw.names.deniedChain()), fw.env))
 	})
 	if err != nil {
 		return fmt.Errorf("install node-wide link rules: %w", err)
@@ -125,8 +127,8 @@ func (fw *Firewall) EnsureGlobal(ctx context.Context) error {
 	return nil
 }
 
-// RemoveGlobal deletes the node-wide rules; call it when no link is left. Rules already gone
-// are not an error.
+// RemoveGlobal deletes the node-wide rules and chain; call it when no link is left. Rules already
+// gone are not an error.
 func (fw *Firewall) RemoveGlobal(ctx context.Context) error {
 	fw.globalMu.Lock()
 	defer fw.globalMu.Unlock()
@@ -136,14 +138,22 @@ func (fw *Firewall) RemoveGlobal(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		dels := globalDeletes(fw.names, parseSave(out))
-		if len(dels) == 0 {
+		saved := parseSave(out)
+		dels := globalDeletes(fw.names, saved)
+		// The DENIED chain goes only once no link chain can still jump to it; with links left
+		// (a caller that did not remove them first) the kernel would refuse the whole commit.
+		dropDenied := hasChain(saved, "filter", fw.names.deniedChain()) && !hasOwnChain(fw.names, saved, "filter")
+		if len(dels) == 0 && !dropDenied {
 			return nil
 		}
 		var s script
 		s.begin("filter")
 		for _, d := range dels {
 			s.line("%s", d)
+		}
+		if dropDenied {
+			s.line("-F %s", fw.names.deniedChain())
+			s.line("-X %s", fw.names.deniedChain())
 		}
 		return fw.run.restore(ctx, f, s.String())
 	})

@@ -270,3 +270,53 @@ func TestSplitArgs(t *testing.T) {
 		t.Errorf("splitArgs = %q", got)
 	}
 }
+
+// The node-wide DENIED chain: created when missing, rewritten in place (never deleted and
+// re-created, which would fail while attached links jump to it) when a node restarts, and
+// removed with the node-wide rules only once no link chain is left to jump to it.
+func TestDeniedChainLifecycle(t *testing.T) {
+	ctx := context.Background()
+	fw, r := newFake(t)
+	if err := fw.EnsureGlobal(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range r.take() {
+		if !strings.Contains(s, ":VMON-DENIED - [0:0]\n") || strings.Contains(s, "-F VMON-DENIED") {
+			t.Errorf("first EnsureGlobal:\n%s", s)
+		}
+	}
+
+	// A restart finds the chain (and a link still jumping to it).
+	r.saved = "*filter\n:FORWARD ACCEPT [0:0]\n:VMON-DENIED - [0:0]\n:VMON-E7 - [0:0]\n:VMON-F7 - [0:0]\n" +
+		"-A VMON-DENIED -d 10.0.0.0/8 -j REJECT --reject-with icmp-admin-prohibited\n-A VMON-E7 -j VMON-DENIED\nCOMMIT\n"
+	restarted := newFirewall(testNames(t), egress.NewEnv(pfx("10.20.0.0/16")), r, slog.New(slog.DiscardHandler))
+	t.Cleanup(restarted.Close)
+	if err := restarted.EnsureGlobal(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range r.take() {
+		if strings.Contains(s, ":VMON-DENIED") || !strings.Contains(s, "-F VMON-DENIED\n") {
+			t.Errorf("EnsureGlobal over an existing chain must flush it in place:\n%s", s)
+		}
+		if strings.HasPrefix(s, "ipv4") && (!strings.Contains(s, "-A VMON-DENIED -d 10.21.0.0/16 ") || strings.Contains(s, "-d 10.0.0.0/8 ")) {
+			t.Errorf("the rewritten chain does not follow the new exemption:\n%s", s)
+		}
+	}
+
+	// Links left: the global rules may go, the chain they jump to stays.
+	if err := restarted.RemoveGlobal(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range r.take() {
+		if strings.Contains(s, "VMON-DENIED") {
+			t.Errorf("RemoveGlobal touched the chain while link chains exist:\n%s", s)
+		}
+	}
+	r.saved = "*filter\n:FORWARD ACCEPT [0:0]\n:VMON-DENIED - [0:0]\nCOMMIT\n"
+	if err := restarted.RemoveGlobal(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if s := r.take(); len(s) != 2 || !strings.Contains(s[0], "-F VMON-DENIED\n-X VMON-DENIED\n") {
+		t.Errorf("RemoveGlobal with no link left:\n%q", s)
+	}
+}

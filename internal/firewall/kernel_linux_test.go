@@ -211,9 +211,11 @@ func TestDecisionTableTraffic(t *testing.T) {
 	}
 
 	// One firewall per node environment, sharing the rules namespace: the env is node config.
+	// Its always-denied chain is node-wide, so switching env is a node restarting with another
+	// --egress-internal-allow: EnsureGlobal rewrites the chain under the attached link.
 	fws := map[string]*Firewall{}
 	ctx := context.Background()
-	var cur string
+	var cur, curEnv string
 	var ran int
 	for _, c := range cases {
 		dst := c.Dst.Unmap()
@@ -230,6 +232,15 @@ func TestDecisionTableTraffic(t *testing.T) {
 			}
 			t.Cleanup(fw.Close)
 			fws[envKey] = fw
+		}
+		if envKey != curEnv {
+			fw.globalMu.Lock()
+			fw.globalDone = false
+			fw.globalMu.Unlock()
+			if err := fw.EnsureGlobal(ctx); err != nil {
+				t.Fatal(err)
+			}
+			curEnv = envKey
 		}
 		key := envKey + fmt.Sprint(c.Policy.AllowOut, c.Policy.DenyOut)
 		if key != cur {

@@ -183,11 +183,43 @@ func globalRules(n names, f family) map[string][]string {
 	return map[string][]string{"FORWARD": forward, "INPUT": input}
 }
 
+// deniedRules are the rules of the node-wide chain <PREFIX>-DENIED: the always-denied ranges
+// minus --egress-internal-allow, each refused fast (a reset for TCP, admin-prohibited for the
+// rest), as the guard's tail would. Every attached policy block jumps here first. One shared
+// chain rather than a copy per link is what keeps an attach from slowing down as links grow:
+// nf_tables re-validates every rule reachable from a base chain on each commit, but a chain
+// that many links jump to is walked once per commit (measured: the same attach cost with 1 or
+// 100 ranges in it at 1000 links, against twice the cost with eight ranges copied per link).
+func deniedRules(f family, env egress.Env) []string {
+	denied := env.AlwaysDenied
+	if denied == nil {
+		denied = egress.AlwaysDenied() // as in egress.Decide: a zero Env fails closed
+	}
+	var rules []string
+	for _, pfx := range subtract(forFamily(denied, f), forFamily(env.InternalAllow, f)) {
+		rules = append(rules,
+			fmt.Sprintf("-d %s -p tcp -j REJECT --reject-with tcp-reset", pfx),
+			fmt.Sprintf("-d %s -j REJECT --reject-with %s", pfx, f.rejectOther()))
+	}
+	return rules
+}
+
 // renderGlobal installs the node-wide rules, first deleting whatever part of them exists
-// (stale lines from saved output), in one transaction.
-func renderGlobal(n names, f family, stale []string) string {
+// (stale lines from saved output), and (re)writes the DENIED chain for env, in one
+// transaction: links already attached see the old ranges until the commit and the new ones
+// after it, never an empty chain.
+func renderGlobal(n names, f family, stale []string, deniedExists bool, env egress.Env) string {
 	var s script
 	s.begin("filter")
+	denied := n.deniedChain()
+	if deniedExists {
+		s.line("-F %s", denied)
+	} else {
+		s.line(":%s - [0:0]", denied)
+	}
+	for _, r := range deniedRules(f, env) {
+		s.line("-A %s %s", denied, r)
+	}
 	for _, l := range stale {
 		s.line("%s", l)
 	}
@@ -201,14 +233,13 @@ func renderGlobal(n names, f family, stale []string) string {
 // exactly in the seed's precedence (RETURN hands the packet back to the guard, which refuses it):
 //
 //  1. another lease                                   → RETURN (lease isolation, not policy)
-//  2. always-denied minus --egress-internal-allow      → RETURN
+//  2. always-denied minus --egress-internal-allow      → the node-wide DENIED chain refuses it
 //  3. allowOut                                        → ACCEPT
 //  4. denyOut                                         → RETURN
 //  5. otherwise                                       → ACCEPT
 //
 // The final ACCEPT makes every block terminal, which is what lets a live update stack a new
-// block on top of the old one atomically. Refusing by RETURN rather than a jump to a shared
-// refusal chain keeps commits cheap: the kernel re-validates a jump target once per jump.
+// block on top of the old one atomically.
 func policyRules(n names, l Link, f family, p egress.Policy, env egress.Env) []string {
 	const refuse = "RETURN"
 	var rules []string
@@ -222,12 +253,8 @@ func policyRules(n names, l Link, f family, p egress.Policy, env egress.Env) []s
 	if pool := l.pool(f); pool.IsValid() {
 		dst(pool, refuse)
 	}
-	denied := env.AlwaysDenied
-	if denied == nil {
-		denied = egress.AlwaysDenied() // as in egress.Decide: a zero Env fails closed
-	}
-	for _, pfx := range subtract(forFamily(denied, f), forFamily(env.InternalAllow, f)) {
-		dst(pfx, refuse)
+	if len(deniedRules(f, env)) > 0 {
+		rules = append(rules, "-j "+n.deniedChain())
 	}
 	for _, pfx := range forFamily(p.AllowOut, f) {
 		dst(pfx, "ACCEPT")

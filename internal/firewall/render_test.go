@@ -97,7 +97,7 @@ func renderNodeWide(n names) string {
 	for _, f := range families {
 		tool := map[family]string{v4: "iptables-restore", v6: "ip6tables-restore"}[f]
 		fmt.Fprintf(&b, "\n## %s --noflush\n", tool)
-		b.WriteString(renderGlobal(n, f, nil))
+		b.WriteString(renderGlobal(n, f, nil, false, defaultEnv))
 	}
 	return b.String()
 }
@@ -107,6 +107,10 @@ func renderState(n names, l Link, env egress.Env, p *egress.Policy) string {
 	fmt.Fprintf(&b, "# %s, policy %s\n", l, describe(p, env))
 	for _, f := range families {
 		tool := map[family]string{v4: "iptables-restore", v6: "ip6tables-restore"}[f]
+		if len(env.InternalAllow) > 0 {
+			fmt.Fprintf(&b, "\n## %s --noflush: node-wide rules for this node's exemptions (EnsureGlobal)\n", tool)
+			b.WriteString(renderGlobal(n, f, nil, true, env))
+		}
 		fmt.Fprintf(&b, "\n## %s --noflush: install (from creation, in the pool)\n", tool)
 		b.WriteString(renderInstall(n, l, f))
 		if p == nil {
@@ -197,13 +201,17 @@ func TestAttachIsAddOnly(t *testing.T) {
 }
 
 // evalBlock walks a rendered policy block the way the kernel does, first match wins, for the
-// only matches a block uses (-d PREFIX, or none).
-func evalBlock(t *testing.T, rules []string, dst netip.Addr) egress.Verdict {
+// only matches a block uses (-d PREFIX, or none), following its jump to the node-wide DENIED
+// chain (rendered for env).
+func evalBlock(t *testing.T, n names, f family, env egress.Env, rules []string, dst netip.Addr) egress.Verdict {
 	t.Helper()
+	matches := func(args []string) bool {
+		return args[0] != "-d" || netip.MustParsePrefix(args[1]).Contains(dst)
+	}
 	for _, r := range rules {
 		args := strings.Fields(r)
 		target := args[len(args)-1]
-		if args[0] == "-d" && !netip.MustParsePrefix(args[1]).Contains(dst) {
+		if !matches(args) {
 			continue
 		}
 		switch target {
@@ -211,6 +219,15 @@ func evalBlock(t *testing.T, rules []string, dst netip.Addr) egress.Verdict {
 			return egress.Allow
 		case "RETURN": // refused by the guard's tail
 			return egress.Deny
+		case n.deniedChain():
+			for _, d := range deniedRules(f, env) {
+				if !strings.Contains(d, "-j REJECT") {
+					t.Fatalf("DENIED rule without a refusal: %q", d)
+				}
+				if matches(strings.Fields(d)) {
+					return egress.Deny
+				}
+			}
 		default:
 			t.Fatalf("unexpected target in %q", r)
 		}
@@ -239,7 +256,7 @@ func TestRenderMatchesDecide(t *testing.T) {
 		if dst.Is6() {
 			f = v6
 		}
-		got := evalBlock(t, policyRules(n, l, f, c.Policy, c.Env), dst)
+		got := evalBlock(t, n, f, c.Env, policyRules(n, l, f, c.Policy, c.Env), dst)
 		if want := egress.Decide(c.Policy, c.Env, c.Proto, c.Dst, c.Port); got != want || got != c.Want {
 			t.Errorf("%s: rendered rules say %v, Decide says %v, table says %v", c.Name, got, want, c.Want)
 		}
@@ -253,7 +270,7 @@ func TestLeaseIsolationBeforePolicy(t *testing.T) {
 	env := egress.NewEnv(pfx("172.16.0.0/12"))
 	p := egress.Policy{AllowOut: pfx("172.20.0.0/16")}
 	rules := policyRules(n, link7, v4, p, env)
-	if got := evalBlock(t, rules, netip.MustParseAddr("172.20.0.6")); got != egress.Deny {
+	if got := evalBlock(t, n, v4, env, rules, netip.MustParseAddr("172.20.0.6")); got != egress.Deny {
 		t.Fatalf("guest reaches another lease: %v", rules)
 	}
 }

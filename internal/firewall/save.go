@@ -178,3 +178,28 @@ func globalDeletes(n names, tables []savedTable) []string {
 	}
 	return out
 }
+
+// hasChain reports whether the saved table declares chain.
+func hasChain(tables []savedTable, table, chain string) bool {
+	for _, t := range tables {
+		if t.name == table && slices.Contains(t.chains, chain) {
+			return true
+		}
+	}
+	return false
+}
+
+// hasOwnChain reports whether the saved table declares any per-link chain of ours.
+func hasOwnChain(n names, tables []savedTable, table string) bool {
+	for _, t := range tables {
+		if t.name != table {
+			continue
+		}
+		for _, c := range t.chains {
+			if _, ok := n.ownChain(c); ok {
+				return true
+			}
+		}
+	}
+	return false
+}

@@ -651,6 +651,11 @@ export async function linkRejects(index) {
   return rejectCounts(['-t', 'filter', '-L', `VMON-F${index}`, '-v', '-n', '-x']);
 }
 
+/** Packet counts of the node-wide always-denied chain VMON-DENIED, which every policy jumps to (IPv4). */
+export async function deniedRejects() {
+  return rejectCounts(['-t', 'filter', '-L', 'VMON-DENIED', '-v', '-n', '-x']);
+}
+
 /** Packet counts of the node-wide INPUT REJECT rules for guest links (IPv4). */
 export async function inputRejects() {
   return rejectCounts(['-t', 'filter', '-L', 'INPUT', '-v', '-n', '-x'], /vmon/);

@@ -51,6 +51,7 @@ import {
   addGuestAddrs,
   delGuestAddrs,
   linkRejects,
+  deniedRejects,
   inputRejects,
   inetStats,
   statsDelta,
@@ -280,18 +281,22 @@ describe('egress policy on a --net tap node', () => {
     const sbx = await box.create();
     const g = await guestAddr(sbx);
     const index = leaseOf(g, DEFAULT_POOL).index;
-    const rejects = await linkRejects(index);
+    // The refusals come from the node-wide always-denied chain the policy jumps to (this is the
+    // only sandbox sending), not from the fake internet: its hosts in those ranges would answer.
+    const rejects = await deniedRejects();
+    const guard = await linkRejects(index);
     await expectReach(sbx, {
       answered: [`http://${A}`],
       refused: ALWAYS_DENIED_HOSTS.flatMap((h) => [`http://${h}`, `tcp://${h}:7`, `udp://${h}:7`, `icmp://${h}`]),
     });
-    const after = await linkRejects(index);
+    const after = await deniedRejects();
     const n = ALWAYS_DENIED_HOSTS.length;
-    assert.ok(after.tcpReset - rejects.tcpReset >= 2 * n, `vmon${index} reset the TCP attempts: ${JSON.stringify({ rejects, after })}`);
+    assert.ok(after.tcpReset - rejects.tcpReset >= 2 * n, `VMON-DENIED reset the TCP attempts: ${JSON.stringify({ rejects, after })}`);
     assert.ok(
       after.icmpProhibited - rejects.icmpProhibited >= 2 * n,
-      `vmon${index} rejected the UDP and ICMP attempts with admin-prohibited: ${JSON.stringify({ rejects, after })}`,
+      `VMON-DENIED rejected the UDP and ICMP attempts with admin-prohibited: ${JSON.stringify({ rejects, after })}`,
     );
+    assert.deepEqual(await linkRejects(index), guard, `vmon${index}'s guard refused nothing itself: the policy did`);
     await sbx.kill();
   });
 
@@ -318,7 +323,7 @@ describe('egress policy on a --net tap node', () => {
     const index = leaseOf(await guestAddr(sbx), DEFAULT_POOL).index;
     const v6 = (await sh('ip6tables-save', ['-t', 'filter'])).stdout.split('\n');
     const chain = `VMON-E${index}`;
-    for (const rule of [`-A ${chain} -d 2001:db8::10/128 -j ACCEPT`, `-A ${chain} -d 2001:db8:1::/48 -j ACCEPT`, `-A ${chain} -d 2001:db8::/32 -j RETURN`]) {
+    for (const rule of [`-A ${chain} -j VMON-DENIED`, `-A ${chain} -d 2001:db8::10/128 -j ACCEPT`, `-A ${chain} -d 2001:db8:1::/48 -j ACCEPT`, `-A ${chain} -d 2001:db8::/32 -j RETURN`, '-A VMON-DENIED -d fc00::/7 -p tcp -j REJECT --reject-with tcp-reset']) {
       assert.ok(v6.includes(rule), `ip6tables has "${rule}":\n${v6.filter((l) => l.includes(chain)).join('\n')}`);
     }
     // IPv4 is unaffected by the IPv6 entries; the guest has no IPv6 route at all.
@@ -691,7 +696,10 @@ describe('kill -9 of the server and restart: no orphan links, chains, namespaces
       { timeoutMs: 20_000, what: () => `the recovered links ${held} + 1 ready link (now: ${JSON.stringify(state)})` },
     );
     const linkIdx = state.links.map(linkIndex).sort((x, y) => x - y);
-    assert.deepEqual(chainIndices(state.chains), linkIdx, `chains only for existing links:\n${state.chains.join('\n')}`);
+    const nodeWide = state.chains.filter((c) => / VMON-DENIED$/.test(c));
+    assert.deepEqual(nodeWide, ['v4 filter VMON-DENIED', 'v6 filter VMON-DENIED'], 'the node-wide always-denied chain, once per family');
+    const perLink = state.chains.filter((c) => !nodeWide.includes(c));
+    assert.deepEqual(chainIndices(perLink), linkIdx, `chains only for existing links:\n${state.chains.join('\n')}`);
     const ruleLinks = [...new Set(state.linkRules.flatMap((r) => [...r.matchAll(/(?:vmon|VMON-[A-Z])(\d+)\b/g)].map((m) => Number(m[1]))))];
     assert.deepEqual(ruleLinks.sort((x, y) => x - y), linkIdx, `rules only for existing links:\n${state.linkRules.join('\n')}`);
     const { rules } = await vmonRules();
