@@ -33,7 +33,8 @@
 //
 // The package must never touch links, addresses, routes or conntrack (netpool owns those), nor
 // any rule it did not create: removal only deletes rules tagged vmon-egress in built-in chains
-// that reference one of its own links or chains, and its own per-link chains.
+// that reference one of its own links or chains, its own per-link chains, and (RemoveGlobal,
+// once no per-link chain is left) its node-wide DENIED chain.
 package firewall
 
 import (

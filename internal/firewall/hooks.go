@@ -289,6 +289,11 @@ func (h *Hooks) Update(ctx context.Context, p egress.Policy) error {
 }
 
 func (h *Hooks) apply(ctx context.Context, p egress.Policy) error {
+	// Every block jumps to the node-wide DENIED chain. Install made it, but a link adopted after
+	// a restart may be attached before any Install runs; after the first success this is free.
+	if err := h.fw.EnsureGlobal(ctx); err != nil {
+		return err
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if err := h.usable(); err != nil {

@@ -25,6 +25,9 @@ func Apply(c Config) error {
 	defer h.Close()
 	link, err := h.LinkByName(c.Interface)
 	if err != nil {
+		if nf := (netlink.LinkNotFoundError{}); errors.As(err, &nf) {
+			err = ErrNoInterface
+		}
 		return fmt.Errorf("guest network: find interface %s: %w", c.Interface, err)
 	}
 	addrs, err := h.AddrList(link, netlink.FAMILY_V4)
@@ -35,7 +38,11 @@ func Apply(c Config) error {
 		if p, ok := prefixOf(a.IPNet); ok && p == c.Address {
 			continue
 		}
-		if err := h.AddrDel(link, &a); err != nil && !errors.Is(err, unix.EADDRNOTAVAIL) {
+		// Only the prefix: gVisor's netstack answers EOPNOTSUPP to an RTM_DELADDR carrying any
+		// attribute besides IFA_LOCAL and IFA_ADDRESS (a listed address has a label, and the
+		// library adds a broadcast address below /31 unless told it is zero).
+		del := &netlink.Addr{IPNet: a.IPNet, Broadcast: net.IPv4zero}
+		if err := h.AddrDel(link, del); err != nil && !errors.Is(err, unix.EADDRNOTAVAIL) {
 			return fmt.Errorf("guest network: remove stale address %s from %s: %w", a.IPNet, c.Interface, err)
 		}
 	}

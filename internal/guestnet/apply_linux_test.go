@@ -1,6 +1,7 @@
 package guestnet
 
 import (
+	"errors"
 	"net/netip"
 	"strings"
 	"testing"
@@ -58,7 +59,7 @@ func TestApply(t *testing.T) {
 	// A wrong interface or an invalid config is an error that says which, and changes nothing.
 	bad := second
 	bad.Interface = "eth9"
-	if err := guest.Do(func() error { return Apply(bad) }); err == nil || !strings.Contains(err.Error(), "eth9") {
+	if err := guest.Do(func() error { return Apply(bad) }); !errors.Is(err, ErrNoInterface) || !strings.Contains(err.Error(), "eth9") {
 		t.Errorf("unknown interface: %v", err)
 	}
 	bad = second

@@ -27,6 +27,10 @@ type Config struct {
 // maxInterfaceName is IFNAMSIZ without the terminating NUL.
 const maxInterfaceName = 15
 
+// ErrNoInterface is returned (wrapped) by Apply when the guest has no interface of that name:
+// sending the same config again cannot help.
+var ErrNoInterface = errors.New("no such interface")
+
 // Validate reports why c cannot be applied, or nil.
 func (c Config) Validate() error {
 	if c.Interface == "" || len(c.Interface) > maxInterfaceName {
@@ -38,14 +42,31 @@ func (c Config) Validate() error {
 	if c.Address.Addr() != c.Address.Addr().Unmap() || !c.Address.Addr().Is4() {
 		return fmt.Errorf("guest network: address %s is not IPv4 (leases are IPv4 /30 blocks)", c.Address)
 	}
-	if c.Address.Bits() == 32 || c.Address.Masked().Addr() == c.Address.Addr() {
-		return fmt.Errorf("guest network: address %s names its network, not a host in it", c.Address)
+	if c.Address.Bits() == 32 {
+		return fmt.Errorf("guest network: address %s has no other host to route through", c.Address)
+	}
+	if !isHost(c.Address, c.Address.Addr()) {
+		return fmt.Errorf("guest network: address %s names its network or broadcast address, not a host", c.Address)
 	}
 	if !c.Gateway.IsValid() || !c.Gateway.Is4() {
 		return fmt.Errorf("guest network: gateway %s is not an IPv4 address", c.Gateway)
 	}
-	if !c.Address.Contains(c.Gateway) || c.Gateway == c.Address.Addr() {
+	if !c.Address.Contains(c.Gateway) || c.Gateway == c.Address.Addr() || !isHost(c.Address, c.Gateway) {
 		return fmt.Errorf("guest network: gateway %s is not another host of %s", c.Gateway, c.Address.Masked())
 	}
 	return nil
+}
+
+// isHost reports whether a (inside p) may be a host's address: anything in a /31 (RFC 3021),
+// else neither the network nor the broadcast address.
+func isHost(p netip.Prefix, a netip.Addr) bool {
+	if p.Bits() >= 31 {
+		return true
+	}
+	network := p.Masked().Addr()
+	b := network.As4()
+	host := uint32(1)<<(32-p.Bits()) - 1
+	v := uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3]) | host
+	broadcast := netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
+	return a != network && a != broadcast
 }

@@ -22,8 +22,11 @@ func TestValidate(t *testing.T) {
 		{"no address", func(c *Config) { c.Address = netip.Prefix{} }, "address is missing"},
 		{"IPv6 address", func(c *Config) { c.Address = netip.MustParsePrefix("2001:db8::2/64") }, "not IPv4"},
 		{"v4-mapped address", func(c *Config) { c.Address = netip.MustParsePrefix("::ffff:172.20.0.2/126") }, "not IPv4"},
-		{"network address", func(c *Config) { c.Address = netip.MustParsePrefix("172.20.0.0/30") }, "names its network"},
-		{"host route", func(c *Config) { c.Address = netip.MustParsePrefix("172.20.0.2/32") }, "names its network"},
+		{"network address", func(c *Config) { c.Address = netip.MustParsePrefix("172.20.0.0/30") }, "network or broadcast"},
+		{"broadcast address", func(c *Config) { c.Address = netip.MustParsePrefix("172.20.0.3/30") }, "network or broadcast"},
+		{"host route", func(c *Config) { c.Address = netip.MustParsePrefix("172.20.0.2/32") }, "no other host"},
+		{"gateway is the network", func(c *Config) { c.Gateway = netip.MustParseAddr("172.20.0.0") }, "not another host"},
+		{"gateway is the broadcast", func(c *Config) { c.Gateway = netip.MustParseAddr("172.20.0.3") }, "not another host"},
 		{"no gateway", func(c *Config) { c.Gateway = netip.Addr{} }, "gateway"},
 		{"gateway outside", func(c *Config) { c.Gateway = netip.MustParseAddr("172.20.0.5") }, "not another host"},
 		{"gateway is the guest", func(c *Config) { c.Gateway = c.Address.Addr() }, "not another host"},
@@ -37,6 +40,11 @@ func TestValidate(t *testing.T) {
 				t.Fatalf("Validate() = %v, want an error containing %q", err, tc.want)
 			}
 		})
+	}
+	// A /31 has no network or broadcast address (RFC 3021): both ends are hosts.
+	p31 := Config{Interface: "eth0", Address: netip.MustParsePrefix("172.20.0.0/31"), Gateway: netip.MustParseAddr("172.20.0.1")}
+	if err := p31.Validate(); err != nil {
+		t.Errorf("/31: %v", err)
 	}
 	// 15 characters is IFNAMSIZ-1: the longest name Linux accepts.
 	c := good

@@ -369,9 +369,10 @@ func checkHooks(l *Link) error {
 	return nil
 }
 
-// Prepare re-applies the peer's address and default route in the link's namespace. runsc
-// removes them when it takes the interface over, so call it before restoring a sandbox into a
-// namespace it ran in before. Take always returns prepared links.
+// Prepare puts the peer back in its ready state (up, with only the link-local placeholder that
+// makes runsc adopt it). runsc removes the addresses it finds when it takes the interface over,
+// so call it before restoring a sandbox into a namespace it ran in before. Take always returns
+// prepared links.
 func (p *Pool) Prepare(ctx context.Context, l *Link) error {
 	return p.sys.prepare(ctx, l)
 }

@@ -208,8 +208,11 @@ func (s *linuxSystem) prepare(ctx context.Context, l *Link) error {
 		return fmt.Errorf("addresses of %s in %s: %w", peerName, l.nsPath, err)
 	}
 	for _, a := range addrs {
-		if a.IPNet.String() == guestPlaceholder.String() {
-			continue
+		if ip, ok := netip.AddrFromSlice(a.IP); ok {
+			ones, _ := a.Mask.Size()
+			if netip.PrefixFrom(ip.Unmap(), ones) == guestPlaceholder {
+				continue
+			}
 		}
 		if err := h.AddrDel(peer, &a); err != nil && !errors.Is(err, unix.EADDRNOTAVAIL) {
 			return fmt.Errorf("remove %s from %s: %w", a.IPNet, peerName, err)

@@ -289,8 +289,8 @@ func (n *Node) boot(ctx context.Context, bs bootSpec) (_ *sandbox, retErr error)
 	var link *netpool.Link
 	var nsPath string
 	if n.opts.Network != nil {
-		// A ready link: its namespace already holds the configured guest end, its chains are
-		// closed until the sandbox is handed out.
+		// A ready link: its namespace holds the guest end with only a placeholder address (the
+		// lease comes with /init), its chains are closed until the sandbox is handed out.
 		take := n.opts.Network.Take
 		if bs.unrestricted {
 			take = n.opts.Network.TakeUnrestricted

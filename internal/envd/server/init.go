@@ -62,8 +62,8 @@ func (s *Server) init(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	// The network goes first and under the lock: a failed push changes no other state, and the
-	// node's retry of the same /init finds the same token.
+	// The network goes first and under the lock: a failed push leaves envd's own state (token,
+	// env, defaults) untouched, and the node's retry of the same /init finds the same token.
 	if req.VmonNetwork != nil {
 		if err := s.configureNetwork(*req.VmonNetwork); err != nil {
 			s.mu.Unlock()
@@ -98,12 +98,18 @@ func (s *Server) init(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
-// configureNetwork applies the guest network /init pushed. +checklocks:mu
+// configureNetwork applies the guest network /init pushed. What sending the same push again
+// cannot fix is a 4xx, so the node stops retrying at once; anything else is a 500 it retries.
+//
+// +checklocks:s.mu
 func (s *Server) configureNetwork(c guestnet.Config) error {
 	if s.netConf == nil {
-		return errdefs.Unavailable("this envd does not configure the guest network")
+		return errdefs.InvalidArgument("this envd does not configure the guest network (started with --configure-network=false)")
 	}
 	if err := s.netConf(c); err != nil {
+		if errors.Is(err, guestnet.ErrNoInterface) {
+			return errdefs.Wrap(errdefs.KindInvalidArgument, err, "configure the guest network: %v", err)
+		}
 		return fmt.Errorf("configure the guest network: %w", err)
 	}
 	s.log.Info("guest network configured", "interface", c.Interface, "address", c.Address, "gateway", c.Gateway)

@@ -3,6 +3,7 @@ package server
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -76,11 +77,26 @@ func TestInitNetwork(t *testing.T) {
 		t.Fatalf("push with the token: %d, %d applied", w.Code, len(applied))
 	}
 
+	// An interface the guest does not have is a verdict, not a hiccup: 400, so the node stops.
+	missing, err := New(Options{ConfigureNetwork: func(c guestnet.Config) error {
+		return fmt.Errorf("find interface %s: %w", c.Interface, guestnet.ErrNoInterface)
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = missing.Close() })
+	r0 := httptest.NewRequest("POST", "/init", bytes.NewBufferString(`{`+net1+`}`))
+	w0 := httptest.NewRecorder()
+	missing.ServeHTTP(w0, r0)
+	if w0.Code != http.StatusBadRequest || !bytes.Contains(w0.Body.Bytes(), []byte("no such interface")) {
+		t.Fatalf("missing interface: %d %s", w0.Code, w0.Body)
+	}
+
 	plain := newTestServer(t, "")
 	r := httptest.NewRequest("POST", "/init", bytes.NewBufferString(`{`+net1+`}`))
 	rec := httptest.NewRecorder()
 	plain.ServeHTTP(rec, r)
-	if rec.Code != http.StatusServiceUnavailable || !bytes.Contains(rec.Body.Bytes(), []byte("does not configure the guest network")) {
+	if rec.Code != http.StatusBadRequest || !bytes.Contains(rec.Body.Bytes(), []byte("does not configure the guest network")) {
 		t.Fatalf("envd without ConfigureNetwork: %d %s", rec.Code, rec.Body)
 	}
 }
