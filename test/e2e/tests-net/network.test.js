@@ -161,7 +161,7 @@ describe('egress policy on a --net tap node', () => {
     // envd took the push on the node's first /init: a refused push would be retried and only
     // show up as a slower create.
     const envdLog = fs.readFileSync(path.join(srv.dataDir, 'sandboxes', runtimeIdOf(srv.dataDir, sbx.sandboxId), 'console.log'), 'utf8');
-    assert.match(envdLog, new RegExp(`guest network configured interface=eth0 address=${g.replaceAll('.', '\\.')}/30 gateway=${lease.host.replaceAll('.', '\\.')}`), envdLog);
+    assert.match(envdLog, new RegExp(`guest network configured" interface=eth0 address=${g.replaceAll('.', '\\.')}/30 gateway=${lease.host.replaceAll('.', '\\.')}`), envdLog);
     assert.doesNotMatch(envdLog, /path=\/init/, `no /init request failed:\n${envdLog}`);
     const pooled = vmonNetns().filter((n) => n.startsWith('vmon-net-'));
     assert.ok(pooled.length >= 2, `sandbox namespaces: ${pooled}`);
