@@ -104,7 +104,8 @@ func perFamily(fn func(f family) error) error {
 
 // EnsureGlobal (re)writes the node-wide rules every link relies on (return traffic, no inbound
 // connections, host isolation, the always-denied chain for this node's Env), in one transaction
-// per family that replaces whatever version of them exists. Install calls it the first time; start-up may call it explicitly.
+// per family that replaces whatever version of them exists. Install and Attach call it the first
+// time; start-up may call it explicitly.
 func (fw *Firewall) EnsureGlobal(ctx context.Context) error {
 	fw.globalMu.Lock()
 	defer fw.globalMu.Unlock()

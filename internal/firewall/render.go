@@ -191,17 +191,22 @@ func globalRules(n names, f family) map[string][]string {
 // that many links jump to is walked once per commit (measured: the same attach cost with 1 or
 // 100 ranges in it at 1000 links, against twice the cost with eight ranges copied per link).
 func deniedRules(f family, env egress.Env) []string {
-	denied := env.AlwaysDenied
-	if denied == nil {
-		denied = egress.AlwaysDenied() // as in egress.Decide: a zero Env fails closed
-	}
 	var rules []string
-	for _, pfx := range subtract(forFamily(denied, f), forFamily(env.InternalAllow, f)) {
+	for _, pfx := range deniedPrefixes(f, env) {
 		rules = append(rules,
 			fmt.Sprintf("-d %s -p tcp -j REJECT --reject-with tcp-reset", pfx),
 			fmt.Sprintf("-d %s -j REJECT --reject-with %s", pfx, f.rejectOther()))
 	}
 	return rules
+}
+
+// deniedPrefixes are the always-denied ranges of family f minus the node's exemptions.
+func deniedPrefixes(f family, env egress.Env) []netip.Prefix {
+	denied := env.AlwaysDenied
+	if denied == nil {
+		denied = egress.AlwaysDenied() // as in egress.Decide: a zero Env fails closed
+	}
+	return subtract(forFamily(denied, f), forFamily(env.InternalAllow, f))
 }
 
 // renderGlobal installs the node-wide rules, first deleting whatever part of them exists
@@ -253,7 +258,7 @@ func policyRules(n names, l Link, f family, p egress.Policy, env egress.Env) []s
 	if pool := l.pool(f); pool.IsValid() {
 		dst(pool, refuse)
 	}
-	if len(deniedRules(f, env)) > 0 {
+	if len(deniedPrefixes(f, env)) > 0 {
 		rules = append(rules, "-j "+n.deniedChain())
 	}
 	for _, pfx := range forFamily(p.AllowOut, f) {

@@ -30,21 +30,8 @@ func Apply(c Config) error {
 		}
 		return fmt.Errorf("guest network: find interface %s: %w", c.Interface, err)
 	}
-	addrs, err := h.AddrList(link, netlink.FAMILY_V4)
-	if err != nil {
-		return fmt.Errorf("guest network: list addresses of %s: %w", c.Interface, err)
-	}
-	for _, a := range addrs {
-		if p, ok := prefixOf(a.IPNet); ok && p == c.Address {
-			continue
-		}
-		// Only the prefix: gVisor's netstack answers EOPNOTSUPP to an RTM_DELADDR carrying any
-		// attribute besides IFA_LOCAL and IFA_ADDRESS (a listed address has a label, and the
-		// library adds a broadcast address below /31 unless told it is zero).
-		del := &netlink.Addr{IPNet: a.IPNet, Broadcast: net.IPv4zero}
-		if err := h.AddrDel(link, del); err != nil && !errors.Is(err, unix.EADDRNOTAVAIL) {
-			return fmt.Errorf("guest network: remove stale address %s from %s: %w", a.IPNet, c.Interface, err)
-		}
+	if err := PruneIPv4(h, link, c.Address); err != nil {
+		return fmt.Errorf("guest network: %w", err)
 	}
 	if err := h.AddrReplace(link, &netlink.Addr{IPNet: ipNet(c.Address)}); err != nil {
 		return fmt.Errorf("guest network: address %s on %s: %w", c.Address, c.Interface, err)
@@ -59,6 +46,30 @@ func Apply(c Config) error {
 	}
 	if err := h.RouteReplace(route); err != nil {
 		return fmt.Errorf("guest network: default route via %s: %w", c.Gateway, err)
+	}
+	return nil
+}
+
+// PruneIPv4 removes every IPv4 address of link except keep (which it does not add). It works in
+// a kernel namespace and in gVisor's netstack alike: the node uses it to reset a sandbox
+// namespace's peer, envd to drop a previous lease.
+func PruneIPv4(h *netlink.Handle, link netlink.Link, keep netip.Prefix) error {
+	name := link.Attrs().Name
+	addrs, err := h.AddrList(link, netlink.FAMILY_V4)
+	if err != nil {
+		return fmt.Errorf("list addresses of %s: %w", name, err)
+	}
+	for _, a := range addrs {
+		if p, ok := prefixOf(a.IPNet); ok && p == keep {
+			continue
+		}
+		// Only the prefix: gVisor's netstack answers EOPNOTSUPP to an RTM_DELADDR carrying any
+		// attribute besides IFA_LOCAL and IFA_ADDRESS (a listed address has a label, and the
+		// library adds a broadcast address below /31 unless told it is zero).
+		del := &netlink.Addr{IPNet: a.IPNet, Broadcast: net.IPv4zero}
+		if err := h.AddrDel(link, del); err != nil && !errors.Is(err, unix.EADDRNOTAVAIL) {
+			return fmt.Errorf("remove stale address %s from %s: %w", a.IPNet, name, err)
+		}
 	}
 	return nil
 }

@@ -19,6 +19,7 @@ import (
 
 	"github.com/vibemon/vmon/internal/errdefs"
 	"github.com/vibemon/vmon/internal/firewall"
+	"github.com/vibemon/vmon/internal/guestnet"
 	"github.com/vibemon/vmon/internal/netns"
 )
 
@@ -203,20 +204,8 @@ func (s *linuxSystem) prepare(ctx context.Context, l *Link) error {
 	if err != nil {
 		return fmt.Errorf("find %s in %s: %w", peerName, l.nsPath, err)
 	}
-	addrs, err := h.AddrList(peer, netlink.FAMILY_V4)
-	if err != nil {
-		return fmt.Errorf("addresses of %s in %s: %w", peerName, l.nsPath, err)
-	}
-	for _, a := range addrs {
-		if ip, ok := netip.AddrFromSlice(a.IP); ok {
-			ones, _ := a.Mask.Size()
-			if netip.PrefixFrom(ip.Unmap(), ones) == guestPlaceholder {
-				continue
-			}
-		}
-		if err := h.AddrDel(peer, &a); err != nil && !errors.Is(err, unix.EADDRNOTAVAIL) {
-			return fmt.Errorf("remove %s from %s: %w", a.IPNet, peerName, err)
-		}
+	if err := guestnet.PruneIPv4(h, peer, guestPlaceholder); err != nil {
+		return fmt.Errorf("in %s: %w", l.nsPath, err)
 	}
 	if err := h.AddrReplace(peer, &netlink.Addr{IPNet: ipNet(guestPlaceholder)}); err != nil {
 		return fmt.Errorf("placeholder address on %s: %w", peerName, err)

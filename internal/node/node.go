@@ -378,11 +378,10 @@ func (n *Node) initEnvd(ctx context.Context, sb *sandbox, spec CreateSpec) error
 	if err != nil {
 		return err
 	}
-	ch := sb.ch
-	if err := ch.WaitConnected(ctx); err != nil {
+	if err := sb.ch.WaitConnected(ctx); err != nil {
 		return err
 	}
-	client := &http.Client{Transport: ch.Transport()}
+	client := &http.Client{Transport: sb.ch.Transport()}
 	var lastErr error
 	for {
 		req, err := http.NewRequestWithContext(ctx, http.MethodPost, envdURL("/init"), bytes.NewReader(body))

@@ -217,10 +217,10 @@ export class VmonServer {
     const stamp = new Date().toISOString().replace(/[:.]/g, '-');
     this.logFile = path.join(logDir(), `${this.name}-${stamp}-${this.starts}.log`);
     this.logStream = fs.createWriteStream(this.logFile, { flags: 'a' });
-    this.logStream.write(`# ${[...this.wrap, bin, ...args].join(' ')}\n`);
-    this.tail.push(`[harness] start #${this.starts}: ${[...this.wrap, bin, ...args].join(' ')}`);
-
     const argv = [...this.wrap, bin, ...args];
+    this.logStream.write(`# ${argv.join(' ')}\n`);
+    this.tail.push(`[harness] start #${this.starts}: ${argv.join(' ')}`);
+
     const proc = spawn(argv[0], argv.slice(1), { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env } });
     this.proc = proc;
     proc.stdout.on('data', (c) => this._record(c, 'stdout'));
@@ -513,7 +513,12 @@ export async function waitSandboxGone(sdkOpts, id, what, timeoutMs = 15_000) {
  * and return { code, stdout, stderr }; the child is killed after timeoutMs.
  */
 export async function runNodeChild(script, env, { args = [], timeoutMs = 180_000 } = {}) {
-  const child = spawn(process.execPath, [...args, script], { cwd: E2E_DIR, env, stdio: ['ignore', 'pipe', 'pipe'] });
+  return runChild([process.execPath, ...args, script], { cwd: E2E_DIR, env, timeoutMs });
+}
+
+/** Run argv to its exit and return { code, stdout, stderr }; the child is killed after timeoutMs. */
+export async function runChild(argv, { cwd, env = process.env, timeoutMs = 180_000 } = {}) {
+  const child = spawn(argv[0], argv.slice(1), { cwd, env, stdio: ['ignore', 'pipe', 'pipe'] });
   let stdout = '';
   let stderr = '';
   child.stdout.on('data', (d) => (stdout += d));

@@ -3,11 +3,10 @@
 // refuses every create with a clear error; `tap` refuses to start; `user` is not available on
 // Linux yet and says so. Runs in the SDK stage's loopback-only namespace.
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 import { describe, test } from 'node:test';
 import { Sandbox } from 'e2b';
-import { useServer, apiFetch, listAll, pgrep, dataDir, freePort, vmonBin } from '../lib/harness.js';
+import { useServer, apiFetch, listAll, pgrep, dataDir, freePort, vmonBin, runChild } from '../lib/harness.js';
 
 const WARNING = 'no CAP_NET_ADMIN: this node cannot network sandboxes and will reject creates';
 // Out of the bounding and inheritable sets, so neither vmon nor anything it runs gets it back.
@@ -17,14 +16,8 @@ const NO_NET_ADMIN = ['setpriv', '--bounding-set=-net_admin', '--inh-caps=-net_a
 async function serveUntilExit(args, { wrap = NO_NET_ADMIN, timeoutMs = 30_000 } = {}) {
   const port = await freePort();
   const argv = [...wrap, vmonBin(), 'serve', '--data-dir', dataDir(), '--listen', `127.0.0.1:${port}`, ...args];
-  const proc = spawn(argv[0], argv.slice(1), { stdio: ['ignore', 'pipe', 'pipe'] });
-  let output = '';
-  proc.stdout.on('data', (c) => (output += c));
-  proc.stderr.on('data', (c) => (output += c));
-  const timer = setTimeout(() => proc.kill('SIGKILL'), timeoutMs);
-  const code = await new Promise((resolve) => proc.once('exit', (c, sig) => resolve(c ?? sig)));
-  clearTimeout(timer);
-  return { code, output };
+  const { code, stdout, stderr } = await runChild(argv, { timeoutMs });
+  return { code, output: stdout + stderr };
 }
 
 describe('--net auto without CAP_NET_ADMIN', () => {
