@@ -34,6 +34,7 @@ import (
 	"github.com/vibemon/vmon/internal/netpool"
 	"github.com/vibemon/vmon/internal/node"
 	"github.com/vibemon/vmon/internal/oci"
+	"github.com/vibemon/vmon/internal/runtime"
 	"github.com/vibemon/vmon/internal/runtime/gvisor"
 	"github.com/vibemon/vmon/internal/store"
 	"github.com/vibemon/vmon/internal/template"
@@ -100,6 +101,7 @@ func serve(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 		RunscPath: c.RunscPath,
 		RootDir:   filepath.Join(c.DataDir, "runsc"),
 		Platform:  c.Platform,
+		Adopt:     true,
 		Logger:    log.With("component", "gvisor"),
 	})
 	if err != nil {
@@ -160,6 +162,10 @@ func serve(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 	if err := d.Recover(ctx, func(id string) bool { return liveSet[id] }); err != nil {
 		return fmt.Errorf("recover sandbox records: %w", err)
 	}
+	// A sandbox whose runtime stops on its own is marked killed with the reason at once.
+	n.OnStopped(func(id string, exit runtime.Exit) {
+		d.SandboxStopped(context.Background(), id, exit.String())
+	})
 	for _, id := range d.Orphans(live) {
 		log.Info("destroying sandbox no record owns", "sandbox", id)
 		if err := n.DestroySandbox(ctx, id); err != nil {

@@ -25,6 +25,10 @@ import (
 // ErrClosed is returned once the channel has been closed by the node.
 var ErrClosed = errors.New("agent channel closed")
 
+// DialWait bounds how long a request waits for envd to (re)connect before it fails: envd redials
+// within milliseconds after a restore or a node restart, so a longer wait means it is not coming.
+const DialWait = 5 * time.Second
+
 // Channel is the host end of one sandbox's agent channel.
 type Channel struct {
 	log *slog.Logger
@@ -38,6 +42,9 @@ type Channel struct {
 	ready chan struct{}
 	// +checklocks:mu
 	closed bool
+	// stopped is set once the sandbox is known to be gone; every wait fails with it at once.
+	// +checklocks:mu
+	stopped error
 
 	transport *http.Transport
 }
@@ -98,10 +105,24 @@ func (c *Channel) acceptLoop() {
 		if old != nil {
 			old.Close()
 		}
+		go c.refuseInbound(sess)
 		// Pooled HTTP connections ride streams of the old session; drop them.
 		c.transport.CloseIdleConnections()
 		c.log.Debug("agent connected")
 	}
+}
+
+// refuseInbound closes a session as soon as the guest opens a stream on it. Only the node opens
+// streams (envd serves, the node asks); a stream from the guest is a protocol violation, and
+// accepting streams nobody reads would let the guest grow the node's memory without bound.
+// Closing the session affects this sandbox alone; a well-behaved envd redials.
+func (c *Channel) refuseInbound(sess *yamux.Session) {
+	st, err := sess.AcceptStream()
+	if err != nil {
+		return // the session ended
+	}
+	c.log.Warn("guest opened a stream on the agent channel; closing the session", "stream", st.StreamID())
+	sess.Close()
 }
 
 func (c *Channel) isClosed() bool {
@@ -118,6 +139,11 @@ func (c *Channel) current(ctx context.Context) (*yamux.Session, error) {
 			c.mu.Unlock()
 			return nil, ErrClosed
 		}
+		if c.stopped != nil {
+			err := c.stopped
+			c.mu.Unlock()
+			return nil, err
+		}
 		s, ready := c.session, c.ready
 		c.mu.Unlock()
 		if s != nil && !s.IsClosed() {
@@ -133,8 +159,11 @@ func (c *Channel) current(ctx context.Context) (*yamux.Session, error) {
 	}
 }
 
+// open opens a stream to envd, waiting at most DialWait for a session.
 func (c *Channel) open(ctx context.Context) (net.Conn, error) {
-	s, err := c.current(ctx)
+	wctx, cancel := context.WithTimeout(ctx, DialWait)
+	s, err := c.current(wctx)
+	cancel()
 	if err != nil {
 		return nil, err
 	}
@@ -143,6 +172,24 @@ func (c *Channel) open(ctx context.Context) (net.Conn, error) {
 		return nil, fmt.Errorf("open agent stream: %w", err)
 	}
 	return st, nil
+}
+
+// Stop marks the sandbox behind the channel as gone: waits and dials fail at once with err from
+// now on, and the live session is closed so requests in flight end instead of hanging.
+func (c *Channel) Stop(err error) {
+	c.mu.Lock()
+	if c.stopped == nil {
+		c.stopped = err
+	}
+	s := c.session
+	ready := c.ready
+	c.ready = make(chan struct{})
+	c.mu.Unlock()
+	close(ready)
+	if s != nil {
+		s.Close()
+	}
+	c.transport.CloseIdleConnections()
 }
 
 // WaitConnected blocks until envd has connected.

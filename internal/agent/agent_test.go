@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"net"
@@ -152,5 +153,88 @@ func TestWaitConnectedHonoursContext(t *testing.T) {
 	ch.Close()
 	if err := ch.WaitConnected(context.Background()); err != ErrClosed {
 		t.Fatalf("after Close: %v", err)
+	}
+}
+
+// A guest that opens streams toward the node loses its session; the node keeps serving the next
+// envd that connects.
+func TestGuestStreamsCloseTheSession(t *testing.T) {
+	dir := t.TempDir()
+	ch, err := Listen(dir, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	sock := filepath.Join(dir, agentproto.SocketName)
+	conn, err := net.Dial("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hostile, err := yamux.Server(conn, agentproto.YamuxConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.WaitConnected(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 3; i++ {
+		st, err := hostile.OpenStream()
+		if err != nil {
+			break // already refused
+		}
+		_, _ = st.Write(make([]byte, 64<<10))
+	}
+	select {
+	case <-hostile.CloseChan():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the node kept a session on which the guest opened streams")
+	}
+	stop := fakeEnvd(t, sock, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	defer stop()
+	resp, err := (&http.Client{Transport: ch.Transport()}).Get("http://envd/health")
+	if err != nil {
+		t.Fatalf("envd after the hostile session: %v", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNoContent {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+}
+
+func TestStopFailsWaitersAtOnce(t *testing.T) {
+	ch, err := Listen(t.TempDir(), slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	gone := errors.New("sandbox stopped")
+	waiting := make(chan error, 1)
+	go func() { waiting <- ch.WaitConnected(context.Background()) }()
+	ch.Stop(gone)
+	select {
+	case err := <-waiting:
+		if !errors.Is(err, gone) {
+			t.Fatalf("waiter got %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a waiter kept waiting after Stop")
+	}
+	if _, err := ch.DialPort(context.Background(), 80); !errors.Is(err, gone) {
+		t.Fatalf("dial after Stop: %v", err)
+	}
+}
+
+// Without envd, a dial gives up after DialWait instead of waiting for the caller's deadline.
+func TestDialWaitIsBounded(t *testing.T) {
+	ch, err := Listen(t.TempDir(), slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	_, err = ch.DialPort(context.Background(), 80)
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("dial without envd: %v", err)
 	}
 }

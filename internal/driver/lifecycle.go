@@ -11,10 +11,11 @@ import (
 
 // Kill reasons recorded on killed sandboxes.
 const (
-	ReasonUser          = "killed by request"
-	ReasonTimeout       = "timeout"
-	ReasonRuntimeGone   = "runtime gone after restart"
-	ReasonInterrupted   = "interrupted while starting"
+	ReasonUser        = "killed by request"
+	ReasonTimeout     = "timeout"
+	ReasonRuntimeGone = "runtime gone after restart"
+	ReasonInterrupted = "interrupted while starting"
+
 	killRetryAfterError = 30 * time.Second
 	// destroyTimeout bounds one node destroy so a wedged runtime cannot hang a request or Close.
 	destroyTimeout = time.Minute
@@ -199,6 +200,33 @@ func (d *Driver) expire(ctx context.Context, id string) {
 	defer cancel()
 	if err := d.killLocked(kctx, sb, ReasonTimeout); err != nil {
 		d.log.Error("kill expired sandbox; will retry", "sandbox", id, "err", err)
+		d.arm(id, d.now().Add(killRetryAfterError))
+	}
+}
+
+// SandboxStopped records that a running sandbox's runtime ended without being asked to (its
+// init exited, it ran out of memory, the host killed it): ingress answers 502 for it at once,
+// the node removes what is left, and the record becomes killed with reason (the node's account,
+// "oom: …", "exited: …"), so `vmon sandbox ls`
+// and GET (404) tell the truth instead of "running".
+func (d *Driver) SandboxStopped(ctx context.Context, id, reason string) {
+	// Before taking the lock (a kill or timeout change may hold it for a while): from now on
+	// ingress treats the sandbox as gone.
+	d.forget(id)
+	unlock := d.locks.Lock(id)
+	defer unlock()
+	sb, err := d.store.GetSandbox(ctx, id)
+	if err != nil || sb.State != store.StateRunning {
+		if err != nil && !errdefs.Is(err, errdefs.KindNotFound) {
+			d.log.Error("load stopped sandbox", "sandbox", id, "err", err)
+		}
+		return
+	}
+	kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), destroyTimeout)
+	defer cancel()
+	if err := d.killLocked(kctx, sb, reason); err != nil {
+		// The record still says running; the expiry loop retries the kill at its deadline.
+		d.log.Error("clean up stopped sandbox", "sandbox", id, "err", err)
 		d.arm(id, d.now().Add(killRetryAfterError))
 	}
 }

@@ -284,3 +284,33 @@ func TestRecover(t *testing.T) {
 		t.Fatal("Recover accepted a nil alive func")
 	}
 }
+
+func TestSandboxStopped(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	sb := e.create(t, CreateRequest{})
+	other := e.create(t, CreateRequest{})
+	const reason = "oom: the sandbox ran out of memory and was killed"
+	e.d.SandboxStopped(ctx, sb.ID, reason)
+	rec, _ := e.store.GetSandbox(ctx, sb.ID)
+	if rec.State != store.StateKilled || rec.KillReason != reason {
+		t.Fatalf("record after stop = %s %q", rec.State, rec.KillReason)
+	}
+	if e.node.Alive(sb.ID) {
+		t.Fatal("the node was not told to clean up the stopped sandbox")
+	}
+	if _, err := e.d.SandboxByID(ctx, sb.ID); !errdefs.Is(err, errdefs.KindNotFound) {
+		t.Fatalf("ingress still routes a stopped sandbox: %v", err)
+	}
+	if _, err := e.d.Get(ctx, sb.ID); !errdefs.Is(err, errdefs.KindNotFound) {
+		t.Fatalf("GET of a stopped sandbox: %v", err)
+	}
+	// A second report, or one for a sandbox a kill already ended, changes nothing.
+	e.d.SandboxStopped(ctx, sb.ID, "stopped: again")
+	if rec, _ := e.store.GetSandbox(ctx, sb.ID); rec.KillReason != reason {
+		t.Fatalf("reason overwritten: %q", rec.KillReason)
+	}
+	if _, err := e.d.Get(ctx, other.ID); err != nil {
+		t.Fatalf("bystander affected: %v", err)
+	}
+}

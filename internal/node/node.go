@@ -20,6 +20,7 @@ import (
 	"regexp"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/vibemon/vmon/internal/agent"
@@ -119,11 +120,25 @@ type Node struct {
 	opts Options
 	log  *slog.Logger
 	pool *pool
+	// ctx ends the runtime watchers at Close.
+	ctx    context.Context
+	cancel context.CancelFunc
 
 	mu sync.Mutex
 	// sandboxes are keyed by API sandbox id.
 	// +checklocks:mu
 	sandboxes map[string]*sandbox
+	// onStopped hears about handed-out sandboxes whose runtime stopped on its own; until it is
+	// set, such events wait in pendingStops.
+	// +checklocks:mu
+	onStopped func(id string, exit runtime.Exit)
+	// +checklocks:mu
+	pendingStops []stopEvent
+}
+
+type stopEvent struct {
+	id   string
+	exit runtime.Exit
 }
 
 // sandbox is one booted sandbox. runtimeID names its directory, network namespace and runtime
@@ -143,6 +158,9 @@ type sandbox struct {
 	startedAt time.Time
 	// root is the merged root filesystem on the host (to look at the image, never to write).
 	root string
+	// stopping is set when the node itself tears the sandbox down, so its runtime's exit is
+	// expected rather than news.
+	stopping atomic.Bool
 }
 
 // New returns a node; call Recover before serving and Close at exit.
@@ -159,7 +177,8 @@ func New(opts Options) (*Node, error) {
 	if err := os.MkdirAll(filepath.Join(opts.DataDir, "sandboxes"), 0o700); err != nil {
 		return nil, fmt.Errorf("create sandboxes dir: %w", err)
 	}
-	n := &Node{opts: opts, log: opts.Log, sandboxes: map[string]*sandbox{}}
+	ctx, cancel := context.WithCancel(context.Background())
+	n := &Node{opts: opts, log: opts.Log, sandboxes: map[string]*sandbox{}, ctx: ctx, cancel: cancel}
 	n.pool = newPool(n, opts.Warm)
 	return n, nil
 }
@@ -323,7 +342,9 @@ func (n *Node) boot(ctx context.Context, bs bootSpec) (_ *sandbox, retErr error)
 		Hostname:  "vmon",
 		NetNSPath: nsPath,
 		Mounts: []runtime.Mount{
-			{HostPath: agentDir, GuestPath: agentproto.GuestDir},
+			// Read-only: connecting to the socket works on a read-only mount, and the guest must
+			// not create files or symlinks in a host directory.
+			{HostPath: agentDir, GuestPath: agentproto.GuestDir, ReadOnly: true},
 			{HostPath: filepath.Dir(n.opts.EnvdPath), GuestPath: guestBinDir, ReadOnly: true},
 		},
 		Args:     []string{guestBinDir + "/" + filepath.Base(n.opts.EnvdPath), "--agent-socket", agentproto.GuestSocket},
@@ -331,6 +352,8 @@ func (n *Node) boot(ctx context.Context, bs bootSpec) (_ *sandbox, retErr error)
 		CPUs:     cpus,
 		MemoryMB: memoryMB,
 	}
+	sb := &sandbox{runtimeID: runtimeID, template: templateID, cpus: cpus, memoryMB: memoryMB,
+		link: link, attached: link != nil && policy != nil, ch: ch, root: root}
 	// Attaching runs iptables-restore; overlap it with the runtime's start, which needs no network.
 	attachLink, attachPolicy := link, egress.Policy{}
 	if bs.unrestricted {
@@ -345,7 +368,11 @@ func (n *Node) boot(ctx context.Context, bs bootSpec) (_ *sandbox, retErr error)
 		<-attached
 		return nil, fmt.Errorf("start runtime: %w", err)
 	}
-	undo = append(undo, func() { _ = n.opts.Runtime.Destroy(teardownCtx, runtimeID) })
+	undo = append(undo, func() {
+		sb.stopping.Store(true)
+		_ = n.opts.Runtime.Destroy(teardownCtx, runtimeID)
+	})
+	n.watch(sb)
 
 	if err := <-attached; err != nil {
 		return nil, fmt.Errorf("attach egress policy: %w", err)
@@ -355,8 +382,7 @@ func (n *Node) boot(ctx context.Context, bs bootSpec) (_ *sandbox, retErr error)
 	if err := ch.WaitConnected(waitCtx); err != nil {
 		return nil, errdefs.Wrap(errdefs.KindUnavailable, err, "sandbox did not start")
 	}
-	return &sandbox{runtimeID: runtimeID, template: templateID, cpus: cpus, memoryMB: memoryMB,
-		link: link, attached: link != nil && policy != nil, ch: ch, root: root}, nil
+	return sb, nil
 }
 
 // initEnvd waits for envd and delivers the sandbox's /init state, retrying until it succeeds,
@@ -436,6 +462,7 @@ func (n *Node) DestroySandbox(ctx context.Context, id string) error {
 
 // teardown removes a sandbox's runtime, channel, link or namespace, root and directory.
 func (n *Node) teardown(ctx context.Context, sb *sandbox) error {
+	sb.stopping.Store(true)
 	runtimeID := sb.runtimeID
 	var errs []error
 	if err := n.opts.Runtime.Destroy(ctx, runtimeID); err != nil {
@@ -489,7 +516,9 @@ func (n *Node) lookup(id string) (*sandbox, bool) {
 // Close stops refilling the warm pool and destroys the pre-started sandboxes nobody claimed.
 // Handed-out sandboxes keep running; the next start adopts them.
 func (n *Node) Close(ctx context.Context) error {
-	return n.pool.close(ctx)
+	err := n.pool.close(ctx)
+	n.cancel()
+	return err
 }
 
 func writeFileAtomic(path string, data []byte) error {

@@ -20,6 +20,7 @@ import (
 
 	"github.com/vibemon/vmon/internal/agentproto"
 	"github.com/vibemon/vmon/internal/envd/gen/process"
+	"github.com/vibemon/vmon/internal/errdefs"
 	"github.com/vibemon/vmon/internal/envd/gen/process/processconnect"
 	"github.com/vibemon/vmon/internal/runtime"
 )
@@ -28,12 +29,47 @@ import (
 type fakeRuntime struct {
 	mu       sync.Mutex
 	running  map[string]func() // id -> stop
+	exits    map[string]chan runtime.Exit
 	inits    map[string]map[string]any
 	failNext error
 }
 
 func newFakeRuntime() *fakeRuntime {
-	return &fakeRuntime{running: map[string]func(){}, inits: map[string]map[string]any{}}
+	return &fakeRuntime{running: map[string]func(){}, inits: map[string]map[string]any{},
+		exits: map[string]chan runtime.Exit{}}
+}
+
+// exitChan returns the channel id's end is announced on.
+func (f *fakeRuntime) exitChan(id string) chan runtime.Exit {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	ch := f.exits[id]
+	if ch == nil {
+		ch = make(chan runtime.Exit, 1)
+		f.exits[id] = ch
+	}
+	return ch
+}
+
+// crash ends sandbox id as if its runtime died on its own.
+func (f *fakeRuntime) crash(id string, exit runtime.Exit) {
+	f.mu.Lock()
+	stop := f.running[id]
+	delete(f.running, id)
+	f.mu.Unlock()
+	if stop != nil {
+		stop()
+	}
+	f.exitChan(id) <- exit
+}
+
+func (f *fakeRuntime) Wait(ctx context.Context, id string) (runtime.Exit, error) {
+	select {
+	case e := <-f.exitChan(id):
+		return e, nil
+	case <-ctx.Done():
+		return runtime.Exit{}, ctx.Err()
+	}
 }
 
 func (f *fakeRuntime) Start(_ context.Context, spec runtime.Spec) error {
@@ -107,6 +143,15 @@ func (f *fakeRuntime) Destroy(_ context.Context, id string) error {
 	if stop, ok := f.running[id]; ok {
 		stop()
 		delete(f.running, id)
+		ch := f.exits[id]
+		if ch == nil {
+			ch = make(chan runtime.Exit, 1)
+			f.exits[id] = ch
+		}
+		select {
+		case ch <- runtime.Exit{Reason: runtime.ExitKilled, Code: -1, Signal: "SIGKILL"}:
+		default:
+		}
 	}
 	return nil
 }
@@ -395,4 +440,105 @@ func TestRecoverAdoptsHandedOutAndDiscardsTheRest(t *testing.T) {
 	}
 	_, _ = io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
+}
+
+func TestRuntimeExitIsReportedAndFailsRequestsAtOnce(t *testing.T) {
+	e := newEnv(t)
+	n := e.node(t, nil)
+	ctx := context.Background()
+	type stop struct {
+		id   string
+		exit runtime.Exit
+	}
+	got := make(chan stop, 4)
+	if _, err := n.CreateSandbox(ctx, spec("early")); err != nil {
+		t.Fatal(err)
+	}
+	// Before anyone listens, the event waits.
+	e.rt.crash(e.runtimeID(t, n, "early"), runtime.Exit{Reason: runtime.ExitOOM, Code: -1})
+	waitFor(t, "the pending stop", func() bool {
+		n.mu.Lock()
+		defer n.mu.Unlock()
+		return len(n.pendingStops) == 1
+	})
+	n.OnStopped(func(id string, exit runtime.Exit) { got <- stop{id, exit} })
+	select {
+	case s := <-got:
+		if s.id != "early" || s.exit.Reason != runtime.ExitOOM {
+			t.Fatalf("pending stop delivered as %+v", s)
+		}
+		_ = n.DestroySandbox(ctx, s.id)
+	case <-time.After(5 * time.Second):
+		t.Fatal("pending stop not delivered")
+	}
+
+	if _, err := n.CreateSandbox(ctx, spec("abc")); err != nil {
+		t.Fatal(err)
+	}
+	ch, _ := n.Channel("abc")
+	e.rt.crash(e.runtimeID(t, n, "abc"), runtime.Exit{Reason: runtime.ExitInit, Code: 137})
+	select {
+	case s := <-got:
+		if s.id != "abc" || s.exit.Reason != runtime.ExitInit || s.exit.Code != 137 {
+			t.Fatalf("stop reported as %+v", s)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("runtime exit not reported")
+	}
+	// A request on the dead sandbox fails with NotFound (the reason), not with a session wait
+	// running into its deadline.
+	_, err := ch.DialPort(ctx, 8080)
+	if !errdefs.Is(err, errdefs.KindNotFound) {
+		t.Fatalf("dial on a stopped sandbox: %v", err)
+	}
+	_ = n.DestroySandbox(ctx, "abc")
+	waitFor(t, "the stopped sandbox's directory to go", func() bool { return len(e.sandboxDirs(t)) == 0 })
+
+	// A kill the node itself does is not news.
+	if _, err := n.CreateSandbox(ctx, spec("def")); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.DestroySandbox(ctx, "def"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case s := <-got:
+		t.Fatalf("a destroy was reported as a stop: %+v", s)
+	case <-time.After(200 * time.Millisecond):
+	}
+}
+
+func TestStoppedPreStartedSandboxIsReplaced(t *testing.T) {
+	e := newEnv(t)
+	n := e.node(t, []WarmSpec{{TemplateID: "base", CPUs: 2, MemoryMB: 512, Size: 1}})
+	n.OnStopped(func(id string, _ runtime.Exit) { t.Errorf("pre-started sandbox reported to the driver as %s", id) })
+	n.StartWarmPool()
+	first := func() *sandbox {
+		n.pool.mu.Lock()
+		defer n.pool.mu.Unlock()
+		for _, q := range n.pool.ready {
+			if len(q) > 0 {
+				return q[0]
+			}
+		}
+		return nil
+	}
+	waitFor(t, "a pre-started sandbox", func() bool { return first() != nil })
+	old := first()
+	e.rt.crash(old.runtimeID, runtime.Exit{Reason: runtime.ExitKilled, Code: -1, Signal: "SIGKILL"})
+	waitFor(t, "a replacement", func() bool { sb := first(); return sb != nil && sb != old })
+	waitFor(t, "the dead one's directory to go", func() bool {
+		_, err := os.Stat(n.sandboxDir(old.runtimeID))
+		return errors.Is(err, os.ErrNotExist)
+	})
+}
+
+// runtimeID returns the runtime id behind API sandbox id.
+func (e *env) runtimeID(t *testing.T, n *Node, id string) string {
+	t.Helper()
+	sb, ok := n.lookup(id)
+	if !ok {
+		t.Fatalf("sandbox %s not found", id)
+	}
+	return sb.runtimeID
 }

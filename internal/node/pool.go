@@ -128,6 +128,21 @@ func (p *pool) take(spec CreateSpec) *sandbox {
 	return nil
 }
 
+// remove takes sb out of the pool; it reports whether sb was there.
+func (p *pool) remove(sb *sandbox) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for i, q := range p.ready {
+		for j, s := range q {
+			if s == sb {
+				p.ready[i] = append(q[:j:j], q[j+1:]...)
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // close stops refilling and destroys what nobody claimed.
 func (p *pool) close(ctx context.Context) error {
 	p.mu.Lock()

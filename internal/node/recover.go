@@ -66,6 +66,7 @@ func (n *Node) Recover(ctx context.Context) ([]string, error) {
 		n.mu.Lock()
 		n.sandboxes[sb.id] = sb
 		n.mu.Unlock()
+		n.watch(sb)
 		n.log.Info("recovered sandbox", "sandbox", sb.id)
 	}
 	ids, err := n.opts.Runtime.List(ctx)

@@ -6,6 +6,7 @@ package runtime
 import (
 	"context"
 	"errors"
+	"fmt"
 )
 
 // ErrUnsupported is returned (wrapped) by backends that cannot run on this host or OS.
@@ -40,6 +41,25 @@ type Spec struct {
 	// Resource limits.
 	CPUs     int
 	MemoryMB int
+	// Limits bound what the guest can exhaust besides CPU and memory (zero values: no limit).
+	Limits Limits
+}
+
+// Limits are the per-sandbox bounds on resources a guest could otherwise exhaust on the host.
+// The node derives them from the template's resources (internal/limits); backends apply them.
+type Limits struct {
+	// GuestTasks bounds the processes and threads inside the guest: forks past it fail with
+	// EAGAIN in the guest, whoever runs them.
+	GuestTasks int
+	// HostTasks bounds the host tasks the runtime may use for the sandbox (a pids cgroup). It sits
+	// above GuestTasks with room for the runtime's own threads: reaching it stops the sandbox.
+	HostTasks int
+	// NProc is RLIMIT_NPROC for the guest's processes (binding unprivileged users).
+	NProc int
+	// NoFile is RLIMIT_NOFILE for the guest's processes.
+	NoFile int
+	// ShmBytes sizes the guest's /dev/shm.
+	ShmBytes int64
 }
 
 // Status of a sandbox as the backend sees it.
@@ -65,6 +85,54 @@ func (s Status) String() string {
 	}
 }
 
+// ExitReason classifies how a sandbox's runtime ended without the node asking.
+type ExitReason string
+
+const (
+	// ExitInit: the guest's init process exited (or was killed from inside the guest).
+	ExitInit ExitReason = "exited"
+	// ExitOOM: the sandbox went over its memory limit and the host killed it.
+	ExitOOM ExitReason = "oom"
+	// ExitTaskLimit: the sandbox went over its host task limit and could not go on.
+	ExitTaskLimit ExitReason = "task-limit"
+	// ExitKilled: something on the host killed the runtime with a signal.
+	ExitKilled ExitReason = "killed"
+	// ExitUnknown: the runtime is gone and the backend cannot tell why (e.g. it was started by a
+	// previous node process, so its exit status is not ours to collect).
+	ExitUnknown ExitReason = "stopped"
+)
+
+// Exit describes a sandbox's end as the backend observed it.
+type Exit struct {
+	Reason ExitReason
+	// Code is the runtime's exit status when it exited (ExitInit), -1 otherwise.
+	Code int
+	// Signal names the signal that killed the runtime (ExitKilled, ExitOOM), if known.
+	Signal string
+}
+
+// String says why the sandbox ended, for records, logs and `vmon sandbox ls`.
+func (e Exit) String() string {
+	switch e.Reason {
+	case ExitInit:
+		if e.Code > 128 && e.Code < 128+65 {
+			return fmt.Sprintf("exited: the sandbox's init was killed by signal %d", e.Code-128)
+		}
+		return fmt.Sprintf("exited: the sandbox's init exited with status %d", e.Code)
+	case ExitOOM:
+		return "oom: the sandbox ran out of memory and was killed"
+	case ExitTaskLimit:
+		return "task-limit: the sandbox reached its host task limit and was stopped"
+	case ExitKilled:
+		if e.Signal != "" {
+			return "killed: the sandbox's runtime was killed by " + e.Signal
+		}
+		return "killed: the sandbox's runtime was killed"
+	default:
+		return "stopped: the sandbox's runtime stopped (its exit status was not observed)"
+	}
+}
+
 // Runtime runs sandboxes. Implementations must be safe for concurrent use with distinct ids.
 type Runtime interface {
 	// Start boots the sandbox described by spec and returns once its init process is running.
@@ -76,4 +144,8 @@ type Runtime interface {
 	Destroy(ctx context.Context, id string) error
 	// List returns the ids of every sandbox the backend knows, for crash recovery.
 	List(ctx context.Context) ([]string, error)
+	// Wait blocks until sandbox id stops, for whatever reason, and says why; it returns ctx's
+	// error if ctx ends first. It must not hold an OS thread per waiting sandbox, and it must be
+	// safe to call for a sandbox this process did not start (after a restart).
+	Wait(ctx context.Context, id string) (Exit, error)
 }

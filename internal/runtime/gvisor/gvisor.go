@@ -41,7 +41,12 @@ type Options struct {
 	IgnoreCgroups bool
 	// DebugLogDir, if set, turns on runsc debug logs, one file per command, in that directory.
 	DebugLogDir string
-	Logger      *slog.Logger
+	// Adopt makes this process a child subreaper so the sandbox processes runsc starts become its
+	// children: Wait then reports how they exited (init exit status vs. killed by a signal) and
+	// their helpers are reaped here. It changes a process-wide attribute, so only the process
+	// that owns the sandboxes (vmon serve) sets it.
+	Adopt  bool
+	Logger *slog.Logger
 }
 
 // Runtime implements runtime.Runtime with runsc. It keeps no state of its own: everything lives
@@ -51,6 +56,7 @@ type Runtime struct {
 	cgroupParent string
 	ignoreCgs    bool
 	log          *slog.Logger
+	watch        *watcher
 }
 
 var _ runtime.Runtime = (*Runtime)(nil)
@@ -118,11 +124,16 @@ func New(opts Options) (*Runtime, error) {
 	if opts.DebugLogDir != "" {
 		flags = append(flags, "--debug", "--debug-log="+filepath.Clean(opts.DebugLogDir)+"/")
 	}
+	w, err := newWatcher(opts.Adopt)
+	if err != nil {
+		return nil, fmt.Errorf("gvisor: %w", err)
+	}
 	return &Runtime{
 		cli:          &runsc{path: resolved, flags: flags, log: log},
 		cgroupParent: parent,
 		ignoreCgs:    opts.IgnoreCgroups,
 		log:          log,
+		watch:        w,
 	}, nil
 }
 
@@ -178,6 +189,14 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (err error) {
 		}
 		return fmt.Errorf("%w: %s", err, msg)
 	}
+	// Fix the sandbox process's identity now, before it could exit and be reaped.
+	pid, err := readPidFile(filepath.Join(spec.StateDir, pidFileName))
+	if err == nil {
+		err = r.watch.track(spec.ID, pid)
+	}
+	if err != nil {
+		return fmt.Errorf("watch sandbox process: %w", err)
+	}
 	r.log.Info("gvisor: sandbox started", "id", spec.ID, "took", time.Since(began).Round(time.Millisecond))
 	return nil
 }
@@ -223,12 +242,52 @@ func (r *Runtime) Destroy(ctx context.Context, id string) error {
 	if err := r.cli.deleteForce(ctx, id); err != nil && !errors.Is(err, errNotExist) {
 		return fmt.Errorf("destroy sandbox %s: %w", id, err)
 	}
+	r.watch.forget(id)
+	r.watch.reapRunscOrphans()
 	if !r.ignoreCgs {
 		if err := removeCgroups(r.cgroupParent, id); err != nil {
 			return fmt.Errorf("destroy sandbox %s: %w", id, err)
 		}
 	}
 	return nil
+}
+
+// Wait blocks until sandbox id's process exits and classifies why: the cgroup's OOM and pids.max
+// counters first, then the exit status when this process adopted the sandbox (Options.Adopt).
+// For a sandbox started before a restart it finds the process through runsc state.
+func (r *Runtime) Wait(ctx context.Context, id string) (runtime.Exit, error) {
+	if err := validateID(id); err != nil {
+		return runtime.Exit{}, err
+	}
+	p := r.watch.lookup(id)
+	if p == nil {
+		st, err := r.cli.state(ctx, id)
+		if err != nil {
+			return runtime.Exit{}, fmt.Errorf("find sandbox process: %w", err)
+		}
+		if err := r.watch.track(id, st.Pid); err != nil {
+			// The process is already gone: nothing to wait for, and no status to read.
+			return r.exitOf(id, 0, false), nil
+		}
+		if p = r.watch.lookup(id); p == nil {
+			return runtime.Exit{}, fmt.Errorf("sandbox %s: %w", id, errNoProcess)
+		}
+	}
+	ws, ok, err := r.watch.wait(ctx, p)
+	if err != nil {
+		return runtime.Exit{}, err
+	}
+	exit := r.exitOf(id, ws, ok)
+	r.watch.reapRunscOrphans()
+	return exit, nil
+}
+
+func (r *Runtime) exitOf(id string, ws waitStatus, ok bool) runtime.Exit {
+	var cg cgroupCounters
+	if !r.ignoreCgs {
+		cg = readCgroupCounters(r.cgroupParent, id)
+	}
+	return classify(ws, ok, cg)
 }
 
 // List returns the ids of every sandbox in runsc's root, running or not.

@@ -3,6 +3,7 @@
 package gvisor
 
 import (
+	"context"
 	"fmt"
 	goruntime "runtime"
 	"syscall"
@@ -19,3 +20,26 @@ func sysProcAttr() *syscall.SysProcAttr { return nil }
 func sandboxAlive(pid int, id string) bool { return false }
 
 func removeCgroups(parent, id string) error { return supported() }
+
+type waitStatus = int
+
+type watcher struct{}
+
+type pidfd struct{}
+
+func newWatcher(bool) (*watcher, error)                { return &watcher{}, nil }
+func (*watcher) track(string, int) error               { return supported() }
+func (*watcher) forget(string)                         {}
+func (*watcher) lookup(string) *pidfd                  { return nil }
+func (*watcher) reapRunscOrphans()                     {}
+func readPidFile(string) (int, error)                  { return 0, supported() }
+func readCgroupCounters(string, string) cgroupCounters { return cgroupCounters{} }
+func classify(waitStatus, bool, cgroupCounters) runtime.Exit {
+	return runtime.Exit{Reason: runtime.ExitUnknown, Code: -1}
+}
+
+type cgroupCounters struct{}
+
+var errNoProcess = supported()
+
+func (*watcher) wait(context.Context, *pidfd) (waitStatus, bool, error) { return 0, false, supported() }
