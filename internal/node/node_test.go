@@ -20,8 +20,8 @@ import (
 
 	"github.com/vibemon/vmon/internal/agentproto"
 	"github.com/vibemon/vmon/internal/envd/gen/process"
-	"github.com/vibemon/vmon/internal/errdefs"
 	"github.com/vibemon/vmon/internal/envd/gen/process/processconnect"
+	"github.com/vibemon/vmon/internal/errdefs"
 	"github.com/vibemon/vmon/internal/runtime"
 )
 
