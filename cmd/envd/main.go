@@ -27,6 +27,7 @@ import (
 	"github.com/vibemon/vmon/internal/envd/process"
 	"github.com/vibemon/vmon/internal/envd/reaper"
 	"github.com/vibemon/vmon/internal/envd/server"
+	"github.com/vibemon/vmon/internal/envd/tasklimit"
 	"github.com/vibemon/vmon/internal/guestnet"
 )
 
@@ -36,6 +37,7 @@ type config struct {
 	initMode     bool
 	setClock     bool
 	configureNet bool
+	maxTasks     int
 	logLevel     slog.Level
 }
 
@@ -51,6 +53,7 @@ func run(args []string) int {
 	fl.BoolVar(&cfg.initMode, "init", false, "also act as init: reap orphaned zombies (implied when PID 1)")
 	fl.BoolVar(&cfg.setClock, "set-clock", true, "let POST /init set the system clock from its timestamp")
 	fl.BoolVar(&cfg.configureNet, "configure-network", true, "let POST /init configure the guest's interface, address and default route (vmonNetwork)")
+	fl.IntVar(&cfg.maxTasks, "max-tasks", 0, "cap the guest's processes and threads at this number (pids controller of envd's cgroup; 0: no cap)")
 	fl.TextVar(&cfg.logLevel, "log-level", slog.LevelInfo, "log level (debug, info, warn, error)")
 	version := fl.Bool("version", false, "print the envd protocol version and exit")
 	if err := fl.Parse(args); err != nil {
@@ -64,6 +67,13 @@ func run(args []string) int {
 		return 0
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: cfg.logLevel}))
+	if cfg.maxTasks > 0 {
+		// Before anything is started, so every guest process is under it. Without it the
+		// sandbox still has its host task limit, reaching which stops the whole sandbox.
+		if err := tasklimit.Apply(cfg.maxTasks); err != nil {
+			log.Error("guest task limit not applied", "max_tasks", cfg.maxTasks, "err", err)
+		}
+	}
 	var starter process.Starter
 	if cfg.initMode || os.Getpid() == 1 {
 		r, err := reaper.New(log)

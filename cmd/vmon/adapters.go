@@ -14,8 +14,8 @@ import (
 
 type rootfsAdapter struct{}
 
-func (rootfsAdapter) Prepare(ctx context.Context, lowers []string, sandboxDir string) (string, error) {
-	return rootfs.Prepare(ctx, lowers, sandboxDir)
+func (rootfsAdapter) Prepare(ctx context.Context, lowers []string, sandboxDir string, diskMB int) (string, error) {
+	return rootfs.Prepare(ctx, lowers, sandboxDir, rootfs.Options{DiskBytes: int64(diskMB) << 20})
 }
 
 func (rootfsAdapter) Release(ctx context.Context, sandboxDir string) error {
@@ -24,6 +24,14 @@ func (rootfsAdapter) Release(ctx context.Context, sandboxDir string) error {
 
 func (rootfsAdapter) Commit(ctx context.Context, sandboxDir, dst string) error {
 	return rootfs.Commit(ctx, sandboxDir, dst)
+}
+
+// buildMounts gives template build steps their mounts: no disk limit, since a step's writes
+// become a layer by moving the upper directory.
+type buildMounts struct{ rootfsAdapter }
+
+func (buildMounts) Prepare(ctx context.Context, lowers []string, dir string) (string, error) {
+	return rootfs.Prepare(ctx, lowers, dir, rootfs.Options{})
 }
 
 type netnsAdapter struct{}

@@ -30,10 +30,13 @@ import (
 	"github.com/vibemon/vmon/internal/driver"
 	"github.com/vibemon/vmon/internal/egress"
 	"github.com/vibemon/vmon/internal/errdefs"
+	"github.com/vibemon/vmon/internal/httpguard"
 	"github.com/vibemon/vmon/internal/ingress"
+	"github.com/vibemon/vmon/internal/limits"
 	"github.com/vibemon/vmon/internal/netpool"
 	"github.com/vibemon/vmon/internal/node"
 	"github.com/vibemon/vmon/internal/oci"
+	"github.com/vibemon/vmon/internal/rootfs"
 	"github.com/vibemon/vmon/internal/runtime"
 	"github.com/vibemon/vmon/internal/runtime/gvisor"
 	"github.com/vibemon/vmon/internal/store"
@@ -88,7 +91,14 @@ func serve(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 			return fmt.Errorf("build template base: %w", err)
 		}
 	}
-	manifests, err := syncTemplates(ctx, st, c.DataDir)
+	if c.SandboxDiskMB > 0 {
+		if err := rootfs.DiskSupported(); err != nil {
+			return fmt.Errorf("sandbox disk limits (--sandbox-disk-mb %d) cannot be enforced on this host: %w; "+
+				"fix that, or run with --sandbox-disk-mb 0 to let sandboxes write to the host's disk without a limit",
+				c.SandboxDiskMB, err)
+		}
+	}
+	manifests, err := syncTemplates(ctx, st, c.DataDir, c.SandboxDiskMB)
 	if err != nil {
 		return err
 	}
@@ -120,7 +130,8 @@ func serve(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 		Templates:    templateRoots{dataDir: c.DataDir},
 		EnvdPath:     envdPath,
 		NetNSPrefix:  netnsPrefix(c.DataDir),
-		Warm:         warmSpecs(manifests, c.WarmPool),
+		Warm:         warmSpecs(manifests, c.WarmPool, c.SandboxDiskMB),
+		Limits:       limits.Overrides{Tasks: c.SandboxMaxTasks, Files: c.SandboxMaxFiles},
 		Log:          log.With("component", "node"),
 	}
 	if network != nil {
@@ -149,6 +160,7 @@ func serve(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 		BootConcurrency: c.BootConcurrency,
 		MaxSandboxes:    maxSandboxes,
 		MaxTimeout:      c.MaxSandboxTimeout,
+		DefaultDiskMB:   c.SandboxDiskMB,
 		Features:        n.Features(),
 	})
 	if err != nil {
@@ -197,12 +209,14 @@ func serve(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 		return err
 	}
 	ing := ingress.New(log.With("component", "ingress"), ingressTargets{d: d, n: n}, c.Domain)
+	// Only the API is guarded: requests to guest ports reach the guest as the client sent them.
+	guarded := httpguard.Handler(apiHandler)
 	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if ing.Match(r) {
 			ing.ServeHTTP(w, r)
 			return
 		}
-		apiHandler.ServeHTTP(w, r)
+		guarded.ServeHTTP(w, r)
 	})
 	return listenAndServe(ctx, c, handler, log, stdout, apiKey)
 }
@@ -212,6 +226,7 @@ func listenAndServe(ctx context.Context, c *config.Serve, h http.Handler, log *s
 		Handler:           h,
 		ReadHeaderTimeout: 30 * time.Second,
 		IdleTimeout:       5 * time.Minute,
+		MaxHeaderBytes:    httpguard.ServerMaxHeaderBytes,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelDebug),
 	}
 	var caPath string
@@ -239,6 +254,8 @@ func listenAndServe(ctx context.Context, c *config.Serve, h http.Handler, log *s
 	for _, ln := range lns {
 		if srv.TLSConfig != nil {
 			ln = tls.NewListener(ln, srv.TLSConfig)
+		} else {
+			ln = httpguard.Listener(ln)
 		}
 		go func() { errc <- srv.Serve(ln) }()
 	}
@@ -418,20 +435,21 @@ func dataDirScope(dataDir string) string {
 }
 
 // warmSpecs keeps size pre-started sandboxes of the base template in its default shape.
-func warmSpecs(ms []template.Manifest, size int) []node.WarmSpec {
+func warmSpecs(ms []template.Manifest, size, diskMB int) []node.WarmSpec {
 	if size == 0 {
 		return nil
 	}
 	for _, m := range ms {
 		if m.ID == template.BaseID {
-			return []node.WarmSpec{{TemplateID: m.ID, CPUs: m.CPUs, MemoryMB: m.MemoryMB, Size: size}}
+			return []node.WarmSpec{{TemplateID: m.ID, CPUs: m.CPUs, MemoryMB: m.MemoryMB, DiskMB: diskMB, Size: size}}
 		}
 	}
 	return nil
 }
 
-// syncTemplates registers every built template with the store so the API can resolve it.
-func syncTemplates(ctx context.Context, st *store.Store, dataDir string) ([]template.Manifest, error) {
+// syncTemplates registers every built template with the store so the API can resolve it. Their
+// sandboxes get diskMB of disk (E2B's diskSizeMB is the sandbox's disk, not the image's size).
+func syncTemplates(ctx context.Context, st *store.Store, dataDir string, diskMB int) ([]template.Manifest, error) {
 	ms, err := template.List(dataDir)
 	if err != nil {
 		return nil, fmt.Errorf("list templates: %w", err)
@@ -439,7 +457,7 @@ func syncTemplates(ctx context.Context, st *store.Store, dataDir string) ([]temp
 	for _, m := range ms {
 		err := st.PutTemplate(ctx, store.Template{
 			ID: m.ID, Aliases: []string{m.ID}, BuildID: m.BuildID,
-			CPU: m.CPUs, MemoryMB: m.MemoryMB, DiskMB: int(m.DiskSizeMB),
+			CPU: m.CPUs, MemoryMB: m.MemoryMB, DiskMB: diskMB,
 			EnvdVersion: agentproto.EnvdVersion, Status: store.TemplateReady,
 			Rootfs: m.RootfsDir(), DefaultUser: m.DefaultUser, DefaultWorkdir: m.DefaultWorkdir,
 			CreatedAt: m.BuiltAt, UpdatedAt: m.BuiltAt,
@@ -545,7 +563,7 @@ func startTemplateBuilds(ctx context.Context, c *config.Serve, st *store.Store, 
 		Log: log.With("component", "oci")})
 	files := build.NewFiles(c.DataDir)
 	engine, err := build.New(build.Options{DataDir: c.DataDir, Images: puller, Sandboxes: buildSandboxes{n: n},
-		Mounts: rootfsAdapter{}, Files: files, ReadyTimeout: c.ReadyTimeout, Log: log.With("component", "build")})
+		Mounts: buildMounts{}, Files: files, ReadyTimeout: c.ReadyTimeout, Log: log.With("component", "build")})
 	if err != nil {
 		return nil, err
 	}

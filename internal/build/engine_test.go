@@ -17,7 +17,7 @@ import (
 type hostMounts struct{}
 
 func (hostMounts) Prepare(ctx context.Context, lowers []string, dir string) (string, error) {
-	return rootfs.Prepare(ctx, lowers, dir)
+	return rootfs.Prepare(ctx, lowers, dir, rootfs.Options{})
 }
 func (hostMounts) Commit(ctx context.Context, dir, dst string) error {
 	return rootfs.Commit(ctx, dir, dst)
@@ -294,7 +294,7 @@ func mountLayers(t *testing.T, data string, layers []string) *fsroot.Root {
 		abs[i] = filepath.Join(data, l)
 	}
 	dir := filepath.Join(t.TempDir(), "view")
-	merged, err := rootfs.Prepare(context.Background(), abs, dir)
+	merged, err := rootfs.Prepare(context.Background(), abs, dir, rootfs.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

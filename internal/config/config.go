@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+
+	"github.com/vibemon/vmon/internal/limits"
 )
 
 // Serve is the configuration of `vmon serve`.
@@ -42,6 +44,12 @@ type Serve struct {
 	DockerConfig       string
 	BuildConcurrency   int
 	ReadyTimeout       time.Duration
+	// SandboxDiskMB is the writable disk of sandboxes whose template sets none (0: uncapped).
+	SandboxDiskMB int
+	// SandboxMaxTasks and SandboxMaxFiles replace the task and open-file limits derived from
+	// each sandbox's memory (0: derived).
+	SandboxMaxTasks int
+	SandboxMaxFiles int
 }
 
 // Mirrors parses --registry-mirror into a host -> mirror map.
@@ -97,7 +105,13 @@ func BindServe(fs *pflag.FlagSet, c *Serve) {
 	fs.StringVar(&c.DockerConfig, "docker-config", "", "Docker config.json with registry credentials (default: $DOCKER_CONFIG or ~/.docker/config.json)")
 	fs.IntVar(&c.BuildConcurrency, "build-concurrency", 2, "template builds run at the same time; more wait")
 	fs.DurationVar(&c.ReadyTimeout, "template-ready-timeout", 60*time.Second, "how long a template's ready command may take to succeed, at build and at sandbox create")
+	fs.IntVar(&c.SandboxDiskMB, "sandbox-disk-mb", DefaultSandboxDiskMB, "disk each sandbox may write, in MiB, enforced by a filesystem of that size per sandbox (0: uncapped, writes go to the host's disk)")
+	fs.IntVar(&c.SandboxMaxTasks, "sandbox-max-tasks", 0, "processes and threads per sandbox (0: one per MiB of the sandbox's memory, at least 128)")
+	fs.IntVar(&c.SandboxMaxFiles, "sandbox-max-files", 0, "open files per sandbox process, RLIMIT_NOFILE (0: 64 per MiB of the sandbox's memory, 1024 to 1048576)")
 }
+
+// DefaultSandboxDiskMB is E2B's free disk per sandbox on its Hobby tier.
+const DefaultSandboxDiskMB = 10240
 
 // BindDataDir registers --data-dir.
 func BindDataDir(fs *pflag.FlagSet, dir *string) {
@@ -173,6 +187,12 @@ func (c *Serve) Validate() error {
 	}
 	if c.MaxSandboxTimeout <= 0 {
 		return fmt.Errorf("--max-sandbox-timeout must be positive")
+	}
+	if c.SandboxDiskMB != 0 && (c.SandboxDiskMB < 64 || c.SandboxDiskMB > 16<<20) {
+		return fmt.Errorf("--sandbox-disk-mb must be between 64 and %d, or 0 for no limit", 16<<20)
+	}
+	if err := (limits.Overrides{Tasks: c.SandboxMaxTasks, Files: c.SandboxMaxFiles}).Validate(); err != nil {
+		return fmt.Errorf("--sandbox-max-tasks/--sandbox-max-files: %w", err)
 	}
 	if c.Runtime != "gvisor" {
 		return fmt.Errorf("--runtime %q is not available: only gvisor is built in (firecracker needs /dev/kvm and is not implemented yet)", c.Runtime)

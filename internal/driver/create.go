@@ -1,6 +1,7 @@
 package driver
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -76,7 +77,7 @@ func (d *Driver) Create(ctx context.Context, req CreateRequest) (Sandbox, error)
 		ID: id, TemplateID: tpl.ID, Alias: alias, State: store.StateCreating,
 		Metadata: req.Metadata, EnvVars: req.EnvVars,
 		AllowPublicTraffic: req.Network.PublicTraffic(), AllowInternetAccess: req.AllowInternetAccess,
-		CPU: tpl.CPU, MemoryMB: tpl.MemoryMB, DiskMB: tpl.DiskMB, EnvdVersion: tpl.EnvdVersion,
+		CPU: tpl.CPU, MemoryMB: tpl.MemoryMB, DiskMB: cmp.Or(tpl.DiskMB, d.opts.DefaultDiskMB), EnvdVersion: tpl.EnvdVersion,
 		NodeID: d.opts.NodeID,
 	}
 	if sb.Metadata == nil {
@@ -206,7 +207,7 @@ func (d *Driver) boot(ctx context.Context, sb Sandbox, tpl store.Template, polic
 	}
 	info, err := d.node.CreateSandbox(bctx, node.CreateSpec{
 		ID: sb.ID, TemplateID: sb.TemplateID, BuildID: tpl.BuildID, CPUs: sb.CPU, MemoryMB: sb.MemoryMB,
-		EnvVars: sb.EnvVars, AccessToken: sb.EnvdAccessToken,
+		DiskMB: sb.DiskMB, EnvVars: sb.EnvVars, AccessToken: sb.EnvdAccessToken,
 		DefaultUser: user, DefaultWorkdir: tpl.DefaultWorkdir, Egress: policy,
 	})
 	if err != nil {

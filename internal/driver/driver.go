@@ -83,6 +83,9 @@ type Options struct {
 	// MaxSandboxes caps sandboxes that are starting or running on the node (derived from host
 	// memory by the caller); 0 means no cap. Past it, creates fail with 429.
 	MaxSandboxes int
+	// DefaultDiskMB is the disk (writable layer) size of sandboxes whose template sets none; 0
+	// leaves their writes uncapped.
+	DefaultDiskMB int
 	// DefaultTimeout applies when a create or connect gives none; default 300 s (E2B's v2 default).
 	DefaultTimeout time.Duration
 	// MaxTimeout is the largest timeout a client may ask for (`--max-sandbox-timeout`); default 24 h.

@@ -27,13 +27,15 @@ import (
 	"github.com/vibemon/vmon/internal/agentproto"
 	"github.com/vibemon/vmon/internal/egress"
 	"github.com/vibemon/vmon/internal/errdefs"
+	"github.com/vibemon/vmon/internal/limits"
 	"github.com/vibemon/vmon/internal/netpool"
 	"github.com/vibemon/vmon/internal/runtime"
 )
 
 // RootFS gives each sandbox a writable root over a template's read-only layers.
 type RootFS interface {
-	Prepare(ctx context.Context, lowers []string, sandboxDir string) (root string, err error)
+	// Prepare mounts the root; diskMB > 0 caps what the sandbox can write at that size.
+	Prepare(ctx context.Context, lowers []string, sandboxDir string, diskMB int) (root string, err error)
 	Release(ctx context.Context, sandboxDir string) error
 	// Commit stops the root's mount and moves the sandbox's writes to dst (template builds).
 	Commit(ctx context.Context, sandboxDir, dst string) error
@@ -99,6 +101,8 @@ type Options struct {
 	NetNSPrefix string
 	// Warm lists the pre-started sandboxes to keep per template shape (the warm path).
 	Warm []WarmSpec
+	// Limits override the task and open-file limits derived from each sandbox's memory.
+	Limits limits.Overrides
 	Log  *slog.Logger
 }
 
@@ -206,7 +210,7 @@ func (n *Node) CreateSandbox(ctx context.Context, spec CreateSpec) (Info, error)
 		n.log.Warn("pre-started sandbox failed; booting a new one", "runtime_id", sb.runtimeID, "err", err)
 	}
 	sb, err := n.boot(ctx, bootSpec{runtimeID: spec.ID, templateID: spec.TemplateID, lowers: img.Lowers,
-		cpus: spec.CPUs, memoryMB: spec.MemoryMB, policy: &spec.Egress})
+		cpus: spec.CPUs, memoryMB: spec.MemoryMB, diskMB: spec.DiskMB, policy: &spec.Egress})
 	if err != nil {
 		return Info{}, err
 	}
@@ -269,6 +273,8 @@ type bootSpec struct {
 	runtimeID, templateID string
 	lowers                []string
 	cpus, memoryMB        int
+	// diskMB caps the sandbox's writes (0: no cap, template builds).
+	diskMB int
 	// policy, when set, is attached to the link while the runtime starts (the pool boots with
 	// none: its links stay closed until a create hands the sandbox out).
 	policy *egress.Policy
@@ -299,7 +305,7 @@ func (n *Node) boot(ctx context.Context, bs bootSpec) (_ *sandbox, retErr error)
 	if err := os.Mkdir(agentDir, 0o755); err != nil {
 		return nil, fmt.Errorf("create agent dir: %w", err)
 	}
-	root, err := n.opts.RootFS.Prepare(ctx, lowers, dir)
+	root, err := n.opts.RootFS.Prepare(ctx, lowers, dir, bs.diskMB)
 	if err != nil {
 		return nil, fmt.Errorf("prepare root filesystem: %w", err)
 	}
@@ -335,6 +341,7 @@ func (n *Node) boot(ctx context.Context, bs bootSpec) (_ *sandbox, retErr error)
 	}
 	undo = append(undo, func() { _ = ch.Close() })
 
+	lim := limits.Derive(memoryMB, n.opts.Limits)
 	rspec := runtime.Spec{
 		ID:        runtimeID,
 		RootDir:   root,
@@ -347,10 +354,12 @@ func (n *Node) boot(ctx context.Context, bs bootSpec) (_ *sandbox, retErr error)
 			{HostPath: agentDir, GuestPath: agentproto.GuestDir, ReadOnly: true},
 			{HostPath: filepath.Dir(n.opts.EnvdPath), GuestPath: guestBinDir, ReadOnly: true},
 		},
-		Args:     []string{guestBinDir + "/" + filepath.Base(n.opts.EnvdPath), "--agent-socket", agentproto.GuestSocket},
+		Args: []string{guestBinDir + "/" + filepath.Base(n.opts.EnvdPath), "--agent-socket", agentproto.GuestSocket,
+			"--max-tasks", strconv.Itoa(lim.GuestTasks)},
 		Env:      []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
 		CPUs:     cpus,
 		MemoryMB: memoryMB,
+		Limits:   lim,
 	}
 	sb := &sandbox{runtimeID: runtimeID, template: templateID, cpus: cpus, memoryMB: memoryMB,
 		link: link, attached: link != nil && policy != nil, ch: ch, root: root}

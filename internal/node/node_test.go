@@ -168,7 +168,7 @@ func (f *fakeRuntime) List(context.Context) ([]string, error) {
 
 type fakeRootFS struct{}
 
-func (fakeRootFS) Prepare(_ context.Context, _ []string, dir string) (string, error) {
+func (fakeRootFS) Prepare(_ context.Context, _ []string, dir string, _ int) (string, error) {
 	root := filepath.Join(dir, "root")
 	return root, os.MkdirAll(root, 0o755)
 }

@@ -15,6 +15,7 @@ type WarmSpec struct {
 	TemplateID string
 	CPUs       int
 	MemoryMB   int
+	DiskMB     int
 	Size       int
 }
 
@@ -115,7 +116,7 @@ func (p *pool) take(spec CreateSpec) *sandbox {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for i, ws := range p.specs {
-		if ws.TemplateID != spec.TemplateID || ws.CPUs != spec.CPUs || ws.MemoryMB != spec.MemoryMB {
+		if ws.TemplateID != spec.TemplateID || ws.CPUs != spec.CPUs || ws.MemoryMB != spec.MemoryMB || ws.DiskMB != spec.DiskMB {
 			continue
 		}
 		if q := p.ready[i]; len(q) > 0 {
@@ -172,7 +173,7 @@ func (n *Node) bootWarm(ctx context.Context, ws WarmSpec) (*sandbox, error) {
 		return nil, err
 	}
 	return n.boot(ctx, bootSpec{runtimeID: newRuntimeID(), templateID: ws.TemplateID, lowers: img.Lowers,
-		cpus: ws.CPUs, memoryMB: ws.MemoryMB})
+		cpus: ws.CPUs, memoryMB: ws.MemoryMB, diskMB: ws.DiskMB})
 }
 
 // newRuntimeID names a pre-started sandbox; like sandbox ids it is [a-z0-9]{20}, with a "w" first

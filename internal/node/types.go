@@ -15,6 +15,8 @@ type CreateSpec struct {
 	BuildID  string
 	CPUs     int
 	MemoryMB int
+	// DiskMB caps what the sandbox can write (its writable layer's size); 0 means no cap.
+	DiskMB int
 	// Delivered to envd through /init before Create returns.
 	EnvVars        map[string]string
 	AccessToken    string

@@ -78,10 +78,18 @@ func within(path, dir string) bool {
 	return err == nil && rel != "." && rel != ".." && !strings.HasPrefix(rel, "../")
 }
 
-// overlayOptions renders the mount data for one sandbox. index and xino are turned off because the
-// lower layer is shared by many mounts: neither feature is needed and both pin state to one lower
-// directory.
-func overlayOptions(lowers []string, sandboxDir string) string {
+// Options shape a sandbox's writable layer.
+type Options struct {
+	// DiskBytes, when positive, is a hard limit on what the sandbox can write: the upper layer
+	// lives on a filesystem of that size of its own (see disk_linux.go). Zero means the upper
+	// layer is a directory on the host's filesystem, bounded only by it (template builds).
+	DiskBytes int64
+}
+
+// overlayOptions renders the mount data for one sandbox whose upper and work directories are in
+// layerDir. index and xino are turned off because the lower layer is shared by many mounts:
+// neither feature is needed and both pin state to one lower directory.
+func overlayOptions(lowers []string, layerDir string) string {
 	return fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s,index=off,xino=off",
-		strings.Join(lowers, ":"), UpperDir(sandboxDir), workDir(sandboxDir))
+		strings.Join(lowers, ":"), UpperDir(layerDir), workDir(layerDir))
 }

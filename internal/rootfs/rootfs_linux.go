@@ -17,12 +17,15 @@ import (
 
 // Prepare mounts the sandbox's writable root at RootDir(sandboxDir): an overlay of lowers (the
 // template's layers, topmost first; read-only, never modified) with upper and work layers in
-// sandboxDir. It returns the merged directory. If that directory is already a mount point
-// (recovery after a restart) it is returned as is. A failed Prepare leaves nothing it created
-// behind.
-func Prepare(ctx context.Context, lowers []string, sandboxDir string) (string, error) {
+// sandboxDir, or on the sandbox's own size-limited disk when opts.DiskBytes is set. It returns
+// the merged directory. If that directory is already a mount point (recovery after a restart)
+// it is returned as is. A failed Prepare leaves nothing it created behind.
+func Prepare(ctx context.Context, lowers []string, sandboxDir string, opts Options) (string, error) {
 	if err := validateDirs(lowers, sandboxDir); err != nil {
 		return "", err
+	}
+	if opts.DiskBytes < 0 || (opts.DiskBytes > 0 && opts.DiskBytes < MinDiskBytes) {
+		return "", errdefs.InvalidArgument("a sandbox disk must have at least %d MiB", MinDiskBytes>>20)
 	}
 	lowers = slices.Clone(lowers)
 	for i := range lowers {
@@ -49,6 +52,7 @@ func Prepare(ctx context.Context, lowers []string, sandboxDir string) (string, e
 
 	ok := false
 	var created []string
+	var undoDisk func()
 	defer func() {
 		if ok {
 			return
@@ -56,7 +60,18 @@ func Prepare(ctx context.Context, lowers []string, sandboxDir string) (string, e
 		for i := len(created) - 1; i >= 0; i-- {
 			_ = os.RemoveAll(created[i])
 		}
+		if undoDisk != nil {
+			undoDisk()
+		}
 	}()
+	layerDir := sandboxDir
+	if opts.DiskBytes > 0 {
+		u, err := mountDisk(ctx, sandboxDir, opts.DiskBytes)
+		if err != nil {
+			return "", err
+		}
+		undoDisk, layerDir = u, diskDir(sandboxDir)
+	}
 	mkdir := func(dir string, mode os.FileMode) error {
 		if err := os.Mkdir(dir, mode); err != nil {
 			if errors.Is(err, os.ErrExist) {
@@ -67,8 +82,8 @@ func Prepare(ctx context.Context, lowers []string, sandboxDir string) (string, e
 		created = append(created, dir)
 		return nil
 	}
-	upper := UpperDir(sandboxDir)
-	for _, d := range []string{upper, workDir(sandboxDir), root} {
+	upper := UpperDir(layerDir)
+	for _, d := range []string{upper, workDir(layerDir), root} {
 		if err := mkdir(d, 0o755); err != nil {
 			return "", err
 		}
@@ -81,35 +96,29 @@ func Prepare(ctx context.Context, lowers []string, sandboxDir string) (string, e
 	if err := os.Chmod(upper, os.FileMode(lowerStat.Mode&0o7777)); err != nil {
 		return "", fmt.Errorf("chmod upper dir: %w", err)
 	}
-	if err := unix.Mount("overlay", root, "overlay", 0, overlayOptions(lowers, sandboxDir)); err != nil {
+	if err := unix.Mount("overlay", root, "overlay", 0, overlayOptions(lowers, layerDir)); err != nil {
 		return "", fmt.Errorf("mount overlay at %s: %w", root, err)
 	}
 	ok = true
 	return root, nil
 }
 
+// IsDiskLimited reports whether the sandbox in sandboxDir writes to a size-limited disk of its own.
+func IsDiskLimited(sandboxDir string) bool {
+	_, err := os.Stat(diskImage(sandboxDir))
+	return err == nil
+}
+
 // Release unmounts the sandbox's root (lazily if it is still busy, e.g. a runtime process that
-// has not exited yet) and removes the root, upper and work directories. A sandbox that was never
-// prepared, or was already released, is success.
+// has not exited yet) and removes the root, upper and work directories and the sandbox's disk.
+// A sandbox that was never prepared, or was already released, is success.
 func Release(ctx context.Context, sandboxDir string) error {
 	sandboxDir = filepath.Clean(sandboxDir)
 	root := RootDir(sandboxDir)
-	// Loop because a root may have been mounted more than once (a crash between mount and record).
-	for range 8 {
-		mounted, err := Mounted(root)
-		if err != nil {
-			return err
-		}
-		if !mounted {
-			break
-		}
-		err = unix.Unmount(root, 0)
-		if errors.Is(err, syscall.EBUSY) {
-			err = unix.Unmount(root, unix.MNT_DETACH)
-		}
-		if err != nil && !errors.Is(err, syscall.EINVAL) && !errors.Is(err, syscall.ENOENT) {
-			return fmt.Errorf("unmount %s: %w", root, err)
-		}
+	// unmount loops because a root may have been mounted more than once (a crash between mount
+	// and record).
+	if err := unmount(root); err != nil {
+		return err
 	}
 	if mounted, err := Mounted(root); err != nil {
 		return err
@@ -122,7 +131,7 @@ func Release(ctx context.Context, sandboxDir string) error {
 			return fmt.Errorf("remove %s: %w", d, err)
 		}
 	}
-	return nil
+	return releaseDisk(sandboxDir)
 }
 
 // Commit unmounts the sandbox's root and moves its upper layer (everything the sandbox wrote,

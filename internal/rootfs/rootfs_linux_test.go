@@ -32,7 +32,7 @@ func TestPrepareRelease(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	root, err := Prepare(ctx, []string{lower}, sandbox)
+	root, err := Prepare(ctx, []string{lower}, sandbox, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,7 +52,7 @@ func TestPrepareRelease(t *testing.T) {
 	}
 
 	// A second Prepare (recovery) returns the existing mount.
-	if again, err := Prepare(ctx, []string{lower}, sandbox); err != nil || again != root {
+	if again, err := Prepare(ctx, []string{lower}, sandbox, Options{}); err != nil || again != root {
 		t.Fatalf("second Prepare = %q, %v", again, err)
 	}
 
@@ -115,7 +115,7 @@ func TestPrepareMissingTemplate(t *testing.T) {
 	requireRoot(t)
 	base := t.TempDir()
 	sandbox := filepath.Join(base, "sandbox")
-	if _, err := Prepare(context.Background(), []string{filepath.Join(base, "missing")}, sandbox); err == nil {
+	if _, err := Prepare(context.Background(), []string{filepath.Join(base, "missing")}, sandbox, Options{DiskBytes: MinDiskBytes}); err == nil {
 		t.Fatal("Prepare over a missing template succeeded")
 	}
 	if _, err := os.Stat(RootDir(sandbox)); !os.IsNotExist(err) {
@@ -176,7 +176,7 @@ func TestCommitStacksLayers(t *testing.T) {
 		}
 	}
 	step := filepath.Join(base, "step")
-	root, err := Prepare(ctx, []string{middle, bottom}, step)
+	root, err := Prepare(ctx, []string{middle, bottom}, step, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -199,7 +199,7 @@ func TestCommitStacksLayers(t *testing.T) {
 	}
 
 	sb := filepath.Join(base, "sandbox")
-	root, err = Prepare(ctx, []string{layer, middle, bottom}, sb)
+	root, err = Prepare(ctx, []string{layer, middle, bottom}, sb, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

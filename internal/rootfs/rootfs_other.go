@@ -9,7 +9,7 @@ import (
 )
 
 // Prepare is only implemented on Linux.
-func Prepare(ctx context.Context, lowers []string, sandboxDir string) (string, error) {
+func Prepare(ctx context.Context, lowers []string, sandboxDir string, opts Options) (string, error) {
 	return "", fmt.Errorf("%w (%s)", ErrUnsupported, runtime.GOOS)
 }
 
@@ -35,5 +35,10 @@ func RemoveTree(dir string) error {
 
 // Commit is only implemented on Linux.
 func Commit(ctx context.Context, sandboxDir, dst string) error {
+	return fmt.Errorf("%w (%s)", ErrUnsupported, runtime.GOOS)
+}
+
+// DiskSupported is only implemented on Linux.
+func DiskSupported() error {
 	return fmt.Errorf("%w (%s)", ErrUnsupported, runtime.GOOS)
 }

@@ -103,7 +103,7 @@ func TestBuildBaseCacheAndRebuild(t *testing.T) {
 
 	// Keep the first build in use by a sandbox overlay: a forced rebuild must not delete it.
 	sandbox := filepath.Join(t.TempDir(), "sbx")
-	if _, err := rootfs.Prepare(ctx, []string{m1.RootfsDir()}, sandbox); err != nil {
+	if _, err := rootfs.Prepare(ctx, []string{m1.RootfsDir()}, sandbox, rootfs.Options{}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = rootfs.Release(context.Background(), sandbox) })

@@ -54,7 +54,10 @@ func (s *Server) download(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	f, err := os.Open(path)
+	// O_NONBLOCK: opening a FIFO must not wait for a writer (that would pin a thread for as long
+	// as the guest likes); what was opened is checked on the descriptor, so a path swapped for a
+	// FIFO or device after a stat cannot slip through.
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		s.writeError(w, r, fileError(path, err))
 		return
@@ -65,8 +68,8 @@ func (s *Server) download(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, fileError(path, err))
 		return
 	}
-	if fi.IsDir() {
-		s.writeError(w, r, errdefs.InvalidArgument("path '%s' is a directory", path))
+	if err := regularFile(path, fi); err != nil {
+		s.writeError(w, r, err)
 		return
 	}
 	name := filepath.Base(path)
@@ -177,17 +180,27 @@ func (s *Server) uploadMultipart(mr *multipart.Reader, u *users.User, workdir, q
 // existing file is truncated, a new one is created 0666&~umask and owned by u. md replaces the
 // file's metadata.
 func writeFile(path string, r io.Reader, u *users.User, md map[string]string) (fileEntry, error) {
-	if fi, err := os.Stat(path); err == nil && fi.IsDir() {
-		return fileEntry{}, errdefs.InvalidArgument("path '%s' is a directory", path)
+	if fi, err := os.Stat(path); err == nil {
+		if err := regularFile(path, fi); err != nil {
+			return fileEntry{}, err
+		}
 	}
 	if err := filesystem.MkdirAllOwned(filepath.Dir(path), u.UID, u.GID); err != nil {
 		return fileEntry{}, err
 	}
 	_, statErr := os.Lstat(path)
 	created := errors.Is(statErr, fs.ErrNotExist)
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o666)
+	// O_NONBLOCK and the check on the descriptor: see download.
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|syscall.O_NONBLOCK, 0o666)
 	if err != nil {
 		return fileEntry{}, fileError(path, err)
+	}
+	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+		f.Close()
+		if err != nil {
+			return fileEntry{}, fileError(path, err)
+		}
+		return fileEntry{}, regularFile(path, fi)
 	}
 	_, err = io.Copy(f, bodyReader{r})
 	if cerr := f.Close(); err == nil {
@@ -207,6 +220,18 @@ func writeFile(path string, r io.Reader, u *users.User, md map[string]string) (f
 	return fileEntry{Path: path, Name: filepath.Base(path), Type: "file", Metadata: filesystem.ReadMetadata(path)}, nil
 }
 
+// regularFile refuses what /files must not read or write: directories, and FIFOs, sockets and
+// devices, whose reads and writes can block forever or never end.
+func regularFile(path string, fi fs.FileInfo) error {
+	switch {
+	case fi.IsDir():
+		return errdefs.InvalidArgument("path '%s' is a directory", path)
+	case !fi.Mode().IsRegular():
+		return errdefs.InvalidArgument("path '%s' is not a regular file", path)
+	}
+	return nil
+}
+
 // fileError maps an OS error on path to the REST status the SDK expects.
 func fileError(path string, err error) error {
 	var readErr *bodyReadError
@@ -217,6 +242,9 @@ func fileError(path string, err error) error {
 		return errdefs.NotFound("path '%s' does not exist", path)
 	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
 		return &statusError{status: http.StatusInsufficientStorage, msg: fmt.Sprintf("not enough disk space to write '%s'", path)}
+	case errors.Is(err, syscall.ENXIO), errors.Is(err, syscall.ENODEV):
+		// open(2) of a socket, or of a FIFO with nobody at the other end (O_NONBLOCK).
+		return errdefs.InvalidArgument("path '%s' is not a regular file", path)
 	case errors.Is(err, syscall.EISDIR):
 		return errdefs.InvalidArgument("path '%s' is a directory", path)
 	case errors.Is(err, syscall.ENOTDIR):
@@ -224,7 +252,7 @@ func fileError(path string, err error) error {
 	case errors.Is(err, fs.ErrPermission):
 		return errdefs.Forbidden("permission denied for '%s'", path)
 	}
-	return fmt.Errorf("write '%s': %w", path, err)
+	return fmt.Errorf("access '%s': %w", path, err)
 }
 
 // bodyReadError marks errors from reading the request body, as opposed to writing the file.

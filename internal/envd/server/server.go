@@ -23,6 +23,7 @@ import (
 	"github.com/vibemon/vmon/internal/envd/users"
 	"github.com/vibemon/vmon/internal/errdefs"
 	"github.com/vibemon/vmon/internal/guestnet"
+	"github.com/vibemon/vmon/internal/httpguard"
 )
 
 // builtinDefaultUser is the user requests act as until /init sets defaultUser (E2B: root).
@@ -95,7 +96,9 @@ func New(opts Options) (*Server, error) {
 	mux.HandleFunc("GET /metrics", s.getMetrics)
 	mux.HandleFunc("GET /files", s.download)
 	mux.HandleFunc("POST /files", s.upload)
-	s.handler = cors(s.requireToken(mux))
+	// httpguard: unclean paths get a 404 instead of ServeMux's redirect, and the plain-text
+	// errors of ServeMux and http.ServeContent come out in E2B's JSON shape.
+	s.handler = httpguard.Handler(cors(s.requireToken(mux)))
 	return s, nil
 }
 

@@ -165,7 +165,7 @@ func newSandbox(t *testing.T, fx fixture, rt *Runtime, mutate func(*runtime.Spec
 	ctx := context.Background()
 	id := fmt.Sprintf("vmontest-%d-%d", os.Getpid(), seq.Add(1))
 	dir := filepath.Join(filepath.Dir(fx.lower), "sandboxes", id)
-	root, err := rootfs.Prepare(ctx, []string{fx.lower}, dir)
+	root, err := rootfs.Prepare(ctx, []string{fx.lower}, dir, rootfs.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

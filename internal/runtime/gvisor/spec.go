@@ -75,8 +75,12 @@ func buildSpec(s runtime.Spec, cgroupsPath string) (*specs.Spec, error) {
 		{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755"}},
 		{Destination: "/dev/pts", Type: "devpts", Source: "devpts",
 			Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"}},
-		{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "nodev", "mode=1777"}},
+		{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: shmOptions(s.Limits.ShmBytes)},
 		{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
+		// The sentry's own cgroupfs (all v1 controllers): envd caps the guest's tasks through its
+		// pids controller, and programs that size themselves from cgroup limits (JVMs, Node.js)
+		// see the sandbox's memory and CPU.
+		{Destination: "/sys/fs/cgroup", Type: "cgroup", Source: "cgroup"},
 		// Without an explicit /tmp mount gVisor mounts an in-memory tmpfs over an empty /tmp. Binding
 		// the rootfs's own /tmp keeps files there on disk (counted as the sandbox's disk, not its
 		// memory) and part of the rootfs a checkpoint leaves on the host.
@@ -109,7 +113,7 @@ func buildSpec(s runtime.Spec, cgroupsPath string) (*specs.Spec, error) {
 				Effective: allCaps,
 				Permitted: allCaps,
 			},
-			Rlimits: []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: 1 << 20, Soft: 1 << 20}},
+			Rlimits:  rlimits(s.Limits),
 			// sudo must be able to raise privileges (runsc also needs --allow-suid for that).
 			NoNewPrivileges: false,
 		},
@@ -131,11 +135,39 @@ func buildSpec(s runtime.Spec, cgroupsPath string) (*specs.Spec, error) {
 	return spec, nil
 }
 
+// shmOptions sizes /dev/shm: without a size, gVisor's tmpfs may grow to half the host's memory,
+// and filling it would take the sandbox over its memory limit instead of failing with ENOSPC.
+func shmOptions(size int64) []string {
+	opts := []string{"nosuid", "nodev", "mode=1777"}
+	if size > 0 {
+		opts = append(opts, fmt.Sprintf("size=%d", size))
+	}
+	return opts
+}
+
+// defaultNoFile is RLIMIT_NOFILE when the node sets none.
+const defaultNoFile = 1 << 20
+
+// rlimits are the guest processes' resource limits, inherited from envd by everything it starts.
+// RLIMIT_NPROC binds unprivileged users only (root has CAP_SYS_RESOURCE in the guest); the
+// guest-wide task limit is envd's (--max-tasks).
+func rlimits(l runtime.Limits) []specs.POSIXRlimit {
+	nofile := uint64(defaultNoFile)
+	if l.NoFile > 0 {
+		nofile = uint64(l.NoFile)
+	}
+	out := []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: nofile, Soft: nofile}}
+	if l.NProc > 0 {
+		out = append(out, specs.POSIXRlimit{Type: "RLIMIT_NPROC", Hard: uint64(l.NProc), Soft: uint64(l.NProc)})
+	}
+	return out
+}
+
 // resources renders the CPU and memory limits. runsc applies them to the sandbox's host cgroup and
 // derives from that cgroup what the guest sees (--total-memory, --cpu-num), so they are only set
 // when runsc manages cgroups.
 func resources(s runtime.Spec, withCgroups bool) *specs.LinuxResources {
-	if !withCgroups || (s.CPUs == 0 && s.MemoryMB == 0) {
+	if !withCgroups || (s.CPUs == 0 && s.MemoryMB == 0 && s.Limits.HostTasks == 0) {
 		return nil
 	}
 	r := &specs.LinuxResources{}
@@ -147,6 +179,11 @@ func resources(s runtime.Spec, withCgroups bool) *specs.LinuxResources {
 	if s.MemoryMB > 0 {
 		limit := int64(s.MemoryMB) << 20
 		r.Memory = &specs.LinuxMemory{Limit: &limit}
+	}
+	if s.Limits.HostTasks > 0 {
+		// The sentry's threads and one or two host tasks per guest task: a guest that gets past
+		// its own task limit stops its sandbox here instead of filling the host's process table.
+		r.Pids = &specs.LinuxPids{Limit: int64(s.Limits.HostTasks)}
 	}
 	return r
 }

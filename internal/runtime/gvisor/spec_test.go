@@ -31,6 +31,7 @@ func TestBuildSpecGolden(t *testing.T) {
 		Env:      []string{"HOME=/root"},
 		CPUs:     2,
 		MemoryMB: 512,
+		Limits:   runtime.Limits{GuestTasks: 512, HostTasks: 2048, NProc: 512, NoFile: 32768, ShmBytes: 256 << 20},
 	}, cgroupPath("vmon", "sbx-1"))
 	if err != nil {
 		t.Fatal(err)
