@@ -78,8 +78,8 @@ func TestHandler(t *testing.T) {
 	}
 	decodeError(t, do("GET", "//files", nil), 404)
 	decodeError(t, do("GET", "/a/../files", nil), 404)
-	decodeError(t, do("GET", "/nope", nil), 404)          // ServeMux's plain 404
-	decodeError(t, do("DELETE", "/files", nil), 405)      // ServeMux's plain 405
+	decodeError(t, do("GET", "/nope", nil), 404)                                          // ServeMux's plain 404
+	decodeError(t, do("DELETE", "/files", nil), 405)                                      // ServeMux's plain 405
 	decodeError(t, do("GET", "/files", map[string]string{"Range": "bytes=100-200"}), 416) // ServeContent's http.Error
 	decodeError(t, do("GET", "/files", map[string]string{"X-Big": strings.Repeat("a", MaxHeaderBytes)}), 431)
 

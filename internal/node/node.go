@@ -103,7 +103,7 @@ type Options struct {
 	Warm []WarmSpec
 	// Limits override the task and open-file limits derived from each sandbox's memory.
 	Limits limits.Overrides
-	Log  *slog.Logger
+	Log    *slog.Logger
 }
 
 const (

@@ -113,7 +113,7 @@ func buildSpec(s runtime.Spec, cgroupsPath string) (*specs.Spec, error) {
 				Effective: allCaps,
 				Permitted: allCaps,
 			},
-			Rlimits:  rlimits(s.Limits),
+			Rlimits: rlimits(s.Limits),
 			// sudo must be able to raise privileges (runsc also needs --allow-suid for that).
 			NoNewPrivileges: false,
 		},
