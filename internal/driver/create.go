@@ -238,7 +238,21 @@ func (d *Driver) checkTimeout(field string, t time.Duration) error {
 	return nil
 }
 
+// Limits on what a create may carry. Environment variables reach every process the sandbox
+// runs, so they must fit what execve accepts; metadata is stored and listed with every record.
+const (
+	// MaxEnvVarBytes is the longest "KEY=VALUE" string execve takes (MAX_ARG_STRLEN, 128 KiB with
+	// its terminating NUL). A longer one would make every command in the sandbox fail.
+	MaxEnvVarBytes = 128<<10 - 1
+	// MaxEnvVarsBytes bounds all of them together, leaving most of execve's 2 MiB (ARG_MAX) for
+	// each command's own arguments and variables.
+	MaxEnvVarsBytes = 512 << 10
+	// MaxMetadataBytes bounds a sandbox's metadata, keys and values together.
+	MaxMetadataBytes = 64 << 10
+)
+
 func validateEnvVars(env map[string]string) error {
+	total := 0
 	for k, v := range env {
 		// A process environment cannot represent these; failing here beats a confusing envd error.
 		if k == "" || strings.ContainsAny(k, "=\x00") {
@@ -247,15 +261,28 @@ func validateEnvVars(env map[string]string) error {
 		if strings.ContainsRune(v, 0) {
 			return errdefs.InvalidArgument("envVars: value of %q contains a NUL byte", k)
 		}
+		n := len(k) + 1 + len(v)
+		if n > MaxEnvVarBytes {
+			return errdefs.InvalidArgument("envVars: %q is %d bytes as NAME=value, over the limit of %d", k, n, MaxEnvVarBytes)
+		}
+		total += n + 1
+	}
+	if total > MaxEnvVarsBytes {
+		return errdefs.InvalidArgument("envVars: %d bytes in all, over the limit of %d", total, MaxEnvVarsBytes)
 	}
 	return nil
 }
 
 func validateMetadata(meta map[string]string) error {
-	for k := range meta {
+	total := 0
+	for k, v := range meta {
 		if k == "" {
 			return errdefs.InvalidArgument("metadata: keys must not be empty")
 		}
+		total += len(k) + len(v)
+	}
+	if total > MaxMetadataBytes {
+		return errdefs.InvalidArgument("metadata: %d bytes in all, over the limit of %d", total, MaxMetadataBytes)
 	}
 	return nil
 }

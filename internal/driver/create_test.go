@@ -3,6 +3,7 @@ package driver
 import (
 	"context"
 	"errors"
+	"fmt"
 	"regexp"
 	"strings"
 	"sync"
@@ -300,5 +301,57 @@ func TestIDs(t *testing.T) {
 		if ValidSandboxID(s) {
 			t.Errorf("ValidSandboxID(%q) = true", s)
 		}
+	}
+}
+
+func TestCreateInputLimits(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	entry := func(n int) map[string]string { // one variable whose NAME=value is n bytes
+		return map[string]string{"K": strings.Repeat("v", n-2)}
+	}
+	many := func(per, count int) map[string]string {
+		m := map[string]string{}
+		for i := 0; i < count; i++ {
+			k := fmt.Sprintf("K%04d", i)
+			m[k] = strings.Repeat("v", per-len(k)-1)
+		}
+		return m
+	}
+	meta := func(total int) map[string]string { return map[string]string{"k": strings.Repeat("m", total-1)} }
+	for _, tc := range []struct {
+		name string
+		req  CreateRequest
+		ok   bool
+	}{
+		{"env entry at the limit", CreateRequest{EnvVars: entry(MaxEnvVarBytes)}, true},
+		{"env entry over the limit", CreateRequest{EnvVars: entry(MaxEnvVarBytes + 1)}, false},
+		// 4 entries of 128 KiB - 1 bytes plus their separators: exactly the total limit.
+		{"env total at the limit", CreateRequest{EnvVars: many(MaxEnvVarsBytes/4-1, 4)}, true},
+		// 5 entries under the per-entry limit whose total is 2 bytes over.
+		{"env total over the limit", CreateRequest{EnvVars: many(MaxEnvVarsBytes/5, 5)}, false},
+		{"metadata at the limit", CreateRequest{Metadata: meta(MaxMetadataBytes)}, true},
+		{"metadata over the limit", CreateRequest{Metadata: meta(MaxMetadataBytes + 1)}, false},
+	} {
+		tc.req.Template = "base"
+		sb, err := e.d.Create(ctx, tc.req)
+		if tc.ok {
+			if err != nil {
+				t.Errorf("%s: %v", tc.name, err)
+				continue
+			}
+			_ = e.d.Kill(ctx, sb.ID)
+			continue
+		}
+		if !errdefs.Is(err, errdefs.KindInvalidArgument) {
+			t.Errorf("%s: %v, want InvalidArgument", tc.name, err)
+		} else if msg := errdefs.PublicMessage(err); len(msg) > 512 {
+			t.Errorf("%s: message of %d bytes", tc.name, len(msg))
+		}
+	}
+	// A huge unknown id is NotFound with a short message.
+	_, err := e.d.Get(ctx, strings.Repeat("a", 500_000))
+	if !errdefs.Is(err, errdefs.KindNotFound) || len(errdefs.PublicMessage(err)) > 512 {
+		t.Fatalf("huge id: %v", err)
 	}
 }

@@ -10,6 +10,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
+	"unicode/utf8"
 )
 
 // Kind classifies an error for the edges.
@@ -47,7 +49,35 @@ func (e *Error) Error() string {
 func (e *Error) Unwrap() error { return e.Cause }
 
 func newf(k Kind, format string, args ...any) *Error {
-	return &Error{Kind: k, Msg: fmt.Sprintf(format, args...)}
+	return &Error{Kind: k, Msg: sprintf(format, args...)}
+}
+
+// sprintf formats a client-safe message. String arguments are client input more often than not
+// (ids, names, paths), so long ones are cut to a prefix: a 500 KB id never comes back as a
+// 500 KB error body, whichever message quotes it.
+func sprintf(format string, args ...any) string {
+	for i, a := range args {
+		if s, ok := a.(string); ok && len(s) > quoteLimit {
+			args[i] = clipped(s)
+		}
+	}
+	return fmt.Sprintf(format, args...)
+}
+
+// clipped formats as the first quoteLimit bytes of a long string and its full length.
+type clipped string
+
+func (c clipped) Format(f fmt.State, verb rune) {
+	s := string(c)
+	cut := quoteLimit
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	if verb == 'q' {
+		fmt.Fprintf(f, "%q… (%d bytes)", s[:cut], len(s))
+		return
+	}
+	fmt.Fprintf(f, "%s… (%d bytes)", s[:cut], len(s))
 }
 
 func InvalidArgument(format string, args ...any) error {
@@ -75,7 +105,7 @@ func WithCode(err error, code string) error {
 
 // Wrap attaches a kind and a client-safe message to an internal cause.
 func Wrap(k Kind, cause error, format string, args ...any) error {
-	return &Error{Kind: k, Msg: fmt.Sprintf(format, args...), Cause: cause}
+	return &Error{Kind: k, Msg: sprintf(format, args...), Cause: cause}
 }
 
 // KindOf returns the kind of the first kinded error in err's chain.
@@ -130,4 +160,21 @@ func HTTPStatus(err error) int {
 	default:
 		return http.StatusInternalServerError
 	}
+}
+
+// quoteLimit is how much of a client's input an error message quotes: enough for any real path
+// or name, far less than what a hostile client can send.
+const quoteLimit = 256
+
+// Quote renders client input for an error message: quoted, and cut to a short prefix, so a huge
+// input (a 500 KB id) never comes back as a huge error body.
+func Quote(s string) string {
+	if len(s) <= quoteLimit {
+		return strconv.Quote(s)
+	}
+	cut := quoteLimit
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return fmt.Sprintf("%s… (%d bytes)", strconv.Quote(s[:cut]), len(s))
 }

@@ -16,7 +16,8 @@ import (
 	"net/http"
 	"path"
 	"strings"
-	"unicode/utf8"
+
+	"github.com/vibemon/vmon/internal/errdefs"
 )
 
 // MaxHeaderBytes bounds a request's header section (request line and headers). E2B's SDK sends
@@ -27,21 +28,8 @@ const MaxHeaderBytes = 64 << 10
 // requests over MaxHeaderBytes; past it net/http answers on its own (see Listener).
 const ServerMaxHeaderBytes = 1 << 20
 
-// quoteLimit is how much of a client's input an error message quotes.
-const quoteLimit = 64
-
-// Quote renders s for an error message: quoted, and cut to a short prefix so a huge input never
-// comes back in a huge error body.
-func Quote(s string) string {
-	if len(s) <= quoteLimit {
-		return fmt.Sprintf("%q", s)
-	}
-	cut := quoteLimit
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return fmt.Sprintf("%q… (%d bytes)", s[:cut], len(s))
-}
+// Quote renders client input for an error message, cut to a short prefix (errdefs.Quote).
+func Quote(s string) string { return errdefs.Quote(s) }
 
 // Body is E2B's error body.
 type Body struct {

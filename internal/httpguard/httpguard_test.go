@@ -13,20 +13,6 @@ import (
 	"time"
 )
 
-func TestQuote(t *testing.T) {
-	if got := Quote("abc"); got != `"abc"` {
-		t.Fatalf("Quote(abc) = %s", got)
-	}
-	long := strings.Repeat("x", 500_000)
-	if got := Quote(long); len(got) > 100 || !strings.Contains(got, "500000 bytes") {
-		t.Fatalf("Quote of 500 KB = %q", got)
-	}
-	// A cut never splits a UTF-8 sequence.
-	if got := Quote(strings.Repeat("é", 100)); !strings.HasPrefix(got, `"`+strings.Repeat("é", 32)+`"`) {
-		t.Fatalf("Quote split a rune: %q", got)
-	}
-}
-
 func TestCleanPath(t *testing.T) {
 	for p, want := range map[string]bool{
 		"/": true, "/files": true, "/sandboxes/abc": true, "/a/b/": true, "": false,
