@@ -7,6 +7,7 @@ import (
 
 	"github.com/vibemon/vmon/internal/config"
 	"github.com/vibemon/vmon/internal/doctor"
+	"github.com/vibemon/vmon/internal/limits"
 	"github.com/vibemon/vmon/internal/template"
 )
 
@@ -15,6 +16,7 @@ const runscPin = "160fafc42237"
 
 func doctorCmd() *cobra.Command {
 	var dataDir, runsc, envd string
+	var diskMB, maxTasks, maxFiles int
 	cmd := &cobra.Command{
 		Use:   "doctor",
 		Short: "check what this host needs to run vmon, and how to fix what is missing",
@@ -23,10 +25,11 @@ func doctorCmd() *cobra.Command {
 			if envd == "" {
 				envd = defaultEnvdPath()
 			}
-			_, err := template.Load(dataDir, "base")
+			m, err := template.Load(dataDir, "base")
 			results := doctor.Run(cmd.Context(), doctor.Options{
 				DataDir: dataDir, RunscPath: runsc, RunscVersion: runscPin, EnvdPath: envd,
-				TemplateReady: err == nil,
+				TemplateReady: err == nil, MemoryMB: m.MemoryMB, DiskMB: diskMB,
+				Limits: limits.Overrides{Tasks: maxTasks, Files: maxFiles},
 			})
 			if !doctor.Print(cmd.OutOrStdout(), results) {
 				return errors.New("some checks failed")
@@ -37,5 +40,8 @@ func doctorCmd() *cobra.Command {
 	config.BindDataDir(cmd.Flags(), &dataDir)
 	cmd.Flags().StringVar(&runsc, "runsc", "runsc", "path of the runsc binary")
 	cmd.Flags().StringVar(&envd, "envd-path", "", "envd binary (default: envd beside the vmon binary)")
+	cmd.Flags().IntVar(&diskMB, "sandbox-disk-mb", config.DefaultSandboxDiskMB, "as for vmon serve: the disk limit to check")
+	cmd.Flags().IntVar(&maxTasks, "sandbox-max-tasks", 0, "as for vmon serve")
+	cmd.Flags().IntVar(&maxFiles, "sandbox-max-files", 0, "as for vmon serve")
 	return cmd
 }

@@ -7,7 +7,6 @@ import (
 	"debug/buildinfo"
 	"debug/elf"
 	"fmt"
-	"github.com/vibemon/vmon/internal/capability"
 	"io"
 	"os"
 	"os/exec"
@@ -15,6 +14,10 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/vibemon/vmon/internal/capability"
+	"github.com/vibemon/vmon/internal/limits"
+	"github.com/vibemon/vmon/internal/rootfs"
 )
 
 // Level of a check result.
@@ -45,6 +48,11 @@ type Options struct {
 	EnvdPath     string
 	// TemplateReady reports whether the base template is built.
 	TemplateReady bool
+	// MemoryMB is the base template's memory, for the limits report.
+	MemoryMB int
+	// DiskMB and Limits are the node's --sandbox-disk-mb and task/file overrides.
+	DiskMB int
+	Limits limits.Overrides
 }
 
 // Run performs every check.
@@ -59,6 +67,9 @@ func Run(ctx context.Context, o Options) []Result {
 		checkTool("iptables", "iptables (sandbox networking)", "apt-get install -y iptables", Warn),
 		checkTool("mmdebstrap", "mmdebstrap (builds the base template)", "apt-get install -y mmdebstrap", Warn),
 		checkDisk(o.DataDir),
+		checkDiskLimit(o.DiskMB),
+		checkTaskLimit(),
+		checkLimits(o),
 		checkSocketPath(o.DataDir),
 		checkTemplate(o.TemplateReady),
 		checkKVM(),
@@ -267,6 +278,82 @@ func checkKVM() Result {
 		r.Detail = "absent: only the gvisor runtime can run here (the default)"
 		return r
 	}
+	if _, err := os.Stat("/sys/module/kvm_pvm"); err == nil {
+		r.Detail = "present but provided by PVM (kvm_pvm): stock guest kernels do not boot under it and " +
+			"gVisor's KVM platform panics, so VM runtimes cannot run here; gvisor with the systrap platform is used"
+		return r
+	}
 	r.Detail = "present; the firecracker runtime is not implemented yet, gvisor is used"
 	return r
+}
+
+// checkDiskLimit says whether sandboxes' disks can be capped here (a loop-mounted ext4 image per
+// sandbox) and what --sandbox-disk-mb asks for.
+func checkDiskLimit(diskMB int) Result {
+	r := Result{Name: "sandbox disk limit"}
+	err := rootfs.DiskSupported()
+	if err == nil && !hasFilesystem("ext4") {
+		err = fmt.Errorf("ext4 is not available in this kernel")
+	}
+	switch {
+	case err != nil && diskMB > 0:
+		r.Level, r.Detail = Fail, "cannot be enforced: "+err.Error()
+		r.Fix = "provide loop devices, ext4 and e2fsprogs, or run vmon serve --sandbox-disk-mb 0 (no disk limit)"
+	case err != nil:
+		r.Level, r.Detail = Warn, "off (--sandbox-disk-mb 0), and could not be enforced here: "+err.Error()
+	case diskMB == 0:
+		r.Level, r.Detail = Warn, "off (--sandbox-disk-mb 0): sandboxes write to the host's disk without a limit"
+		r.Fix = "run vmon serve with --sandbox-disk-mb (default 10240)"
+	default:
+		r.Detail = fmt.Sprintf("enforced: %d MiB per sandbox on its own ext4 image (loop device); the guest's df shows it", diskMB)
+	}
+	return r
+}
+
+// checkTaskLimit says whether the host can cap each sandbox's tasks (a pids cgroup controller).
+func checkTaskLimit() Result {
+	r := Result{Name: "sandbox host task limit (pids cgroup)"}
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	if err == nil {
+		for _, line := range strings.Split(string(data), "\n") {
+			_, right, ok := strings.Cut(line, " - ")
+			f := strings.Fields(right)
+			if !ok || len(f) < 3 {
+				continue
+			}
+			if (f[0] == "cgroup" && strings.Contains(","+f[2]+",", ",pids,")) || f[0] == "cgroup2" && pidsInV2(strings.Fields(line)[4]) {
+				r.Detail = "pids controller at " + strings.Fields(line)[4]
+				return r
+			}
+		}
+	}
+	r.Level, r.Detail = Warn, "no pids cgroup controller: a sandbox's host tasks are bounded only by its guest task limit"
+	r.Fix = "enable the pids controller (cgroup v1 pids hierarchy or cgroup v2 with +pids)"
+	return r
+}
+
+func pidsInV2(mount string) bool {
+	b, err := os.ReadFile(filepath.Join(mount, "cgroup.controllers"))
+	return err == nil && strings.Contains(" "+strings.TrimSpace(string(b))+" ", " pids ")
+}
+
+// checkLimits reports the limits a sandbox of the base template's shape runs with.
+func checkLimits(o Options) Result {
+	mem := o.MemoryMB
+	if mem == 0 {
+		mem = 512
+	}
+	l := limits.Derive(mem, o.Limits)
+	disk := "no disk limit"
+	if o.DiskMB > 0 {
+		disk = fmt.Sprintf("disk %d MiB", o.DiskMB)
+	}
+	return Result{Name: "sandbox limits", Detail: fmt.Sprintf(
+		"a %d MiB sandbox gets %d tasks in the guest (RLIMIT_NPROC %d, %d host tasks), %d open files, /dev/shm %d MiB, %s",
+		mem, l.GuestTasks, l.NProc, l.HostTasks, l.NoFile, l.ShmBytes>>20, disk)}
+}
+
+func hasFilesystem(fs string) bool {
+	data, err := os.ReadFile("/proc/filesystems")
+	return err == nil && strings.Contains(string(data), "\t"+fs+"\n")
 }

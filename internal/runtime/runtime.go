@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"syscall"
 )
 
 // ErrUnsupported is returned (wrapped) by backends that cannot run on this host or OS.
@@ -116,7 +117,8 @@ func (e Exit) String() string {
 	switch e.Reason {
 	case ExitInit:
 		if e.Code > 128 && e.Code < 128+65 {
-			return fmt.Sprintf("exited: the sandbox's init was killed by signal %d", e.Code-128)
+			sig := syscall.Signal(e.Code - 128)
+			return fmt.Sprintf("exited: the sandbox's init was killed by signal %d (%s)", int(sig), sig)
 		}
 		return fmt.Sprintf("exited: the sandbox's init exited with status %d", e.Code)
 	case ExitOOM:
