@@ -15,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/yamux"
@@ -47,6 +48,11 @@ type Channel struct {
 	stopped error
 
 	transport *http.Transport
+
+	// refused counts sessions closed for guest-opened streams; lastWarn rate-limits the log line
+	// about them, so a guest cannot flood the node's log.
+	refused  atomic.Int64
+	lastWarn atomic.Int64
 }
 
 // Listen creates the agent socket in dir (replacing a stale one left by a crash) and starts
@@ -117,12 +123,15 @@ func (c *Channel) acceptLoop() {
 // accepting streams nobody reads would let the guest grow the node's memory without bound.
 // Closing the session affects this sandbox alone; a well-behaved envd redials.
 func (c *Channel) refuseInbound(sess *yamux.Session) {
-	st, err := sess.AcceptStream()
-	if err != nil {
+	if _, err := sess.AcceptStream(); err != nil {
 		return // the session ended
 	}
-	c.log.Warn("guest opened a stream on the agent channel; closing the session", "stream", st.StreamID())
 	sess.Close()
+	n := c.refused.Add(1)
+	now := time.Now().UnixNano()
+	if last := c.lastWarn.Load(); now-last >= int64(time.Minute) && c.lastWarn.CompareAndSwap(last, now) {
+		c.log.Warn("guest opened a stream on the agent channel; closed the session", "sessions_closed", n)
+	}
 }
 
 func (c *Channel) isClosed() bool {

@@ -206,9 +206,8 @@ func (d *Driver) expire(ctx context.Context, id string) {
 
 // SandboxStopped records that a running sandbox's runtime ended without being asked to (its
 // init exited, it ran out of memory, the host killed it): ingress answers 502 for it at once,
-// the node removes what is left, and the record becomes killed with reason (the node's account,
-// "oom: …", "exited: …"), so `vmon sandbox ls`
-// and GET (404) tell the truth instead of "running".
+// the record becomes killed with reason (the node's account, "oom: …", "exited: …") and the node
+// removes what is left, so `vmon sandbox ls` and GET (404) tell the truth instead of "running".
 func (d *Driver) SandboxStopped(ctx context.Context, id, reason string) {
 	// Before taking the lock (a kill or timeout change may hold it for a while): from now on
 	// ingress treats the sandbox as gone.
@@ -222,11 +221,17 @@ func (d *Driver) SandboxStopped(ctx context.Context, id, reason string) {
 		}
 		return
 	}
+	// The sandbox is dead already: the record says so first, then the node removes what is left.
+	// Unlike a kill, a failed cleanup here must not keep the record "running"; what a failed
+	// cleanup leaves is removed by the node's recovery at the next start.
+	if err := d.store.MarkKilled(ctx, id, d.now(), reason); err != nil {
+		d.log.Error("mark stopped sandbox killed", "sandbox", id, "err", err)
+		return
+	}
+	d.log.Info("sandbox killed", "sandbox", id, "reason", reason)
 	kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), destroyTimeout)
 	defer cancel()
-	if err := d.killLocked(kctx, sb, reason); err != nil {
-		// The record still says running; the expiry loop retries the kill at its deadline.
+	if err := d.node.DestroySandbox(kctx, id); err != nil && !errdefs.Is(err, errdefs.KindNotFound) {
 		d.log.Error("clean up stopped sandbox", "sandbox", id, "err", err)
-		d.arm(id, d.now().Add(killRetryAfterError))
 	}
 }

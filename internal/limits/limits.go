@@ -22,6 +22,10 @@ const (
 	// use (gVisor's systrap platform runs two host tasks per guest process, and more for a moment while a process forks and execs).
 	HostTaskHeadroom = 512
 	HostTasksPerTask = 3
+	// NProcReserve: unprivileged users get all but 1/NProcReserve of the guest's tasks
+	// (RLIMIT_NPROC), so a user's process bomb leaves root and envd room to start the commands
+	// that clean it up.
+	NProcReserve = 8
 	// FilesPerMiB: open files per MiB of memory; 512 MiB gives 32768.
 	FilesPerMiB = 64
 	MinFiles    = 1024
@@ -66,7 +70,7 @@ func Derive(memoryMB int, o Overrides) runtime.Limits {
 	return runtime.Limits{
 		GuestTasks: tasks,
 		HostTasks:  tasks*HostTasksPerTask + HostTaskHeadroom,
-		NProc:      tasks,
+		NProc:      tasks - tasks/NProcReserve,
 		NoFile:     files,
 		ShmBytes:   int64(memoryMB) << 20 / ShmShare,
 	}
