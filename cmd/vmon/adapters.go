@@ -12,10 +12,13 @@ import (
 
 // These adapters bind the node's consumer interfaces to the OS packages.
 
-type rootfsAdapter struct{}
+type rootfsAdapter struct {
+	// imageDir keeps the formatted disk images sandbox disks are copied from.
+	imageDir string
+}
 
-func (rootfsAdapter) Prepare(ctx context.Context, lowers []string, sandboxDir string, diskMB int) (string, error) {
-	return rootfs.Prepare(ctx, lowers, sandboxDir, rootfs.Options{DiskBytes: int64(diskMB) << 20})
+func (a rootfsAdapter) Prepare(ctx context.Context, lowers []string, sandboxDir string, diskMB int) (string, error) {
+	return rootfs.Prepare(ctx, lowers, sandboxDir, rootfs.Options{DiskBytes: int64(diskMB) << 20, ImageDir: a.imageDir})
 }
 
 func (rootfsAdapter) Release(ctx context.Context, sandboxDir string) error {

@@ -126,7 +126,7 @@ func serve(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 		ReadyTimeout: c.ReadyTimeout,
 		DataDir:      c.DataDir,
 		Runtime:      rt,
-		RootFS:       rootfsAdapter{},
+		RootFS:       rootfsAdapter{imageDir: filepath.Join(c.DataDir, "disk-images")},
 		Templates:    templateRoots{dataDir: c.DataDir},
 		EnvdPath:     envdPath,
 		NetNSPrefix:  netnsPrefix(c.DataDir),

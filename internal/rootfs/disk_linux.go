@@ -36,9 +36,10 @@ func diskDir(sandboxDir string) string   { return filepath.Join(sandboxDir, disk
 // root should get the whole size), and no discard pass runs over the empty file.
 var mkfsArgs = []string{"-q", "-F", "-t", "ext4", "-m", "0", "-E", "lazy_itable_init=1,lazy_journal_init=1,nodiscard"}
 
-// mountDisk creates the sandbox's image of size bytes, formats it and mounts it at diskDir. It
-// returns a function that undoes everything it did; on error it has undone it already.
-func mountDisk(ctx context.Context, sandboxDir string, size int64) (undo func(), err error) {
+// mountDisk creates the sandbox's image of size bytes, formatted (a copy of the formatted image in
+// imageDir, when set), and mounts it at diskDir. It returns a function that undoes everything it
+// did; on error it has undone it already.
+func mountDisk(ctx context.Context, sandboxDir string, size int64, imageDir string) (undo func(), err error) {
 	img, mnt := diskImage(sandboxDir), diskDir(sandboxDir)
 	var steps []func()
 	undo = func() {
@@ -51,19 +52,14 @@ func mountDisk(ctx context.Context, sandboxDir string, size int64) (undo func(),
 			undo()
 		}
 	}()
-	f, err := os.OpenFile(img, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("create disk image: %w", err)
-	}
 	steps = append(steps, func() { _ = os.Remove(img) })
-	err = f.Truncate(size)
-	f.Close()
-	if err != nil {
-		return nil, fmt.Errorf("size disk image: %w", err)
+	if imageDir == "" {
+		err = formatImage(ctx, img, size)
+	} else {
+		err = copyFormatted(ctx, imageDir, img, size)
 	}
-	mkfs := exec.CommandContext(ctx, "mkfs.ext4", append(append([]string{}, mkfsArgs...), img)...)
-	if out, err := mkfs.CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("format disk image (mkfs.ext4 from e2fsprogs): %w: %s", err, strings.TrimSpace(string(out)))
+	if err != nil {
+		return nil, err
 	}
 	if err := os.Mkdir(mnt, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
 		return nil, fmt.Errorf("create disk mount point: %w", err)
@@ -84,6 +80,98 @@ func mountDisk(ctx context.Context, sandboxDir string, size int64) (undo func(),
 	}
 	steps = append(steps, func() { _ = unmount(mnt) })
 	return undo, nil
+}
+
+// formatImage creates img, a sparse file of size bytes, and formats it.
+func formatImage(ctx context.Context, img string, size int64) error {
+	f, err := os.OpenFile(img, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return fmt.Errorf("create disk image: %w", err)
+	}
+	err = f.Truncate(size)
+	f.Close()
+	if err != nil {
+		return fmt.Errorf("size disk image: %w", err)
+	}
+	mkfs := exec.CommandContext(ctx, "mkfs.ext4", append(append([]string{}, mkfsArgs...), img)...)
+	if out, err := mkfs.CombinedOutput(); err != nil {
+		return fmt.Errorf("format disk image (mkfs.ext4 from e2fsprogs): %w: %s", err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// copyFormatted makes img a sparse copy of the formatted image of size bytes in imageDir,
+// formatting that one first if it is missing. Every copy carries the same filesystem UUID, which
+// ext4 does not mind: nothing mounts them by UUID.
+func copyFormatted(ctx context.Context, imageDir, img string, size int64) error {
+	golden := filepath.Join(imageDir, fmt.Sprintf("ext4-%d.img", size))
+	src, err := os.Open(golden)
+	if errors.Is(err, os.ErrNotExist) {
+		if err := os.MkdirAll(imageDir, 0o700); err != nil {
+			return fmt.Errorf("create image dir: %w", err)
+		}
+		// Format under a unique name and rename, so concurrent creates never see half an image.
+		tmp := fmt.Sprintf("%s.%d.tmp", golden, time.Now().UnixNano())
+		if err := formatImage(ctx, tmp, size); err != nil {
+			_ = os.Remove(tmp)
+			return err
+		}
+		if err := os.Rename(tmp, golden); err != nil {
+			_ = os.Remove(tmp)
+			return fmt.Errorf("keep formatted image: %w", err)
+		}
+		src, err = os.Open(golden)
+	}
+	if err != nil {
+		return fmt.Errorf("open formatted image: %w", err)
+	}
+	defer src.Close()
+	dst, err := os.OpenFile(img, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return fmt.Errorf("create disk image: %w", err)
+	}
+	err = sparseCopy(dst, src, size)
+	if cerr := dst.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("copy formatted image: %w", err)
+	}
+	return nil
+}
+
+// sparseCopy copies src's data extents (SEEK_DATA/SEEK_HOLE) to dst, which ends up size bytes
+// long with holes where src has them.
+func sparseCopy(dst, src *os.File, size int64) error {
+	if err := dst.Truncate(size); err != nil {
+		return err
+	}
+	for off := int64(0); off < size; {
+		data, err := unix.Seek(int(src.Fd()), off, unix.SEEK_DATA)
+		if errors.Is(err, syscall.ENXIO) {
+			return nil // only a hole is left
+		}
+		if err != nil {
+			return err
+		}
+		hole, err := unix.Seek(int(src.Fd()), data, unix.SEEK_HOLE)
+		if err != nil {
+			return err
+		}
+		for pos := data; pos < hole; {
+			in, out := pos, pos
+			n, err := unix.CopyFileRange(int(src.Fd()), &in, int(dst.Fd()), &out, int(hole-pos), 0)
+			if err != nil {
+				return err
+			}
+			if n == 0 {
+				return fmt.Errorf("short copy at %d", pos)
+			}
+			pos += int64(n)
+		}
+		off = hole
+	}
+	return nil
 }
 
 // attachLoop binds a free loop device to img and returns it open; the binding clears itself when

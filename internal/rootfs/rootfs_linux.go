@@ -66,7 +66,7 @@ func Prepare(ctx context.Context, lowers []string, sandboxDir string, opts Optio
 	}()
 	layerDir := sandboxDir
 	if opts.DiskBytes > 0 {
-		u, err := mountDisk(ctx, sandboxDir, opts.DiskBytes)
+		u, err := mountDisk(ctx, sandboxDir, opts.DiskBytes, opts.ImageDir)
 		if err != nil {
 			return "", err
 		}
