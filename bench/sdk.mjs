@@ -6,8 +6,9 @@
 //       killed after it is measured (kill time not counted).
 //   node bench/sdk.mjs exec    --n 100 --out F
 //       commands.run('true') on one live sandbox (after one unmeasured warm-up run).
-//   node bench/sdk.mjs memory  --n 20 --settle-ms 10000 --out F [--cgroup-parent vmon]
-//       n sandboxes running idle: RSS/PSS of their runsc processes and their memory cgroups.
+//   node bench/sdk.mjs memory  --n 20 --settle-ms 10000 --out F [--cgroup-parent vmon] [--data-dir D]
+//       n sandboxes running idle: RSS/PSS of their runsc processes and their memory cgroups, and
+//       (with --data-dir) the host disk their disk images take.
 //   node bench/sdk.mjs cleanup
 //       kill every sandbox the server lists.
 //
@@ -174,6 +175,16 @@ function processMemory(id) {
   return procs;
 }
 
+// The host disk a sandbox's disk image takes (its allocated blocks), or null without a disk limit.
+function diskImageBytes(dataDir, id) {
+  if (!dataDir) return null;
+  try {
+    return fs.statSync(path.join(dataDir, 'sandboxes', id, 'disk.img')).blocks * 512;
+  } catch {
+    return null;
+  }
+}
+
 async function phaseMemory() {
   const n = Number(args.n ?? 20);
   const settleMs = Number(args['settle-ms'] ?? 10_000);
@@ -203,6 +214,7 @@ async function phaseMemory() {
         rss: sum(null, 'rss'),
         pss: sum(null, 'pss'),
         cgroup: readCgroupMemory(cgParent, sbx.sandboxId),
+        diskImageBytes: diskImageBytes(args['data-dir'], sbx.sandboxId),
       };
     });
     const agg = (f) => {
@@ -225,6 +237,7 @@ async function phaseMemory() {
       cgroupUsage: agg((s) => s.cgroup?.usage ?? null),
       cgroupRss: agg((s) => s.cgroup?.rss ?? null),
       cgroupCache: agg((s) => s.cgroup?.cache ?? null),
+      diskImageBytes: agg((s) => s.diskImageBytes),
       sandboxesWithoutProcs: per.filter((s) => s.procs.length === 0).map((s) => s.id),
     });
   } finally {

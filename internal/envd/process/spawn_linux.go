@@ -1,6 +1,7 @@
 package process
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -164,8 +165,16 @@ func (p *proc) resize(size *pb.PTY_Size) error {
 	return nil
 }
 
+// startError classifies a failed spawn as E2B's envd does: the sandbox's limits (tasks, open
+// files, ptys, memory) are resource_exhausted, a failure the caller can retry once it freed some;
+// anything else is a bad request (no such binary, not executable) and invalid_argument.
 func startError(cmd *exec.Cmd, err error) error {
-	return errdefs.Wrap(errdefs.KindUnknown, err, "start %q", cmd.Path)
+	kind := errdefs.KindInvalidArgument
+	if errors.Is(err, syscall.EAGAIN) || errors.Is(err, syscall.ENOMEM) || errors.Is(err, syscall.EMFILE) ||
+		errors.Is(err, syscall.ENFILE) || errors.Is(err, syscall.ENOSPC) {
+		kind = errdefs.KindResourceExhausted
+	}
+	return errdefs.Wrap(kind, err, "start %q: %v", cmd.Path, err)
 }
 
 // lookPath finds name in the PATH the process will get (not envd's own), as a shell would.
