@@ -5,6 +5,7 @@
 #   mmdebstrap        builds the base template from Debian packages
 #   iproute2          ip netns / ip link, for debugging and the networking layer
 #   iptables          sandbox uplink filtering (networking layer)
+#   e2fsprogs         mkfs.ext4, for each sandbox's size-limited disk image
 #   libnss-myhostname makes *.localhost names resolve to loopback (E2B_DOMAIN=localhost setups)
 #   busybox-static    the tiny rootfs of the runtime tests and the fixture images of the template tests
 #   bash-static       the fixture images' /bin/bash (the SDK runs commands with bash)
@@ -12,7 +13,7 @@
 # Node.js and npm (for the SDK end-to-end tests) are expected to be installed already.
 set -eu
 
-PACKAGES="make git mmdebstrap iproute2 iptables libnss-myhostname busybox-static bash-static ca-certificates curl file"
+PACKAGES="make git mmdebstrap iproute2 iptables e2fsprogs libnss-myhostname busybox-static bash-static ca-certificates curl file"
 
 missing=""
 for p in $PACKAGES; do
