@@ -18,9 +18,10 @@ func TestDependencies(t *testing.T) {
 		t.Fatalf("go list: %v", err)
 	}
 	const mod = "github.com/vibemon/vmon/"
-	// guestnet is shared on purpose: the node builds the address push, envd applies it.
+	// guestnet is shared on purpose: the node builds the address push, envd applies it; httpguard
+	// gives both HTTP surfaces (the API and envd) E2B's error shapes.
 	allowed := []string{mod + "cmd/envd", mod + "internal/agentproto", mod + "internal/errdefs", mod + "internal/envd/",
-		mod + "internal/guestnet"}
+		mod + "internal/guestnet", mod + "internal/httpguard"}
 	for _, pkg := range strings.Fields(string(out)) {
 		if !strings.HasPrefix(pkg, mod) {
 			continue

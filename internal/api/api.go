@@ -136,7 +136,7 @@ func New(opts Options) (*Server, error) {
 	}
 	// Unknown routes still answer E2B's JSON error shape (after auth, like every other route).
 	if err := register(s.mux, "/", s.authenticate(s.handle(func(_ http.ResponseWriter, r *http.Request) error {
-		return &httpError{status: http.StatusNotFound, msg: fmt.Sprintf("no route for %s %s", r.Method, errdefs.Quote(r.URL.Path))}
+		return &httpError{status: http.StatusNotFound, msg: fmt.Sprintf("no route for %s %s", r.Method, errdefs.Clip(r.URL.Path))}
 	}))); err != nil {
 		return nil, err
 	}

@@ -64,6 +64,15 @@ func sprintf(format string, args ...any) string {
 	return fmt.Sprintf(format, args...)
 }
 
+// Clip returns s, or its first bytes and its length when it is long: for messages built without
+// this package's constructors.
+func Clip(s string) string {
+	if len(s) <= quoteLimit {
+		return s
+	}
+	return fmt.Sprint(clipped(s))
+}
+
 // clipped formats as the first quoteLimit bytes of a long string and its full length.
 type clipped string
 
