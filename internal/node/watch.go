@@ -90,6 +90,7 @@ func (n *Node) stopped(sb *sandbox, exit runtime.Exit) {
 		_ = n.teardown(context.Background(), sb)
 		n.pool.signal()
 	default:
-		n.log.Info("sandbox stopped while starting", "runtime_id", sb.runtimeID, "reason", exit.String())
+		// Booting, being handed out, or a template build's: its owner sees the stopped channel.
+		n.log.Info("sandbox stopped before it was handed out", "runtime_id", sb.runtimeID, "reason", exit.String())
 	}
 }

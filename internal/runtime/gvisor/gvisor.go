@@ -269,6 +269,11 @@ func (r *Runtime) Wait(ctx context.Context, id string) (runtime.Exit, error) {
 			// The process is already gone: nothing to wait for, and no status to read.
 			return r.exitOf(id, 0, false), nil
 		}
+		if !sandboxAlive(st.Pid, id) {
+			// Gone between state and pidfd_open, and the pid may already be someone else's.
+			r.watch.forget(id)
+			return r.exitOf(id, 0, false), nil
+		}
 		if p = r.watch.lookup(id); p == nil {
 			return runtime.Exit{}, fmt.Errorf("sandbox %s: %w", id, errNoProcess)
 		}
