@@ -91,7 +91,7 @@ func (c *Channel) acceptLoop() {
 			}
 			return
 		}
-		sess, err := yamux.Client(conn, agentproto.YamuxConfig())
+		sess, err := yamux.Client(conn, sessionConfig())
 		if err != nil {
 			c.log.Warn("agent session failed", "err", err)
 			conn.Close()
@@ -132,6 +132,17 @@ func (c *Channel) refuseInbound(sess *yamux.Session) {
 	if last := c.lastWarn.Load(); now-last >= int64(time.Minute) && c.lastWarn.CompareAndSwap(last, now) {
 		c.log.Warn("guest opened a stream on the agent channel; closed the session", "sessions_closed", n)
 	}
+}
+
+// sessionConfig is the node's side of the shared yamux configuration, with tighter bounds on
+// what the guest can make the node hold: a stream the node closed whose guest end never closes
+// is reset (freeing its receive buffer) after StreamCloseTimeout instead of five minutes, and the
+// accept backlog, which only a misbehaving guest ever fills, holds one stream.
+func sessionConfig() *yamux.Config {
+	c := agentproto.YamuxConfig()
+	c.StreamCloseTimeout = 15 * time.Second
+	c.AcceptBacklog = 1
+	return c
 }
 
 func (c *Channel) isClosed() bool {
