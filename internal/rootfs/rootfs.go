@@ -2,9 +2,10 @@
 // is a template rootfs and whose upper and work layers live in the sandbox's own directory, so a
 // sandbox's disk use is only what it writes and the template is shared by every sandbox.
 //
-// It mounts and unmounts exactly three directories under a sandbox directory (root, upper, work)
-// and must never write to a template (a lower layer) nor touch anything else in the sandbox
-// directory: the node owns that directory and keeps other state there. It also answers the mount
+// It mounts and unmounts exactly what it creates under a sandbox directory (root, upper, work,
+// and for a size-limited disk the image disk.img mounted at disk/ through a loop device, with
+// upper and work inside it) and must never write to a template (a lower layer) nor touch anything
+// else in the sandbox directory: the node owns that directory and keeps other state there. It also answers the mount
 // questions other packages have (Mounted for recovery, LowerInUse before a template's old rootfs
 // is deleted) and removes trees that may still contain mounts (RemoveTree), so mount table
 // parsing lives in one place.

@@ -2,7 +2,8 @@
 // sandbox, created detached so it outlives the vmon process and is found again after a restart.
 //
 // It owns the runsc state directory (--root), the OCI bundle and console log it writes into a
-// sandbox's StateDir, and the host cgroup runsc creates for each sandbox. It must never create or
+// sandbox's StateDir, the host cgroup runsc creates for each sandbox, and (with Options.Adopt)
+// the reaping of the sandbox and gofer processes runsc leaves to this process. It must never create or
 // remove the sandbox's root filesystem, network namespace or agent directory (the node prepares
 // and tears those down), nor read node records.
 package gvisor
