@@ -3,7 +3,7 @@
 // sends: net/http's own plain-text answers (ServeMux 404/405, http.Error from ServeContent, the
 // 400 and 431 the server writes before any handler runs) are turned into that shape, unclean
 // paths get a 404 instead of ServeMux's redirect, and oversized header sections a 431. Messages
-// never echo more than a short prefix of what the client sent (Quote).
+// never echo more than a short prefix of what the client sent (errdefs.Quote).
 //
 // It owns only the wire form of those errors. It never decides a request's outcome otherwise and
 // must not wrap traffic that is not vmon's own (ingress to guest ports passes through untouched).
@@ -27,9 +27,6 @@ const MaxHeaderBytes = 64 << 10
 // ServerMaxHeaderBytes is what http.Server must accept for Handler to see (and answer in JSON)
 // requests over MaxHeaderBytes; past it net/http answers on its own (see Listener).
 const ServerMaxHeaderBytes = 1 << 20
-
-// Quote renders client input for an error message, cut to a short prefix (errdefs.Quote).
-func Quote(s string) string { return errdefs.Quote(s) }
 
 // Body is E2B's error body.
 type Body struct {
@@ -58,7 +55,7 @@ func Handler(next http.Handler) http.Handler {
 			return
 		}
 		if r.Method != http.MethodConnect && !cleanPath(r.URL.Path) {
-			WriteError(w, http.StatusNotFound, "path "+Quote(r.RequestURI)+" not found")
+			WriteError(w, http.StatusNotFound, "path "+errdefs.Quote(r.RequestURI)+" not found")
 			return
 		}
 		jw := &jsonErrors{ResponseWriter: w}
@@ -104,6 +101,10 @@ type jsonErrors struct {
 }
 
 func (w *jsonErrors) WriteHeader(status int) {
+	if status < 200 { // informational (100 Continue, 103): more headers follow
+		w.ResponseWriter.WriteHeader(status)
+		return
+	}
 	if w.wrote {
 		return
 	}

@@ -43,6 +43,10 @@ func newFakeRuntime() *fakeRuntime {
 func (f *fakeRuntime) exitChan(id string) chan runtime.Exit {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	return f.exitChanLocked(id)
+}
+
+func (f *fakeRuntime) exitChanLocked(id string) chan runtime.Exit {
 	ch := f.exits[id]
 	if ch == nil {
 		ch = make(chan runtime.Exit, 1)
@@ -143,13 +147,8 @@ func (f *fakeRuntime) Destroy(_ context.Context, id string) error {
 	if stop, ok := f.running[id]; ok {
 		stop()
 		delete(f.running, id)
-		ch := f.exits[id]
-		if ch == nil {
-			ch = make(chan runtime.Exit, 1)
-			f.exits[id] = ch
-		}
 		select {
-		case ch <- runtime.Exit{Reason: runtime.ExitKilled, Code: -1, Signal: "SIGKILL"}:
+		case f.exitChanLocked(id) <- runtime.Exit{Reason: runtime.ExitKilled, Code: -1, Signal: "SIGKILL"}:
 		default:
 		}
 	}

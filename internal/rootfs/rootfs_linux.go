@@ -103,12 +103,6 @@ func Prepare(ctx context.Context, lowers []string, sandboxDir string, opts Optio
 	return root, nil
 }
 
-// IsDiskLimited reports whether the sandbox in sandboxDir writes to a size-limited disk of its own.
-func IsDiskLimited(sandboxDir string) bool {
-	_, err := os.Stat(diskImage(sandboxDir))
-	return err == nil
-}
-
 // Release unmounts the sandbox's root (lazily if it is still busy, e.g. a runtime process that
 // has not exited yet) and removes the root, upper and work directories and the sandbox's disk.
 // A sandbox that was never prepared, or was already released, is success.

@@ -195,12 +195,15 @@ func writeFile(path string, r io.Reader, u *users.User, md map[string]string) (f
 	if err != nil {
 		return fileEntry{}, fileError(path, err)
 	}
-	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+	fi, err := f.Stat()
+	if err != nil {
+		err = fileError(path, err)
+	} else {
+		err = regularFile(path, fi)
+	}
+	if err != nil {
 		f.Close()
-		if err != nil {
-			return fileEntry{}, fileError(path, err)
-		}
-		return fileEntry{}, regularFile(path, fi)
+		return fileEntry{}, err
 	}
 	_, err = io.Copy(f, bodyReader{r})
 	if cerr := f.Close(); err == nil {

@@ -193,7 +193,7 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (err error) {
 	// Fix the sandbox process's identity now, before it could exit and be reaped.
 	pid, err := readPidFile(filepath.Join(spec.StateDir, pidFileName))
 	if err == nil {
-		err = r.watch.track(spec.ID, pid)
+		_, err = r.watch.track(spec.ID, pid)
 	}
 	if err != nil {
 		return fmt.Errorf("watch sandbox process: %w", err)
@@ -266,7 +266,7 @@ func (r *Runtime) Wait(ctx context.Context, id string) (runtime.Exit, error) {
 		if err != nil {
 			return runtime.Exit{}, fmt.Errorf("find sandbox process: %w", err)
 		}
-		if err := r.watch.track(id, st.Pid); err != nil {
+		if p, err = r.watch.track(id, st.Pid); err != nil {
 			// The process is already gone: nothing to wait for, and no status to read.
 			return r.exitOf(id, 0, false), nil
 		}
@@ -274,9 +274,6 @@ func (r *Runtime) Wait(ctx context.Context, id string) (runtime.Exit, error) {
 			// Gone between state and pidfd_open, and the pid may already be someone else's.
 			r.watch.forget(id)
 			return r.exitOf(id, 0, false), nil
-		}
-		if p = r.watch.lookup(id); p == nil {
-			return runtime.Exit{}, fmt.Errorf("sandbox %s: %w", id, errNoProcess)
 		}
 	}
 	ws, ok, err := r.watch.wait(ctx, p)

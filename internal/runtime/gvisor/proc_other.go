@@ -28,7 +28,7 @@ type watcher struct{}
 type pidfd struct{}
 
 func newWatcher(bool) (*watcher, error)                { return &watcher{}, nil }
-func (*watcher) track(string, int) error               { return supported() }
+func (*watcher) track(string, int) (*pidfd, error)     { return nil, supported() }
 func (*watcher) forget(string)                         {}
 func (*watcher) lookup(string) *pidfd                  { return nil }
 func (*watcher) reapRunscOrphans()                     {}
@@ -39,7 +39,5 @@ func classify(waitStatus, bool, cgroupCounters) runtime.Exit {
 }
 
 type cgroupCounters struct{}
-
-var errNoProcess = supported()
 
 func (*watcher) wait(context.Context, *pidfd) (waitStatus, bool, error) { return 0, false, supported() }

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -49,10 +48,10 @@ func newWatcher(adopt bool) (*watcher, error) {
 
 // track opens a pidfd on sandbox id's process as soon as it exists, so its identity is fixed
 // before anything could reap it or reuse its pid.
-func (w *watcher) track(id string, pid int) error {
+func (w *watcher) track(id string, pid int) (*pidfd, error) {
 	fd, err := unix.PidfdOpen(pid, unix.PIDFD_NONBLOCK)
 	if err != nil {
-		return fmt.Errorf("pidfd_open %d: %w", pid, err)
+		return nil, fmt.Errorf("pidfd_open %d: %w", pid, err)
 	}
 	p := &pidfd{pid: pid, f: os.NewFile(uintptr(fd), fmt.Sprintf("pidfd:%d", pid))}
 	w.mu.Lock()
@@ -62,7 +61,7 @@ func (w *watcher) track(id string, pid int) error {
 	if old != nil {
 		old.f.Close()
 	}
-	return nil
+	return p, nil
 }
 
 // forget drops id's pidfd (the sandbox was destroyed).
@@ -114,8 +113,8 @@ func (w *watcher) wait(ctx context.Context, p *pidfd) (status waitStatus, ok boo
 			return 0, false, fmt.Errorf("wait for sandbox process %d: %w", p.pid, err)
 		}
 	case <-ctx.Done():
-		// The poller wakes the reader with an error once the file is closed; drop this pidfd
-		// only from the reader's side so a later wait can open a new one.
+		// An expired deadline wakes the reader; clearing it afterwards keeps the pidfd usable
+		// for a later Wait.
 		_ = p.f.SetReadDeadline(time.Now())
 		<-done
 		_ = p.f.SetReadDeadline(time.Time{})
@@ -248,8 +247,6 @@ func counter(path, key string) (int64, bool) {
 	return 0, false
 }
 
-var errNoProcess = errors.New("sandbox process not found")
-
 // readPidFile returns the pid runsc wrote for the sandbox.
 func readPidFile(path string) (int, error) {
 	b, err := os.ReadFile(path)
@@ -258,7 +255,7 @@ func readPidFile(path string) (int, error) {
 	}
 	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
 	if err != nil || pid <= 0 {
-		return 0, fmt.Errorf("%w: bad pid file %s", errNoProcess, path)
+		return 0, fmt.Errorf("bad pid file %s", path)
 	}
 	return pid, nil
 }

@@ -112,20 +112,8 @@ func TestWaitClassifiesExits(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		got := make(chan runtime.Exit, 1)
-		go func() {
-			e, _ := other.Wait(context.Background(), s.spec.ID)
-			got <- e
-		}()
-		time.Sleep(200 * time.Millisecond)
-		_ = syscall.Kill(sentryPid(t, s), syscall.SIGKILL)
-		select {
-		case e := <-got:
-			if e.Reason != runtime.ExitUnknown {
-				t.Fatalf("a sandbox we did not adopt reported as %+v", e)
-			}
-		case <-time.After(time.Minute):
-			t.Fatal("Wait did not return")
+		if e := killAndWait(t, other, s); e.Reason != runtime.ExitUnknown {
+			t.Fatalf("a sandbox we did not adopt reported as %+v", e)
 		}
 	})
 	// Wait returns when its context ends, and a later Wait still works.
@@ -139,15 +127,15 @@ func TestWaitClassifiesExits(t *testing.T) {
 		if _, err := adopting.Wait(ctx, s.spec.ID); err != context.DeadlineExceeded {
 			t.Fatalf("Wait with an ended context: %v", err)
 		}
-		e := waitFor2(t, adopting, s)
+		e := killAndWait(t, adopting, s)
 		if e.Reason != runtime.ExitKilled {
 			t.Fatalf("after a cancelled wait: %+v", e)
 		}
 	})
 }
 
-// waitFor2 kills an already started sandbox's sentry and returns what Wait reports.
-func waitFor2(t *testing.T, rt *Runtime, s *sandbox) runtime.Exit {
+// killAndWait kills an already started sandbox's sentry and returns what rt's Wait reports.
+func killAndWait(t *testing.T, rt *Runtime, s *sandbox) runtime.Exit {
 	t.Helper()
 	got := make(chan runtime.Exit, 1)
 	go func() {
