@@ -151,3 +151,19 @@ type Runtime interface {
 	// safe to call for a sandbox this process did not start (after a restart).
 	Wait(ctx context.Context, id string) (Exit, error)
 }
+
+// Checkpointer is implemented by backends that can save a running sandbox (memory, processes,
+// open files and sockets, kernel state) and bring it back later, possibly many times.
+type Checkpointer interface {
+	// Checkpoint saves sandbox id into imageDir, which must not exist yet (the backend creates
+	// it). With leaveRunning the sandbox goes on afterwards (snapshots, fork); without it the
+	// sandbox is gone once Checkpoint returns, as after Destroy. A failed Checkpoint with
+	// leaveRunning leaves the sandbox running; without it the sandbox may be gone either way.
+	Checkpoint(ctx context.Context, id, imageDir string, leaveRunning bool) error
+	// Restore starts the sandbox described by spec from imageDir instead of booting its init.
+	// spec must describe the same root filesystem content and mounts as the checkpointed
+	// sandbox; its id, state directory and network namespace may differ. A failed Restore
+	// leaves nothing running.
+	Restore(ctx context.Context, spec Spec, imageDir string) error
+}
+

@@ -62,17 +62,22 @@ func (c *runsc) run(ctx context.Context, sub string, args ...string) ([]byte, er
 }
 
 // runDetached creates the sandbox (sentry and gofer) and starts its init process in one runsc
-// invocation: create then start would pay for a second runsc process on the create path. The
-// sandbox inherits out as the container's stdout and stderr and runs in its own session, so it
-// neither depends on this process's pipes nor dies with it.
-func (c *runsc) runDetached(ctx context.Context, id, bundle, pidFile string, out *os.File) error {
-	cmd := c.command(ctx, "run", "--detach", "--bundle", bundle, "--pid-file", pidFile, id)
+// invocation: create then start would pay for a second runsc process on the create path. With
+// imageDir it restores that checkpoint instead of starting init. The sandbox inherits out as the
+// container's stdout and stderr and runs in its own session, so it neither depends on this
+// process's pipes nor dies with it.
+func (c *runsc) runDetached(ctx context.Context, id, bundle, pidFile, imageDir string, out *os.File) error {
+	sub, args := "run", []string{"--detach", "--bundle", bundle, "--pid-file", pidFile}
+	if imageDir != "" {
+		sub, args = "restore", append(args, "--image-path="+imageDir)
+	}
+	cmd := c.command(ctx, sub, append(args, id)...)
 	cmd.Stdout, cmd.Stderr = out, out
 	start := time.Now()
 	err := cmd.Run()
-	c.log.Debug("runsc", "cmd", "run", "id", id, "took", time.Since(start), "err", err)
+	c.log.Debug("runsc", "cmd", sub, "id", id, "took", time.Since(start), "err", err)
 	if err != nil {
-		return fmt.Errorf("runsc run: %w", err)
+		return fmt.Errorf("runsc %s: %w", sub, err)
 	}
 	return nil
 }

@@ -60,7 +60,10 @@ type Runtime struct {
 	watch        *watcher
 }
 
-var _ runtime.Runtime = (*Runtime)(nil)
+var (
+	_ runtime.Runtime      = (*Runtime)(nil)
+	_ runtime.Checkpointer = (*Runtime)(nil)
+)
 
 // Files the runtime writes into a sandbox's StateDir.
 const (
@@ -140,7 +143,61 @@ func New(opts Options) (*Runtime, error) {
 
 // Start writes the OCI bundle into spec.StateDir and creates and starts the sandbox. It returns
 // once the init process runs. A failed Start leaves no runsc state, process or cgroup behind.
-func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (err error) {
+func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) error {
+	return r.launch(ctx, spec, "")
+}
+
+// Restore is Start from a checkpoint: runsc restores the saved kernel into a new sandbox built
+// from spec (its mounts, root and namespace) instead of running the init process.
+func (r *Runtime) Restore(ctx context.Context, spec runtime.Spec, imageDir string) error {
+	if !filepath.IsAbs(imageDir) {
+		return errdefs.InvalidArgument("checkpoint image directory must be an absolute path")
+	}
+	if _, err := os.Stat(filepath.Join(imageDir, checkpointStateFile)); err != nil {
+		return fmt.Errorf("restore sandbox %s: checkpoint image: %w", spec.ID, err)
+	}
+	return r.launch(ctx, spec, imageDir)
+}
+
+// checkpointStateFile is the kernel state runsc writes into a checkpoint image directory (the
+// memory pages go to pages files beside it).
+const checkpointStateFile = "checkpoint.img"
+
+// Checkpoint saves sandbox id into imageDir with runsc checkpoint. Uncompressed: on this kind of
+// host compression costs far more time than the disk it saves (docs/benchmarks.md).
+func (r *Runtime) Checkpoint(ctx context.Context, id, imageDir string, leaveRunning bool) error {
+	if err := validateID(id); err != nil {
+		return err
+	}
+	if !filepath.IsAbs(imageDir) {
+		return errdefs.InvalidArgument("checkpoint image directory must be an absolute path")
+	}
+	if err := os.Mkdir(imageDir, 0o700); err != nil {
+		return fmt.Errorf("checkpoint sandbox %s: %w", id, err)
+	}
+	began := time.Now()
+	args := []string{"--image-path=" + imageDir, "--compression=none"}
+	if leaveRunning {
+		args = append(args, "--leave-running")
+	}
+	if _, err := r.cli.run(ctx, "checkpoint", append(args, id)...); err != nil {
+		if errors.Is(err, errNotExist) {
+			return errdefs.NotFound("sandbox %q is not running", id)
+		}
+		return fmt.Errorf("checkpoint sandbox %s: %w", id, err)
+	}
+	if !leaveRunning {
+		// runsc keeps a stopped container's state until it is deleted; the sandbox is gone.
+		if err := r.Destroy(context.WithoutCancel(ctx), id); err != nil {
+			return fmt.Errorf("checkpoint sandbox %s: remove the stopped sandbox: %w", id, err)
+		}
+	}
+	r.log.Info("gvisor: sandbox checkpointed", "id", id, "leave_running", leaveRunning,
+		"took", time.Since(began).Round(time.Millisecond))
+	return nil
+}
+
+func (r *Runtime) launch(ctx context.Context, spec runtime.Spec, imageDir string) (err error) {
 	began := time.Now()
 	cgPath := ""
 	if !r.ignoreCgs {
@@ -182,7 +239,7 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (err error) {
 	}()
 	// runsc itself refuses an id it already has (it holds a lock per container), which spares
 	// a `runsc state` round trip on every create.
-	if err := r.cli.runDetached(ctx, spec.ID, spec.StateDir, filepath.Join(spec.StateDir, pidFileName), out); err != nil {
+	if err := r.cli.runDetached(ctx, spec.ID, spec.StateDir, filepath.Join(spec.StateDir, pidFileName), imageDir, out); err != nil {
 		msg := tail(logPath, 2048)
 		if strings.Contains(msg, "container already exists") {
 			conflict = true
@@ -198,7 +255,11 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (err error) {
 	if err != nil {
 		return fmt.Errorf("watch sandbox process: %w", err)
 	}
-	r.log.Info("gvisor: sandbox started", "id", spec.ID, "took", time.Since(began).Round(time.Millisecond))
+	verb := "started"
+	if imageDir != "" {
+		verb = "restored"
+	}
+	r.log.Info("gvisor: sandbox "+verb, "id", spec.ID, "took", time.Since(began).Round(time.Millisecond))
 	return nil
 }
 
