@@ -27,6 +27,11 @@ const (
 	KindUnavailable
 	KindResourceExhausted
 	KindDeadlineExceeded
+	// KindDataLoss: stored state (a snapshot) is damaged; the operation was refused before it
+	// could use it.
+	KindDataLoss
+	// KindInsufficientStorage: the node's storage budget (e.g. for snapshots) is used up.
+	KindInsufficientStorage
 )
 
 // Error carries a kind, a message safe to show to a client, and an optional internal cause.
@@ -97,6 +102,10 @@ func Conflict(format string, args ...any) error     { return newf(KindConflict, 
 func Unauthorized(format string, args ...any) error { return newf(KindUnauthorized, format, args...) }
 func Forbidden(format string, args ...any) error    { return newf(KindForbidden, format, args...) }
 func Unavailable(format string, args ...any) error  { return newf(KindUnavailable, format, args...) }
+func DataLoss(format string, args ...any) error     { return newf(KindDataLoss, format, args...) }
+func InsufficientStorage(format string, args ...any) error {
+	return newf(KindInsufficientStorage, format, args...)
+}
 func ResourceExhausted(format string, args ...any) error {
 	return newf(KindResourceExhausted, format, args...)
 }
@@ -166,6 +175,8 @@ func HTTPStatus(err error) int {
 		return http.StatusTooManyRequests
 	case KindDeadlineExceeded:
 		return http.StatusGatewayTimeout
+	case KindInsufficientStorage:
+		return http.StatusInsufficientStorage
 	default:
 		return http.StatusInternalServerError
 	}

@@ -39,23 +39,33 @@ var mkfsArgs = []string{"-q", "-F", "-t", "ext4", "-m", "0", "-E", "lazy_itable_
 // mountDisk creates the sandbox's image of size bytes, formatted (a copy of the formatted image in
 // imageDir, when set), and mounts it at diskDir. It returns a function that undoes everything it
 // did; on error it has undone it already.
-func mountDisk(ctx context.Context, sandboxDir string, size int64, imageDir string) (undo func(), err error) {
+func mountDisk(ctx context.Context, sandboxDir string, size int64, imageDir string, layer layerSource) (undo func(), err error) {
 	img, mnt := diskImage(sandboxDir), diskDir(sandboxDir)
 	var steps []func()
-	undo = func() {
+	// Not the named result: an error return sets that to nil before the deferred call runs.
+	rollback := func() {
 		for i := len(steps) - 1; i >= 0; i-- {
 			steps[i]()
 		}
 	}
 	defer func() {
 		if err != nil {
-			undo()
+			rollback()
 		}
 	}()
-	steps = append(steps, func() { _ = os.Remove(img) })
-	if imageDir == "" {
+	switch {
+	case layer.dir != "":
+		// A saved layer comes back as it was; moving it (pause/resume) gives it back on undo.
+		var restore func()
+		if restore, err = layer.bring(diskImageName, sandboxDir); err != nil {
+			return nil, err
+		}
+		steps = append(steps, restore)
+	case imageDir == "":
+		steps = append(steps, func() { _ = os.Remove(img) })
 		err = formatImage(ctx, img, size)
-	} else {
+	default:
+		steps = append(steps, func() { _ = os.Remove(img) })
 		err = copyFormatted(ctx, imageDir, img, size)
 	}
 	if err != nil {
@@ -79,7 +89,7 @@ func mountDisk(ctx context.Context, sandboxDir string, size int64, imageDir stri
 		return nil, fmt.Errorf("mount disk image: %w", err)
 	}
 	steps = append(steps, func() { _ = unmount(mnt) })
-	return undo, nil
+	return rollback, nil
 }
 
 // formatImage creates img, a sparse file of size bytes, and formats it.
@@ -263,4 +273,29 @@ func DiskSupported() error {
 		return fmt.Errorf("mkfs.ext4 not found (apt install e2fsprogs): %w", err)
 	}
 	return nil
+}
+
+// copySparseFile copies src to a new file dst, keeping its holes.
+func copySparseFile(src, dst string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	fi, err := in.Stat()
+	if err != nil {
+		return err
+	}
+	out, err := os.OpenFile(dst, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	err = sparseCopy(out, in, fi.Size())
+	if cerr := out.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		_ = os.Remove(dst)
+	}
+	return err
 }

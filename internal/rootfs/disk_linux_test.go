@@ -211,3 +211,76 @@ func BenchmarkPrepareRelease(b *testing.B) {
 	b.ReportMetric(float64(disk.Microseconds())/1000/n, "ms/prepare+release-10GiB-disk")
 	b.ReportMetric(float64(imageBytes)/n/(1<<20), "MiB-host-disk/idle-image")
 }
+
+// A stashed layer comes back with what the sandbox wrote, moved (pause/resume) or copied
+// (snapshots: the saved layer stays for the next copy), with a disk image and without one.
+func TestStashAndBringBack(t *testing.T) {
+	requireRoot(t)
+	for _, disk := range []int64{0, 96 << 20} {
+		t.Run(fmt.Sprintf("disk=%d", disk), func(t *testing.T) {
+			ctx := context.Background()
+			base := t.TempDir()
+			lower := filepath.Join(base, "template")
+			if err := os.MkdirAll(filepath.Join(lower, "etc"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(lower, "etc", "gone"), []byte("t"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			first, saved := filepath.Join(base, "first"), filepath.Join(base, "saved")
+			root, err := Prepare(ctx, []string{lower}, first, Options{DiskBytes: disk})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(root, "written"), []byte("kept"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Remove(filepath.Join(root, "etc", "gone")); err != nil { // a whiteout
+				t.Fatal(err)
+			}
+			if err := os.Mkdir(saved, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			if err := Stash(ctx, first, saved); err != nil {
+				t.Fatal(err)
+			}
+			if err := Release(ctx, first); err != nil {
+				t.Fatal(err)
+			}
+			if l := loopDevices(t, base); len(l) != 0 {
+				t.Fatalf("loop devices left after Stash and Release: %v", l)
+			}
+			check := func(dir string, opts Options) {
+				t.Helper()
+				opts.DiskBytes, opts.Layer = disk, saved
+				root, err := Prepare(ctx, []string{lower}, dir, opts)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if b, err := os.ReadFile(filepath.Join(root, "written")); err != nil || string(b) != "kept" {
+					t.Fatalf("written file after bringing the layer back = %q, %v", b, err)
+				}
+				if _, err := os.Stat(filepath.Join(root, "etc", "gone")); !errors.Is(err, os.ErrNotExist) {
+					t.Fatalf("deleted template file is back: %v", err)
+				}
+				if err := os.WriteFile(filepath.Join(root, "written"), []byte("changed in "+filepath.Base(dir)), 0o644); err != nil {
+					t.Fatal(err)
+				}
+				if err := Release(ctx, dir); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// Two copies: each starts from the saved layer, not from the other's writes.
+			check(filepath.Join(base, "copy1"), Options{CopyLayer: true})
+			check(filepath.Join(base, "copy2"), Options{CopyLayer: true})
+			check(filepath.Join(base, "moved"), Options{})
+			if ents, _ := os.ReadDir(saved); len(ents) != 0 {
+				t.Fatalf("a moved layer left %v behind", ents)
+			}
+			// Nothing to bring back: a clear error, and nothing left mounted.
+			if _, err := Prepare(ctx, []string{lower}, filepath.Join(base, "again"), Options{DiskBytes: disk, Layer: saved}); !errdefs.Is(err, errdefs.KindDataLoss) {
+				t.Fatalf("Prepare from an empty saved layer = %v, want DataLoss", err)
+			}
+		})
+	}
+}

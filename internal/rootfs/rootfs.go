@@ -89,6 +89,13 @@ type Options struct {
 	// copy of: copying the few MiB mkfs writes is several times faster than running mkfs on every
 	// create. Empty: every disk is formatted on its own.
 	ImageDir string
+	// Layer, when set, is a directory holding a writable layer saved by Stash (a paused sandbox,
+	// a snapshot): Prepare brings it back instead of starting an empty one. DiskBytes must match
+	// the kind of layer saved (an image needs DiskBytes, a plain upper directory needs none).
+	Layer string
+	// CopyLayer copies the saved layer (sparse) instead of moving it, so it can be brought back
+	// again (snapshots, forks). A moved layer is moved back if Prepare fails.
+	CopyLayer bool
 }
 
 // overlayOptions renders the mount data for one sandbox whose upper and work directories are in

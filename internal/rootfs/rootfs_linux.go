@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"sort"
+	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -65,12 +67,19 @@ func Prepare(ctx context.Context, lowers []string, sandboxDir string, opts Optio
 		}
 	}()
 	layerDir := sandboxDir
+	layer := layerSource{dir: opts.Layer, copy: opts.CopyLayer}
 	if opts.DiskBytes > 0 {
-		u, err := mountDisk(ctx, sandboxDir, opts.DiskBytes, opts.ImageDir)
+		u, err := mountDisk(ctx, sandboxDir, opts.DiskBytes, opts.ImageDir, layer)
 		if err != nil {
 			return "", err
 		}
 		undoDisk, layerDir = u, diskDir(sandboxDir)
+	} else if layer.dir != "" {
+		restore, err := layer.bring(upperName, sandboxDir)
+		if err != nil {
+			return "", err
+		}
+		undoDisk = restore
 	}
 	mkdir := func(dir string, mode os.FileMode) error {
 		if err := os.Mkdir(dir, mode); err != nil {
@@ -126,6 +135,77 @@ func Release(ctx context.Context, sandboxDir string) error {
 		}
 	}
 	return releaseDisk(sandboxDir)
+}
+
+// Stash unmounts the sandbox's root and disk and moves its writable layer (the disk image, or the
+// upper directory of a sandbox without one) into dst, an existing directory on the same
+// filesystem, for Prepare's Options.Layer to bring back. The runtime must be stopped first. What
+// is left in the sandbox directory is removed by Release.
+func Stash(ctx context.Context, sandboxDir, dst string) error {
+	sandboxDir = filepath.Clean(sandboxDir)
+	root := RootDir(sandboxDir)
+	if err := unmount(root); err != nil {
+		return err
+	}
+	if mounted, err := Mounted(root); err != nil {
+		return err
+	} else if mounted {
+		return fmt.Errorf("unmount %s: still mounted", root)
+	}
+	name := upperName
+	if _, err := os.Stat(diskImage(sandboxDir)); err == nil {
+		name = diskImageName
+		mnt := diskDir(sandboxDir)
+		if err := unmount(mnt); err != nil {
+			return err
+		}
+		if mounted, err := Mounted(mnt); err != nil {
+			return err
+		} else if mounted {
+			return fmt.Errorf("unmount %s: still mounted", mnt)
+		}
+	}
+	if err := os.Rename(filepath.Join(sandboxDir, name), filepath.Join(dst, name)); err != nil {
+		return fmt.Errorf("move writable layer: %w", err)
+	}
+	return nil
+}
+
+// layerSource is a saved writable layer Prepare brings back.
+type layerSource struct {
+	dir  string
+	copy bool
+}
+
+// bring puts the saved layer entry name (disk.img or upper) into sandboxDir and returns how to
+// undo that: a moved layer goes back where it came from, a copy is removed.
+func (l layerSource) bring(name, sandboxDir string) (undo func(), err error) {
+	src, dst := filepath.Join(l.dir, name), filepath.Join(sandboxDir, name)
+	fi, err := os.Lstat(src)
+	if err != nil {
+		return nil, errdefs.Wrap(errdefs.KindDataLoss, err, "the saved writable layer is missing")
+	}
+	if !l.copy {
+		if err := os.Rename(src, dst); err != nil {
+			return nil, fmt.Errorf("move writable layer back: %w", err)
+		}
+		return func() { _ = os.Rename(dst, src) }, nil
+	}
+	undo = func() { _ = os.RemoveAll(dst) }
+	if fi.Mode().IsRegular() {
+		err = copySparseFile(src, dst)
+	} else {
+		// cp keeps owners, modes, xattrs (overlay whiteouts and opaque markers) and sparseness.
+		out, cerr := exec.Command("cp", "-a", "--sparse=always", "--", src, dst).CombinedOutput()
+		if cerr != nil {
+			err = fmt.Errorf("%w: %s", cerr, strings.TrimSpace(string(out)))
+		}
+	}
+	if err != nil {
+		undo()
+		return nil, fmt.Errorf("copy writable layer: %w", err)
+	}
+	return undo, nil
 }
 
 // Commit unmounts the sandbox's root and moves its upper layer (everything the sandbox wrote,

@@ -42,3 +42,8 @@ func Commit(ctx context.Context, sandboxDir, dst string) error {
 func DiskSupported() error {
 	return fmt.Errorf("%w (%s)", ErrUnsupported, runtime.GOOS)
 }
+
+// Stash is only implemented on Linux.
+func Stash(ctx context.Context, sandboxDir, dst string) error {
+	return fmt.Errorf("%w (%s)", ErrUnsupported, runtime.GOOS)
+}

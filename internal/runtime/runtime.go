@@ -166,4 +166,3 @@ type Checkpointer interface {
 	// leaves nothing running.
 	Restore(ctx context.Context, spec Spec, imageDir string) error
 }
-

@@ -1,0 +1,308 @@
+// Package snapshot owns the on-disk format of a saved sandbox: one self-contained directory holding
+// the runtime's checkpoint image (memory, processes, kernel state), the sandbox's writable layer
+// and a manifest (meta.json) that describes the sandbox and carries a checksum of every file.
+//
+// A snapshot is built in a temporary directory next to its final place, every file synced, and
+// renamed into place as the last step, so a crash leaves either a complete snapshot or a
+// temporary directory that Sweep removes. Verify checks every checksum before a restore, so a
+// corrupt or missing part is refused instead of restored half-way. Paths inside are relative to
+// the snapshot or to the data directory, never absolute host paths.
+//
+// The package never starts or stops runtimes, mounts filesystems or reads sandbox records: the node
+// fills the directory and the driver decides what it belongs to.
+package snapshot
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/vibemon/vmon/internal/errdefs"
+)
+
+// Names inside a snapshot directory.
+const (
+	MetaFile      = "meta.json"
+	CheckpointDir = "checkpoint" // the runtime's image; absent for filesystem-only snapshots
+	LayerDir      = "layer"      // the writable layer (disk.img, or an upper directory)
+	tmpPrefix     = ".tmp-"
+)
+
+// formatVersion changes when a reader of an older format could misread a newer snapshot.
+const formatVersion = 1
+
+// Meta describes a snapshot: what to rebuild the sandbox from and what the files must contain.
+type Meta struct {
+	Version   int       `json:"version"`
+	SandboxID string    `json:"sandboxID"`
+	CreatedAt time.Time `json:"createdAt"`
+	// TemplateID and BuildID name the template build whose layers lie under the writable layer;
+	// Lowers are those layers relative to the data directory, topmost first.
+	TemplateID string   `json:"templateID"`
+	BuildID    string   `json:"buildID,omitempty"`
+	Lowers     []string `json:"lowers"`
+	CPUs       int      `json:"cpus"`
+	MemoryMB   int      `json:"memoryMB"`
+	DiskMB     int      `json:"diskMB"`
+	// Memory says the snapshot holds a checkpoint image (processes and memory), not only files.
+	Memory bool `json:"memory"`
+	// Files lists every file under the snapshot directory but meta.json, with its checksum.
+	Files []File `json:"files"`
+}
+
+// File is one file of a snapshot: its path relative to the snapshot directory, size and CRC-32C
+// (Castagnoli, hardware-accelerated) over its data extents and their offsets. Holes are not read:
+// a sparse 10 GiB disk image costs what it holds.
+type File struct {
+	Path string `json:"path"`
+	Size int64  `json:"size"`
+	CRC  uint32 `json:"crc32c"`
+}
+
+// Bytes is the disk space the snapshot's files take (allocated blocks, holes excluded).
+func Bytes(dir string) int64 {
+	var total int64
+	_ = filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return nil
+		}
+		if info, err := d.Info(); err == nil {
+			if st, ok := info.Sys().(*syscall.Stat_t); ok {
+				total += st.Blocks * 512
+			}
+		}
+		return nil
+	})
+	return total
+}
+
+var table = crc32.MakeTable(crc32.Castagnoli)
+
+// TempDir returns a fresh temporary directory for a snapshot that will be published as final.
+func TempDir(final string) (string, error) {
+	parent := filepath.Dir(final)
+	if err := os.MkdirAll(parent, 0o700); err != nil {
+		return "", fmt.Errorf("create snapshot parent: %w", err)
+	}
+	return os.MkdirTemp(parent, tmpPrefix+filepath.Base(final)+"-")
+}
+
+// Seal checksums every file under dir, writes meta (with Files filled in) and syncs everything.
+func Seal(dir string, meta Meta) error {
+	meta.Version = formatVersion
+	files, err := checksumTree(dir)
+	if err != nil {
+		return err
+	}
+	meta.Files = files
+	b, err := json.MarshalIndent(meta, "", "  ")
+	if err != nil {
+		return fmt.Errorf("encode snapshot meta: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, MetaFile), b, 0o600); err != nil {
+		return fmt.Errorf("write snapshot meta: %w", err)
+	}
+	return syncTree(dir)
+}
+
+// Publish renames a sealed temporary directory to final (which must not exist) and syncs the
+// parent, so the snapshot is either wholly there after a crash or not at all.
+func Publish(tmp, final string) error {
+	if err := os.Rename(tmp, final); err != nil {
+		return fmt.Errorf("publish snapshot: %w", err)
+	}
+	return syncDir(filepath.Dir(final))
+}
+
+// Read returns the manifest of the snapshot in dir without checking the files.
+func Read(dir string) (Meta, error) {
+	b, err := os.ReadFile(filepath.Join(dir, MetaFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return Meta{}, errdefs.NotFound("snapshot %s has no manifest", filepath.Base(dir))
+	}
+	if err != nil {
+		return Meta{}, fmt.Errorf("read snapshot manifest: %w", err)
+	}
+	var m Meta
+	if err := json.Unmarshal(b, &m); err != nil {
+		return Meta{}, corrupt(dir, "its manifest is not valid JSON: %v", err)
+	}
+	if m.Version != formatVersion {
+		return Meta{}, corrupt(dir, "format version %d, this vmon reads %d", m.Version, formatVersion)
+	}
+	for _, l := range m.Lowers {
+		if !filepath.IsLocal(l) {
+			return Meta{}, corrupt(dir, "it names a layer outside the data directory")
+		}
+	}
+	return m, nil
+}
+
+// Verify reads the manifest and checks that the files under dir are exactly the ones it lists,
+// with their sizes and checksums. Any difference is a DataLoss error naming the part.
+func Verify(dir string) (Meta, error) {
+	m, err := Read(dir)
+	if err != nil {
+		return Meta{}, err
+	}
+	got, err := checksumTree(dir)
+	if err != nil {
+		return Meta{}, err
+	}
+	want := map[string]File{}
+	for _, f := range m.Files {
+		want[f.Path] = f
+	}
+	for _, f := range got {
+		w, ok := want[f.Path]
+		switch {
+		case !ok:
+			return Meta{}, corrupt(dir, "%s is not part of it", f.Path)
+		case w.Size != f.Size:
+			return Meta{}, corrupt(dir, "%s has %d bytes, the manifest says %d", f.Path, f.Size, w.Size)
+		case w.CRC != f.CRC:
+			return Meta{}, corrupt(dir, "%s does not match its checksum", f.Path)
+		}
+		delete(want, f.Path)
+	}
+	for p := range want {
+		return Meta{}, corrupt(dir, "%s is missing", p)
+	}
+	return m, nil
+}
+
+func corrupt(dir, format string, args ...any) error {
+	return errdefs.DataLoss("snapshot %s is damaged and cannot be restored: %s",
+		filepath.Base(dir), fmt.Sprintf(format, args...))
+}
+
+// Sweep removes temporary snapshot directories under parent (left by a crash mid-write).
+func Sweep(parent string) error {
+	ents, err := os.ReadDir(parent)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), tmpPrefix) {
+			errs = append(errs, os.RemoveAll(filepath.Join(parent, e.Name())))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// checksumTree lists every regular file under dir except the manifest, sorted by path.
+func checksumTree(dir string) ([]File, error) {
+	var files []File
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(dir, p)
+		if rel == MetaFile || !d.Type().IsRegular() {
+			return nil
+		}
+		f, err := checksumFile(p)
+		if err != nil {
+			return err
+		}
+		f.Path = filepath.ToSlash(rel)
+		files = append(files, f)
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("checksum snapshot: %w", err)
+	}
+	slices.SortFunc(files, func(a, b File) int { return strings.Compare(a.Path, b.Path) })
+	return files, nil
+}
+
+func checksumFile(path string) (File, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return File{}, err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return File{}, err
+	}
+	size := st.Size()
+	crc := uint32(0)
+	buf := make([]byte, 1<<20)
+	var hdr [8]byte
+	for off := int64(0); off < size; {
+		data, err := unix.Seek(int(f.Fd()), off, unix.SEEK_DATA)
+		if errors.Is(err, syscall.ENXIO) {
+			break
+		}
+		if err != nil {
+			return File{}, err
+		}
+		hole, err := unix.Seek(int(f.Fd()), data, unix.SEEK_HOLE)
+		if err != nil {
+			return File{}, err
+		}
+		// The extent's offset is part of the sum, so moving data within the file is noticed.
+		for i := range hdr {
+			hdr[i] = byte(data >> (8 * i))
+		}
+		crc = crc32.Update(crc, table, hdr[:])
+		r := io.NewSectionReader(f, data, hole-data)
+		for {
+			n, err := r.Read(buf)
+			crc = crc32.Update(crc, table, buf[:n])
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				return File{}, err
+			}
+		}
+		off = hole
+	}
+	return File{Size: size, CRC: crc}, nil
+}
+
+func syncTree(dir string) error {
+	return filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.Type().IsRegular() || d.IsDir() {
+			f, err := os.Open(p)
+			if err != nil {
+				return err
+			}
+			err = f.Sync()
+			f.Close()
+			if err != nil {
+				return fmt.Errorf("sync %s: %w", p, err)
+			}
+		}
+		return nil
+	})
+}
+
+func syncDir(dir string) error {
+	f, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return f.Sync()
+}

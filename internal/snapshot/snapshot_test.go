@@ -1,0 +1,139 @@
+package snapshot
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/vibemon/vmon/internal/errdefs"
+)
+
+// sealed builds a published snapshot with a sparse file, a small file and a nested one.
+func sealed(t *testing.T) string {
+	t.Helper()
+	final := filepath.Join(t.TempDir(), "snaps", "sb1")
+	tmp, err := TempDir(final)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(tmp, CheckpointDir), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(tmp, CheckpointDir, "checkpoint.img"), []byte("kernel state"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(tmp, LayerDir), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Create(filepath.Join(tmp, LayerDir, "disk.img"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 1 GiB, mostly hole, with data at both ends.
+	if _, err := f.WriteAt([]byte("head"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt([]byte("tail"), 1<<30-4); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	if err := Seal(tmp, Meta{SandboxID: "sb1", TemplateID: "base", Lowers: []string{"templates/base/rootfs"}, Memory: true}); err != nil {
+		t.Fatal(err)
+	}
+	if err := Publish(tmp, final); err != nil {
+		t.Fatal(err)
+	}
+	return final
+}
+
+func TestSealVerify(t *testing.T) {
+	dir := sealed(t)
+	m, err := Verify(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.SandboxID != "sb1" || !m.Memory || len(m.Files) != 2 {
+		t.Fatalf("meta = %+v", m)
+	}
+	if b := Bytes(dir); b <= 0 || b > 1<<20 {
+		t.Fatalf("Bytes = %d: a sparse image must count only its data", b)
+	}
+	if err := Sweep(filepath.Dir(dir)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(dir); err != nil {
+		t.Fatal("Sweep removed a published snapshot")
+	}
+}
+
+func TestVerifyRefusesDamage(t *testing.T) {
+	cases := map[string]func(t *testing.T, dir string){
+		"flipped byte in a hole": func(t *testing.T, dir string) {
+			writeAt(t, filepath.Join(dir, LayerDir, "disk.img"), 1<<20, "x")
+		},
+		"flipped byte in data": func(t *testing.T, dir string) {
+			writeAt(t, filepath.Join(dir, CheckpointDir, "checkpoint.img"), 3, "X")
+		},
+		"truncated": func(t *testing.T, dir string) {
+			if err := os.Truncate(filepath.Join(dir, CheckpointDir, "checkpoint.img"), 4); err != nil {
+				t.Fatal(err)
+			}
+		},
+		"missing": func(t *testing.T, dir string) {
+			if err := os.Remove(filepath.Join(dir, CheckpointDir, "checkpoint.img")); err != nil {
+				t.Fatal(err)
+			}
+		},
+		"extra": func(t *testing.T, dir string) {
+			writeAt(t, filepath.Join(dir, LayerDir, "planted"), 0, "x")
+		},
+		"manifest garbage": func(t *testing.T, dir string) {
+			writeAt(t, filepath.Join(dir, MetaFile), 0, "}}}")
+		},
+	}
+	for name, damage := range cases {
+		t.Run(name, func(t *testing.T) {
+			dir := sealed(t)
+			damage(t, dir)
+			_, err := Verify(dir)
+			if !errdefs.Is(err, errdefs.KindDataLoss) || !strings.Contains(err.Error(), "damaged") {
+				t.Fatalf("Verify = %v, want a DataLoss error", err)
+			}
+		})
+	}
+	dir := sealed(t)
+	if err := os.Remove(filepath.Join(dir, MetaFile)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Verify(dir); !errdefs.Is(err, errdefs.KindNotFound) {
+		t.Fatalf("Verify without a manifest = %v, want NotFound", err)
+	}
+}
+
+func TestSweepRemovesUnpublished(t *testing.T) {
+	parent := t.TempDir()
+	tmp, err := TempDir(filepath.Join(parent, "sb2"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeAt(t, filepath.Join(tmp, "half"), 0, "x")
+	if err := Sweep(parent); err != nil {
+		t.Fatal(err)
+	}
+	if ents, _ := os.ReadDir(parent); len(ents) != 0 {
+		t.Fatalf("Sweep left %v", ents)
+	}
+}
+
+func writeAt(t *testing.T, path string, off int64, s string) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.WriteAt([]byte(s), off); err != nil {
+		t.Fatal(err)
+	}
+}
