@@ -17,8 +17,13 @@ type rootfsAdapter struct {
 	imageDir string
 }
 
-func (a rootfsAdapter) Prepare(ctx context.Context, lowers []string, sandboxDir string, diskMB int) (string, error) {
-	return rootfs.Prepare(ctx, lowers, sandboxDir, rootfs.Options{DiskBytes: int64(diskMB) << 20, ImageDir: a.imageDir})
+func (a rootfsAdapter) Prepare(ctx context.Context, lowers []string, sandboxDir string, w node.Writable) (string, error) {
+	return rootfs.Prepare(ctx, lowers, sandboxDir, rootfs.Options{DiskBytes: int64(w.DiskMB) << 20, ImageDir: a.imageDir,
+		Layer: w.From, CopyLayer: w.Copy})
+}
+
+func (rootfsAdapter) Stash(ctx context.Context, sandboxDir, dst string) error {
+	return rootfs.Stash(ctx, sandboxDir, dst)
 }
 
 func (rootfsAdapter) Release(ctx context.Context, sandboxDir string) error {

@@ -34,11 +34,23 @@ import (
 
 // RootFS gives each sandbox a writable root over a template's read-only layers.
 type RootFS interface {
-	// Prepare mounts the root; diskMB > 0 caps what the sandbox can write at that size.
-	Prepare(ctx context.Context, lowers []string, sandboxDir string, diskMB int) (root string, err error)
+	// Prepare mounts the root; w says how big the writable layer is and whether it is a saved
+	// one brought back (resume, snapshots) instead of a fresh one.
+	Prepare(ctx context.Context, lowers []string, sandboxDir string, w Writable) (root string, err error)
 	Release(ctx context.Context, sandboxDir string) error
+	// Stash unmounts the root and moves the writable layer into dst (pause, a failed resume).
+	Stash(ctx context.Context, sandboxDir, dst string) error
 	// Commit stops the root's mount and moves the sandbox's writes to dst (template builds).
 	Commit(ctx context.Context, sandboxDir, dst string) error
+}
+
+// Writable describes a sandbox's writable layer.
+type Writable struct {
+	// DiskMB caps what the sandbox can write (0: no cap, template builds).
+	DiskMB int
+	// From is a directory holding a layer saved by Stash to bring back; Copy keeps it there.
+	From string
+	Copy bool
 }
 
 // NetNS creates the network namespace a sandbox runs in. The networking layer will hand the
@@ -165,6 +177,9 @@ type sandbox struct {
 	// stopping is set when the node itself tears the sandbox down, so its runtime's exit is
 	// expected rather than news.
 	stopping atomic.Bool
+	// restored says the sandbox came back from a checkpoint: its processes (the template's start
+	// command among them) are already running.
+	restored bool
 }
 
 // New returns a node; call Recover before serving and Close at exit.
@@ -242,7 +257,7 @@ func (n *Node) handOut(ctx context.Context, sb *sandbox, spec CreateSpec, img Im
 		err = errors.Join(err, <-attached)
 		sb.attached = sb.link != nil
 	}
-	if err == nil && img.StartCmd != "" {
+	if err == nil && img.StartCmd != "" && !sb.restored {
 		err = n.startTemplateCmd(ctx, sb, spec, img)
 	}
 	if err != nil {
@@ -280,6 +295,13 @@ type bootSpec struct {
 	policy *egress.Policy
 	// unrestricted gives a template build's sandbox a link without egress hooks.
 	unrestricted bool
+	// layer, when set, is a saved writable layer to bring back (moved unless copyLayer).
+	layer     string
+	copyLayer bool
+	// checkpoint, when set, is a runtime image to restore instead of booting init.
+	checkpoint string
+	// mark names a file created in the sandbox directory before anything else (resumingFile).
+	mark string
 }
 
 // boot assembles and starts a sandbox up to a connected envd (not yet initialised).
@@ -300,16 +322,24 @@ func (n *Node) boot(ctx context.Context, bs bootSpec) (_ *sandbox, retErr error)
 	}()
 	teardownCtx := context.WithoutCancel(ctx)
 	undo = append(undo, func() { _ = os.RemoveAll(dir) })
+	if bs.mark != "" {
+		if err := writeFileAtomic(filepath.Join(dir, bs.mark), nil); err != nil {
+			return nil, fmt.Errorf("mark sandbox dir: %w", err)
+		}
+	}
 
 	agentDir := filepath.Join(dir, "agent")
 	if err := os.Mkdir(agentDir, 0o755); err != nil {
 		return nil, fmt.Errorf("create agent dir: %w", err)
 	}
-	root, err := n.opts.RootFS.Prepare(ctx, lowers, dir, bs.diskMB)
+	root, err := n.opts.RootFS.Prepare(ctx, lowers, dir, Writable{DiskMB: bs.diskMB, From: bs.layer, Copy: bs.copyLayer})
 	if err != nil {
 		return nil, fmt.Errorf("prepare root filesystem: %w", err)
 	}
-	undo = append(undo, func() { _ = n.opts.RootFS.Release(teardownCtx, dir) })
+	undo = append(undo, func() { _ = n.releaseRoot(teardownCtx, runtimeID) })
+	if err := writeImageRecord(dir, n.opts.DataDir, bs); err != nil {
+		return nil, err
+	}
 
 	var link *netpool.Link
 	var nsPath string
@@ -362,7 +392,7 @@ func (n *Node) boot(ctx context.Context, bs bootSpec) (_ *sandbox, retErr error)
 		Limits:   lim,
 	}
 	sb := &sandbox{runtimeID: runtimeID, template: templateID, cpus: cpus, memoryMB: memoryMB,
-		link: link, attached: link != nil && policy != nil, ch: ch, root: root}
+		link: link, attached: link != nil && policy != nil, ch: ch, root: root, restored: bs.checkpoint != ""}
 	// Attaching runs iptables-restore; overlap it with the runtime's start, which needs no network.
 	attachLink, attachPolicy := link, egress.Policy{}
 	if bs.unrestricted {
@@ -373,7 +403,21 @@ func (n *Node) boot(ctx context.Context, bs bootSpec) (_ *sandbox, retErr error)
 		attachLink = nil // pre-started: the link stays closed until a create hands it out
 	}
 	attached := n.attachAsync(ctx, attachLink, attachPolicy)
-	if err := n.opts.Runtime.Start(ctx, rspec); err != nil {
+	if bs.checkpoint != "" {
+		// The guest runs from its first restored instruction on, so its link must already be
+		// attached: wait for the policy before the restore, not after.
+		if err := <-attached; err != nil {
+			return nil, fmt.Errorf("attach egress policy: %w", err)
+		}
+		attached = n.attachAsync(ctx, nil, egress.Policy{})
+		cp, ok := n.opts.Runtime.(runtime.Checkpointer)
+		if !ok {
+			return nil, errdefs.Unavailable("this node's runtime cannot restore checkpoints")
+		}
+		if err := cp.Restore(ctx, rspec, bs.checkpoint); err != nil {
+			return nil, fmt.Errorf("restore runtime: %w", err)
+		}
+	} else if err := n.opts.Runtime.Start(ctx, rspec); err != nil {
 		<-attached
 		return nil, fmt.Errorf("start runtime: %w", err)
 	}
@@ -494,12 +538,8 @@ func (n *Node) teardown(ctx context.Context, sb *sandbox) error {
 	} else if err := n.opts.NetNS.Delete(ctx, n.opts.NetNSPrefix+runtimeID); err != nil {
 		errs = append(errs, fmt.Errorf("delete network namespace: %w", err))
 	}
-	dir := n.sandboxDir(runtimeID)
-	if err := n.opts.RootFS.Release(ctx, dir); err != nil {
-		errs = append(errs, fmt.Errorf("release root filesystem: %w", err))
-	}
-	if err := os.RemoveAll(dir); err != nil {
-		errs = append(errs, fmt.Errorf("remove sandbox dir: %w", err))
+	if err := n.releaseRoot(ctx, runtimeID); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }

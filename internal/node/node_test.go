@@ -167,9 +167,19 @@ func (f *fakeRuntime) List(context.Context) ([]string, error) {
 
 type fakeRootFS struct{}
 
-func (fakeRootFS) Prepare(_ context.Context, _ []string, dir string, _ int) (string, error) {
+// fakeRootFS keeps a sandbox's files in dir/root, which is its writable layer too.
+func (fakeRootFS) Prepare(_ context.Context, _ []string, dir string, w Writable) (string, error) {
 	root := filepath.Join(dir, "root")
+	if w.From != "" {
+		if w.Copy {
+			return root, os.CopyFS(root, os.DirFS(filepath.Join(w.From, "upper")))
+		}
+		return root, os.Rename(filepath.Join(w.From, "upper"), root)
+	}
 	return root, os.MkdirAll(root, 0o755)
+}
+func (fakeRootFS) Stash(_ context.Context, dir, dst string) error {
+	return os.Rename(filepath.Join(dir, "root"), filepath.Join(dst, "upper"))
 }
 func (fakeRootFS) Release(_ context.Context, dir string) error {
 	return os.RemoveAll(filepath.Join(dir, "root"))

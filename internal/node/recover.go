@@ -14,6 +14,7 @@ import (
 	"github.com/vibemon/vmon/internal/agent"
 	"github.com/vibemon/vmon/internal/netpool"
 	"github.com/vibemon/vmon/internal/runtime"
+	"github.com/vibemon/vmon/internal/snapshot"
 )
 
 // Recover adopts the sandboxes that survived a crash of the previous node process and removes
@@ -41,9 +42,13 @@ func (n *Node) Recover(ctx context.Context) ([]string, error) {
 		go func() {
 			defer wg.Done()
 			if sb := n.adopt(ctx, rid); sb != nil {
+				n.settleAdopted(sb)
 				mu.Lock()
 				adopted[rid] = sb
 				mu.Unlock()
+				return
+			}
+			if n.finishInterruptedPause(ctx, rid) {
 				return
 			}
 			n.log.Info("removing sandbox that did not survive", "runtime_id", rid)
@@ -55,6 +60,10 @@ func (n *Node) Recover(ctx context.Context) ([]string, error) {
 		}()
 	}
 	wg.Wait()
+	// What is left of pauses that never published, now that interrupted ones are finished.
+	if err := snapshot.Sweep(filepath.Join(n.opts.DataDir, "paused")); err != nil {
+		errs = append(errs, fmt.Errorf("remove unfinished pause snapshots: %w", err))
+	}
 	if n.opts.Network != nil {
 		errs = append(errs, n.recoverLinks(ctx, adopted))
 	}

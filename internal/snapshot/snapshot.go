@@ -110,10 +110,18 @@ func Seal(dir string, meta Meta) error {
 	if err != nil {
 		return fmt.Errorf("encode snapshot meta: %w", err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, MetaFile), b, 0o600); err != nil {
+	// Through a rename: Seal also refreshes a published snapshot in place.
+	tmp := filepath.Join(dir, MetaFile+".new")
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
 		return fmt.Errorf("write snapshot meta: %w", err)
 	}
-	return syncTree(dir)
+	if err := syncTree(dir); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, MetaFile)); err != nil {
+		return fmt.Errorf("write snapshot meta: %w", err)
+	}
+	return syncDir(dir)
 }
 
 // Publish renames a sealed temporary directory to final (which must not exist) and syncs the
@@ -213,7 +221,7 @@ func checksumTree(dir string) ([]File, error) {
 			return err
 		}
 		rel, _ := filepath.Rel(dir, p)
-		if rel == MetaFile || !d.Type().IsRegular() {
+		if rel == MetaFile || rel == MetaFile+".new" || !d.Type().IsRegular() {
 			return nil
 		}
 		f, err := checksumFile(p)

@@ -92,4 +92,13 @@ CREATE TABLE template_tags (
 	PRIMARY KEY (template_id, tag)
 );
 `,
+	// 3: stateful sandboxes: what happens at expiry, and the state of a pause.
+	`
+ALTER TABLE sandboxes ADD COLUMN auto_pause INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE sandboxes ADD COLUMN auto_pause_memory INTEGER NOT NULL DEFAULT 1;
+ALTER TABLE sandboxes ADD COLUMN auto_resume INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE sandboxes ADD COLUMN paused_at INTEGER;
+ALTER TABLE sandboxes ADD COLUMN paused_memory INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE sandboxes ADD COLUMN paused_bytes INTEGER NOT NULL DEFAULT 0;
+`,
 }

@@ -49,6 +49,15 @@ type Sandbox struct {
 	NodeID              string
 	// Network is the client's network config as JSON; the driver owns its shape.
 	Network json.RawMessage
+	// AutoPause pauses the sandbox at expiry instead of killing it, keeping its memory when
+	// AutoPauseMemory; AutoResume resumes it when a request reaches it through ingress.
+	AutoPause       bool
+	AutoPauseMemory bool
+	AutoResume      bool
+	// PausedAt, PausedMemory and PausedBytes describe the current pause of a paused sandbox.
+	PausedAt     time.Time
+	PausedMemory bool
+	PausedBytes  int64
 }
 
 // InsertSandbox stores a new record. A duplicate id is a Conflict.
@@ -72,12 +81,13 @@ func (s *Store) InsertSandbox(ctx context.Context, sb Sandbox) error {
 	_, err = s.db.ExecContext(ctx, `
 INSERT INTO sandboxes (id, template_id, alias, state, metadata, env_vars, envd_access_token,
 	traffic_access_token, allow_public_traffic, allow_internet_access, cpu, memory_mb, disk_mb,
-	envd_version, started_at, end_at, killed_at, kill_reason, node_id, network)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+	envd_version, started_at, end_at, killed_at, kill_reason, node_id, network,
+	auto_pause, auto_pause_memory, auto_resume)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		sb.ID, sb.TemplateID, sb.Alias, string(sb.State), meta, env, sb.EnvdAccessToken,
 		sb.TrafficAccessToken, sb.AllowPublicTraffic, internet, sb.CPU, sb.MemoryMB, sb.DiskMB,
 		sb.EnvdVersion, toMillis(sb.StartedAt), toMillis(sb.EndAt), nullMillis(sb.KilledAt),
-		sb.KillReason, sb.NodeID, network)
+		sb.KillReason, sb.NodeID, network, sb.AutoPause, sb.AutoPauseMemory, sb.AutoResume)
 	if err != nil {
 		if strings.Contains(err.Error(), "UNIQUE constraint failed") {
 			return errdefs.Conflict("sandbox %q already exists", sb.ID)
@@ -124,6 +134,18 @@ func (s *Store) SetSandboxNetwork(ctx context.Context, id string, network json.R
 	}
 	return s.update(ctx, id, `UPDATE sandboxes SET network = ?, allow_internet_access = ? WHERE id = ? AND state = 'running'`,
 		n, internet, id)
+}
+
+// MarkPaused moves a running record to paused.
+func (s *Store) MarkPaused(ctx context.Context, id string, at time.Time, memory bool, bytes int64) error {
+	return s.update(ctx, id, `UPDATE sandboxes SET state = 'paused', paused_at = ?, paused_memory = ?, paused_bytes = ?
+WHERE id = ? AND state = 'running'`, toMillis(at), memory, bytes, id)
+}
+
+// MarkResumed moves a paused record back to running with a new end.
+func (s *Store) MarkResumed(ctx context.Context, id string, endAt time.Time) error {
+	return s.update(ctx, id, `UPDATE sandboxes SET state = 'running', end_at = ?, paused_at = NULL,
+	paused_memory = 0, paused_bytes = 0 WHERE id = ? AND state = 'paused'`, toMillis(endAt), id)
 }
 
 // MarkKilled marks a record killed. Killing an already killed record succeeds and keeps the first
@@ -264,7 +286,8 @@ func (q SandboxQuery) where() (string, []any) {
 		args = append(args, q.Template, q.Template)
 	}
 	if !q.StartedAfter.IsZero() {
-		conds = append(conds, "started_at > ?")
+		// Inclusive, as E2B's: a sandbox started at exactly that instant is listed.
+		conds = append(conds, "started_at >= ?")
 		args = append(args, toMillis(q.StartedAfter))
 	}
 	if q.After != nil {
@@ -285,7 +308,8 @@ func (q SandboxQuery) where() (string, []any) {
 var sandboxCols = `SELECT ` + strings.Join([]string{"id", "template_id", "alias", "state", "metadata",
 	"env_vars", "envd_access_token", "traffic_access_token", "allow_public_traffic",
 	"allow_internet_access", "cpu", "memory_mb", "disk_mb", "envd_version", "started_at", "end_at",
-	"killed_at", "kill_reason", "node_id", "network"}, ", ") + ` FROM sandboxes`
+	"killed_at", "kill_reason", "node_id", "network", "auto_pause", "auto_pause_memory", "auto_resume",
+	"paused_at", "paused_memory", "paused_bytes"}, ", ") + ` FROM sandboxes`
 
 func scanSandbox(r scanner) (Sandbox, error) {
 	var (
@@ -294,11 +318,12 @@ func scanSandbox(r scanner) (Sandbox, error) {
 		network          string
 		internet         sql.NullBool
 		started, end     int64
-		killed           sql.NullInt64
+		killed, paused   sql.NullInt64
 	)
 	err := r.Scan(&sb.ID, &sb.TemplateID, &sb.Alias, &state, &meta, &env, &sb.EnvdAccessToken,
 		&sb.TrafficAccessToken, &sb.AllowPublicTraffic, &internet, &sb.CPU, &sb.MemoryMB, &sb.DiskMB,
-		&sb.EnvdVersion, &started, &end, &killed, &sb.KillReason, &sb.NodeID, &network)
+		&sb.EnvdVersion, &started, &end, &killed, &sb.KillReason, &sb.NodeID, &network,
+		&sb.AutoPause, &sb.AutoPauseMemory, &sb.AutoResume, &paused, &sb.PausedMemory, &sb.PausedBytes)
 	if err != nil {
 		return Sandbox{}, err
 	}
@@ -316,6 +341,7 @@ func scanSandbox(r scanner) (Sandbox, error) {
 	sb.StartedAt = fromMillis(started)
 	sb.EndAt = fromMillis(end)
 	sb.KilledAt = fromNullMillis(killed)
+	sb.PausedAt = fromNullMillis(paused)
 	sb.Network = json.RawMessage(network)
 	return sb, nil
 }

@@ -304,7 +304,9 @@ func TestListSandboxes(t *testing.T) {
 		{"meta quoted key", SandboxQuery{Metadata: map[string]string{`a."b c`: `d&e=f`}}, "sbw "},
 		{"template id", SandboxQuery{Template: "tpl2"}, "sb4 "},
 		{"template alias", SandboxQuery{Template: "other"}, "sb4 "},
-		{"started after", SandboxQuery{StartedAfter: t0.Add(time.Second)}, "sb2 sb3 sb4 sbw "},
+		// Inclusive: sb1 started exactly at t0+1s.
+		{"started after", SandboxQuery{StartedAfter: t0.Add(time.Second)}, "sb1 sb2 sb3 sb4 sbw "},
+		{"started after, just past", SandboxQuery{StartedAfter: t0.Add(time.Second + time.Millisecond)}, "sb2 sb3 sb4 sbw "},
 		{"limit", SandboxQuery{Limit: 2}, "sb0 sb1 "},
 		{"after asc tie", SandboxQuery{After: &Cursor{t0.Add(2 * time.Second), "sb2"}}, "sb3 sb4 sbw "},
 		{"after desc tie", SandboxQuery{Desc: true, After: &Cursor{t0.Add(2 * time.Second), "sb3"}}, "sb2 sb1 sb0 "},

@@ -1,0 +1,421 @@
+package node
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/vibemon/vmon/internal/errdefs"
+	"github.com/vibemon/vmon/internal/runtime"
+	"github.com/vibemon/vmon/internal/snapshot"
+)
+
+// Files in a sandbox directory that make pause and resume crash-safe.
+const (
+	// imageFile records what the sandbox was built from, so a pause after a node restart still
+	// knows its template layers and resources.
+	imageFile = "image.json"
+	// pausingFile marks a pause in progress: recovery finishes it or calls it off.
+	pausingFile = "pausing"
+	// resumingFile marks a resume in progress: recovery either keeps the resumed sandbox (its
+	// runtime runs) or gives the writable layer back to the paused snapshot.
+	resumingFile = "resuming"
+	// checkpointDone, inside a pause's checkpoint directory, says the runtime finished writing it.
+	checkpointDone = "complete"
+)
+
+// imageRecord is imageFile's content.
+type imageRecord struct {
+	TemplateID string `json:"templateID"`
+	// Lowers are relative to the data directory.
+	Lowers   []string `json:"lowers"`
+	CPUs     int      `json:"cpus"`
+	MemoryMB int      `json:"memoryMB"`
+	DiskMB   int      `json:"diskMB"`
+}
+
+func writeImageRecord(dir, dataDir string, bs bootSpec) error {
+	rec := imageRecord{TemplateID: bs.templateID, CPUs: bs.cpus, MemoryMB: bs.memoryMB, DiskMB: bs.diskMB}
+	for _, l := range bs.lowers {
+		rel, err := filepath.Rel(dataDir, l)
+		if err != nil || !filepath.IsLocal(rel) {
+			// Template builds may stack layers from elsewhere; such a sandbox cannot be paused.
+			rec.Lowers = nil
+			break
+		}
+		rec.Lowers = append(rec.Lowers, rel)
+	}
+	b, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	if err := writeFileAtomic(filepath.Join(dir, imageFile), b); err != nil {
+		return fmt.Errorf("record sandbox image: %w", err)
+	}
+	return nil
+}
+
+func readImageRecord(dir string) (imageRecord, error) {
+	var rec imageRecord
+	b, err := os.ReadFile(filepath.Join(dir, imageFile))
+	if err == nil {
+		err = json.Unmarshal(b, &rec)
+	}
+	if err == nil && len(rec.Lowers) == 0 {
+		err = errors.New("its template layers are outside the data directory")
+	}
+	return rec, err
+}
+
+// pausedDir is where a paused sandbox's snapshot lives.
+func (n *Node) pausedDir(id string) string { return filepath.Join(n.opts.DataDir, "paused", id) }
+
+// PauseInfo describes a paused sandbox.
+type PauseInfo struct {
+	// Memory says the sandbox's memory and processes were kept (else only its files).
+	Memory bool
+	// Bytes is the disk space the paused sandbox takes.
+	Bytes int64
+}
+
+// PauseSandbox stops sandbox id and keeps it in a snapshot: with memory, a checkpoint of its
+// memory, processes and open sockets plus its writable layer; without, the layer alone (after the
+// guest flushed its writes). Afterwards the sandbox holds no runtime, no memory and no link (it
+// went back to the pool). A sandbox whose checkpoint fails keeps running and the error says why.
+func (n *Node) PauseSandbox(ctx context.Context, id string, memory bool) (PauseInfo, error) {
+	if !idRe.MatchString(id) {
+		return PauseInfo{}, errdefs.InvalidArgument("invalid sandbox id %q", id)
+	}
+	final := n.pausedDir(id)
+	if _, err := os.Stat(final); err == nil {
+		return PauseInfo{}, errdefs.Conflict("sandbox %q is already paused", id)
+	}
+	sb, ok := n.lookup(id)
+	if !ok {
+		return PauseInfo{}, errdefs.NotFound("sandbox %q is not running on this node", id)
+	}
+	cp, canCheckpoint := n.opts.Runtime.(runtime.Checkpointer)
+	if memory && !canCheckpoint {
+		return PauseInfo{}, errdefs.Unavailable("this node's runtime cannot keep a sandbox's memory; pause it with memory:false")
+	}
+	dir := n.sandboxDir(sb.runtimeID)
+	rec, err := readImageRecord(dir)
+	if err != nil {
+		return PauseInfo{}, errdefs.Wrap(errdefs.KindUnavailable, err, "sandbox %q cannot be paused", id)
+	}
+	began := time.Now()
+	tmp, err := snapshot.TempDir(final)
+	if err != nil {
+		return PauseInfo{}, err
+	}
+	if err := writeFileAtomic(filepath.Join(dir, pausingFile), nil); err != nil {
+		_ = os.RemoveAll(tmp)
+		return PauseInfo{}, fmt.Errorf("mark pause: %w", err)
+	}
+	// From here the runtime's exit is expected.
+	sb.stopping.Store(true)
+	if memory {
+		err = n.checkpoint(ctx, cp, sb, tmp)
+	} else {
+		n.flushGuest(ctx, sb)
+		err = n.opts.Runtime.Destroy(ctx, sb.runtimeID)
+	}
+	if err != nil {
+		if st, serr := n.opts.Runtime.Status(context.WithoutCancel(ctx), sb.runtimeID); serr == nil && st == runtime.StatusRunning {
+			// Nothing was lost: the sandbox goes on as it was.
+			sb.stopping.Store(false)
+			_ = os.Remove(filepath.Join(dir, pausingFile))
+			_ = os.RemoveAll(tmp)
+			return PauseInfo{}, fmt.Errorf("pause sandbox %s: %w", id, err)
+		}
+		// The runtime is gone with its memory; its files are still whole, so the pause goes on
+		// without memory rather than losing the sandbox.
+		n.log.Error("checkpoint failed and the sandbox stopped; keeping its files only", "sandbox", id, "err", err)
+		_ = os.RemoveAll(filepath.Join(tmp, snapshot.CheckpointDir))
+		memory = false
+	}
+	n.mu.Lock()
+	if n.sandboxes[id] == sb {
+		delete(n.sandboxes, id)
+	}
+	n.mu.Unlock()
+	if sb.ch != nil {
+		_ = sb.ch.Close()
+	}
+	if sb.link != nil {
+		// The runtime is gone: the link goes back to the pool closed and flushed, as on kill.
+		n.opts.Network.ReleaseLater(sb.link)
+		sb.link = nil
+	}
+	info, err := n.finishPause(context.WithoutCancel(ctx), id, dir, tmp, rec, memory)
+	if err != nil {
+		return PauseInfo{}, err
+	}
+	n.log.Info("sandbox paused", "sandbox", id, "memory", memory, "bytes", info.Bytes,
+		"took", time.Since(began).Round(time.Millisecond))
+	return info, nil
+}
+
+// checkpoint saves sb's runtime into tmp's checkpoint directory and marks it complete.
+func (n *Node) checkpoint(ctx context.Context, cp runtime.Checkpointer, sb *sandbox, tmp string) error {
+	img := filepath.Join(tmp, snapshot.CheckpointDir)
+	if err := cp.Checkpoint(ctx, sb.runtimeID, img, false); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(img, checkpointDone), nil, 0o600)
+}
+
+// flushGuest asks the guest to write its cached file data back before its runtime is stopped
+// without a checkpoint. It is best effort: a guest that does not answer loses only what it had
+// not written yet, as a machine does at power-off.
+func (n *Node) flushGuest(ctx context.Context, sb *sandbox) {
+	if sb.ch == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	code, err := runGuest(ctx, sb.ch, sb.token, guestCmd{Shell: []string{"/bin/sh"}, Script: "sync", User: "root"}, nil)
+	if err != nil || code != 0 {
+		n.log.Warn("guest did not flush its files before a pause", "sandbox", sb.id, "exit", code, "err", err)
+	}
+}
+
+// finishPause moves the stopped sandbox's writable layer into the snapshot, seals and publishes
+// it and removes what is left of the sandbox directory. Recovery calls it to finish a pause a
+// crash interrupted.
+func (n *Node) finishPause(ctx context.Context, id, dir, tmp string, rec imageRecord, memory bool) (PauseInfo, error) {
+	layer := filepath.Join(tmp, snapshot.LayerDir)
+	if err := os.MkdirAll(layer, 0o700); err != nil {
+		return PauseInfo{}, err
+	}
+	if ents, _ := os.ReadDir(layer); len(ents) == 0 {
+		if err := n.opts.RootFS.Stash(ctx, dir, layer); err != nil {
+			return PauseInfo{}, fmt.Errorf("pause sandbox %s: keep its files: %w", id, err)
+		}
+	}
+	meta := snapshot.Meta{SandboxID: id, CreatedAt: time.Now().UTC(), TemplateID: rec.TemplateID,
+		Lowers: rec.Lowers, CPUs: rec.CPUs, MemoryMB: rec.MemoryMB, DiskMB: rec.DiskMB, Memory: memory}
+	final := n.pausedDir(id)
+	if err := snapshot.Seal(tmp, meta); err != nil {
+		return PauseInfo{}, fmt.Errorf("pause sandbox %s: %w", id, err)
+	}
+	if err := snapshot.Publish(tmp, final); err != nil {
+		return PauseInfo{}, fmt.Errorf("pause sandbox %s: %w", id, err)
+	}
+	// The snapshot is whole; the rest of the sandbox directory owns nothing any more.
+	if err := n.opts.RootFS.Release(ctx, dir); err != nil {
+		n.log.Warn("release the root of a paused sandbox", "sandbox", id, "err", err)
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		n.log.Warn("remove the directory of a paused sandbox", "sandbox", id, "err", err)
+	}
+	return PauseInfo{Memory: memory, Bytes: snapshot.Bytes(final)}, nil
+}
+
+// ResumeSandbox brings paused sandbox spec.ID back on this node. With memory (and a snapshot
+// that kept it) its processes go on where they stopped; otherwise it boots afresh over its files
+// and the template's start command runs again. Either way it gets a link from the pool with
+// spec.Egress attached before its first instruction, and its lease, token and variables through
+// envd's /init before ResumeSandbox returns. A failed resume leaves the sandbox paused.
+func (n *Node) ResumeSandbox(ctx context.Context, spec CreateSpec, memory bool) (Info, error) {
+	if !idRe.MatchString(spec.ID) {
+		return Info{}, errdefs.InvalidArgument("invalid sandbox id %q", spec.ID)
+	}
+	if _, ok := n.lookup(spec.ID); ok {
+		return Info{}, errdefs.Conflict("sandbox %q is already running", spec.ID)
+	}
+	final := n.pausedDir(spec.ID)
+	meta, err := snapshot.Verify(final)
+	if errdefs.Is(err, errdefs.KindNotFound) || errors.Is(err, os.ErrNotExist) {
+		return Info{}, errdefs.NotFound("paused sandbox %q not found on this node", spec.ID)
+	}
+	if err != nil {
+		return Info{}, err
+	}
+	useMemory := memory && meta.Memory
+	lowers := make([]string, len(meta.Lowers))
+	for i, l := range meta.Lowers {
+		lowers[i] = filepath.Join(n.opts.DataDir, l)
+	}
+	began := time.Now()
+	bs := bootSpec{runtimeID: spec.ID, templateID: meta.TemplateID, lowers: lowers, cpus: meta.CPUs,
+		memoryMB: meta.MemoryMB, diskMB: meta.DiskMB, policy: &spec.Egress,
+		layer: filepath.Join(final, snapshot.LayerDir)}
+	if useMemory {
+		bs.checkpoint = filepath.Join(final, snapshot.CheckpointDir)
+	}
+	spec.TemplateID, spec.CPUs, spec.MemoryMB, spec.DiskMB = meta.TemplateID, meta.CPUs, meta.MemoryMB, meta.DiskMB
+	sb, err := n.bootMarked(ctx, bs)
+	if err != nil {
+		n.reseal(final, meta)
+		return Info{}, err
+	}
+	var img Image
+	if !useMemory {
+		// A reboot runs the template's start command again: the image of the build it came from.
+		if img, err = n.opts.Templates.Image(ctx, meta.TemplateID, meta.BuildID); err != nil {
+			n.log.Warn("template of a resumed sandbox is gone; resuming without its start command", "sandbox", spec.ID, "err", err)
+			img = Image{}
+		}
+	}
+	info, err := n.handOut(ctx, sb, spec, img)
+	if err != nil {
+		// handOut's teardown gave the layer back (releaseRoot).
+		n.reseal(final, meta)
+		return Info{}, err
+	}
+	// The sandbox runs on its own files now; the snapshot is spent.
+	_ = os.Remove(filepath.Join(n.sandboxDir(spec.ID), resumingFile))
+	if err := os.RemoveAll(final); err != nil {
+		n.log.Warn("remove the snapshot of a resumed sandbox", "sandbox", spec.ID, "err", err)
+	}
+	n.log.Info("sandbox resumed", "sandbox", spec.ID, "memory", useMemory, "took", time.Since(began).Round(time.Millisecond))
+	return info, nil
+}
+
+// bootMarked is boot for a resume: the sandbox directory carries resumingFile from before the
+// layer moves until the resume is complete.
+func (n *Node) bootMarked(ctx context.Context, bs bootSpec) (*sandbox, error) {
+	bs.mark = resumingFile
+	return n.boot(ctx, bs)
+}
+
+// releaseRoot releases a stopped sandbox's root and removes its directory. The writable layer of
+// a resume that did not complete (resumingFile) is the paused sandbox's only copy of its files:
+// it goes back into the snapshot first, and if that fails the directory stays for recovery.
+func (n *Node) releaseRoot(ctx context.Context, runtimeID string) error {
+	dir := n.sandboxDir(runtimeID)
+	if _, err := os.Stat(filepath.Join(dir, resumingFile)); err == nil {
+		layer := filepath.Join(n.pausedDir(runtimeID), snapshot.LayerDir)
+		if ents, err := os.ReadDir(layer); err == nil && len(ents) == 0 {
+			if err := n.opts.RootFS.Stash(ctx, dir, layer); err != nil {
+				return fmt.Errorf("return the writable layer of an unfinished resume: %w", err)
+			}
+			if meta, err := snapshot.Read(n.pausedDir(runtimeID)); err == nil {
+				n.reseal(n.pausedDir(runtimeID), meta)
+			}
+		}
+	}
+	if err := n.opts.RootFS.Release(ctx, dir); err != nil {
+		return fmt.Errorf("release root filesystem: %w", err)
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return fmt.Errorf("remove sandbox dir: %w", err)
+	}
+	return nil
+}
+
+// reseal refreshes a paused snapshot's checksums after a failed resume mounted its layer (mounting
+// alone rewrites a filesystem's superblock); no guest instruction ran on it.
+func (n *Node) reseal(final string, meta snapshot.Meta) {
+	if err := snapshot.Seal(final, meta); err != nil {
+		n.log.Error("reseal a paused sandbox after a failed resume", "dir", final, "err", err)
+	}
+}
+
+// DeletePaused removes paused sandbox id's snapshot (a kill of a paused sandbox). A sandbox that is
+// not paused here is success.
+func (n *Node) DeletePaused(ctx context.Context, id string) error {
+	if !idRe.MatchString(id) {
+		return errdefs.InvalidArgument("invalid sandbox id %q", id)
+	}
+	if err := os.RemoveAll(n.pausedDir(id)); err != nil {
+		return fmt.Errorf("delete paused sandbox %s: %w", id, err)
+	}
+	return nil
+}
+
+// PausedBytes returns the disk space paused sandbox id takes (0 if it is not paused here).
+func (n *Node) PausedBytes(id string) int64 {
+	if !idRe.MatchString(id) {
+		return 0
+	}
+	return snapshot.Bytes(n.pausedDir(id))
+}
+
+// Paused lists the sandboxes paused on this node.
+func (n *Node) Paused() ([]string, error) {
+	ents, err := os.ReadDir(filepath.Join(n.opts.DataDir, "paused"))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var ids []string
+	for _, e := range ents {
+		if e.IsDir() && idRe.MatchString(e.Name()) {
+			ids = append(ids, e.Name())
+		}
+	}
+	return ids, nil
+}
+
+// settleAdopted clears what a crash left of a pause or resume of a sandbox that is running: a
+// pause that had not stopped the runtime yet is called off, and a resume whose runtime came up
+// is complete, so its spent snapshot goes.
+func (n *Node) settleAdopted(sb *sandbox) {
+	dir := n.sandboxDir(sb.runtimeID)
+	if err := os.Remove(filepath.Join(dir, pausingFile)); err == nil {
+		n.log.Info("a pause was interrupted before the sandbox stopped; it keeps running", "sandbox", sb.id)
+	}
+	if err := os.Remove(filepath.Join(dir, resumingFile)); err == nil {
+		n.log.Info("a resume was interrupted after the sandbox started; it keeps running", "sandbox", sb.id)
+		_ = os.RemoveAll(n.pausedDir(sb.id))
+	}
+}
+
+// finishInterruptedPause completes the pause of a sandbox whose runtime a crash left stopped
+// half-way: its files are still whole, so it becomes paused (with memory when the checkpoint was
+// complete) instead of lost. It reports whether rid was such a sandbox and is now paused.
+func (n *Node) finishInterruptedPause(ctx context.Context, rid string) bool {
+	dir := n.sandboxDir(rid)
+	if _, err := os.Stat(filepath.Join(dir, pausingFile)); err != nil {
+		return false
+	}
+	b, err := os.ReadFile(filepath.Join(dir, sandboxIDFile))
+	id := string(b)
+	if err != nil || !idRe.MatchString(id) {
+		return false
+	}
+	final := n.pausedDir(id)
+	if _, err := snapshot.Read(final); err == nil {
+		// Published already; only the sandbox directory was left.
+		if err := n.releaseRoot(ctx, rid); err != nil {
+			n.log.Warn("remove the directory of a paused sandbox", "sandbox", id, "err", err)
+		}
+		return true
+	}
+	rec, err := readImageRecord(dir)
+	if err != nil {
+		n.log.Error("cannot finish an interrupted pause", "sandbox", id, "err", err)
+		return false
+	}
+	// Among the unfinished snapshots of this sandbox, one whose checkpoint completed keeps memory.
+	tmps, _ := filepath.Glob(filepath.Join(filepath.Dir(final), ".tmp-"+id+"-*"))
+	tmp, memory := "", false
+	for _, t := range tmps {
+		if _, err := os.Stat(filepath.Join(t, snapshot.CheckpointDir, checkpointDone)); err == nil {
+			tmp, memory = t, true
+			break
+		}
+	}
+	if tmp == "" {
+		if tmp, err = snapshot.TempDir(final); err != nil {
+			n.log.Error("cannot finish an interrupted pause", "sandbox", id, "err", err)
+			return false
+		}
+	}
+	// The runtime may be stopped but still registered: remove it before moving its files.
+	_ = n.opts.Runtime.Destroy(ctx, rid)
+	if _, err := n.finishPause(ctx, id, dir, tmp, rec, memory); err != nil {
+		n.log.Error("cannot finish an interrupted pause", "sandbox", id, "err", err)
+		return false
+	}
+	n.log.Info("finished a pause a crash interrupted", "sandbox", id, "memory", memory)
+	return true
+}
