@@ -171,8 +171,26 @@ func serve(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 	for _, id := range live {
 		liveSet[id] = true
 	}
-	if err := d.Recover(ctx, func(id string) bool { return liveSet[id] }); err != nil {
+	pausedIDs, err := n.Paused()
+	if err != nil {
+		return fmt.Errorf("list paused sandboxes: %w", err)
+	}
+	pausedSet := map[string]bool{}
+	for _, id := range pausedIDs {
+		pausedSet[id] = true
+	}
+	if err := d.Recover(ctx, func(id string) bool { return liveSet[id] }, func(id string) bool { return pausedSet[id] }); err != nil {
 		return fmt.Errorf("recover sandbox records: %w", err)
+	}
+	orphans, err := d.PausedOrphans(ctx, pausedIDs)
+	if err != nil {
+		return fmt.Errorf("find paused sandboxes no record owns: %w", err)
+	}
+	for _, id := range orphans {
+		log.Info("deleting paused sandbox no record owns", "sandbox", id)
+		if err := n.DeletePaused(ctx, id); err != nil {
+			log.Warn("delete paused orphan", "sandbox", id, "err", err)
+		}
 	}
 	// A sandbox whose runtime stops on its own is marked killed with the reason at once.
 	n.OnStopped(func(id string, exit runtime.Exit) {

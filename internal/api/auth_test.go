@@ -75,7 +75,7 @@ func TestNotSupportedAndExtraRoutes(t *testing.T) {
 		}
 	}})
 	for _, rt := range []struct{ method, path, msg string }{
-		{"POST", "/sandboxes/abc/pause", "pausing sandboxes is not supported yet"},
+		{"POST", "/sandboxes/abc/pause", "pausing sandboxes on this node is not supported yet"},
 		{"POST", "/sandboxes/abc/snapshots", "snapshots"},
 		{"GET", "/snapshots", "snapshots"},
 		{"POST", "/sandboxes/abc/fork", "forking"},

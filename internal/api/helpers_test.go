@@ -69,7 +69,7 @@ func newEnv(t *testing.T, eo envOpts) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { e.d.Close() })
-	if err := e.d.Recover(ctx, e.node.Alive); err != nil {
+	if err := e.d.Recover(ctx, e.node.Alive, nil); err != nil {
 		t.Fatal(err)
 	}
 	e.apiOpt = Options{Driver: e.d, Store: st, Logger: log}

@@ -17,14 +17,14 @@ type newSandboxBody struct {
 	TemplateID          *string           `json:"templateID"`
 	Timeout             *int64            `json:"timeout"`
 	AutoPause           *bool             `json:"autoPause"`
+	AutoPauseMemory     *bool             `json:"autoPauseMemory"`
 	Secure              *bool             `json:"secure"`
 	AllowInternetAccess *bool             `json:"allow_internet_access"`
 	Network             *driver.Network   `json:"network"`
 	Metadata            map[string]string `json:"metadata"`
 	EnvVars             map[string]string `json:"envVars"`
 	VolumeMounts        []volumeMountJSON `json:"volumeMounts"`
-	// Accepted and ignored: autoResume only matters for paused sandboxes, which do not exist yet;
-	// mcp is run by the SDK itself after create.
+	// mcp is accepted and ignored: the SDK runs it itself after create.
 	AutoResume *struct {
 		Enabled *bool `json:"enabled"`
 	} `json:"autoResume"`
@@ -116,6 +116,8 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, v1 bool) error {
 		AllowInternetAccess: body.AllowInternetAccess,
 		Network:             body.Network,
 		AutoPause:           body.AutoPause != nil && *body.AutoPause,
+		AutoPauseMemory:     body.AutoPauseMemory,
+		AutoResume:          body.AutoResume != nil && body.AutoResume.Enabled != nil && *body.AutoResume.Enabled,
 		VolumeMounts:        len(body.VolumeMounts),
 		// v2 sandboxes are always secured; v1 clients may opt out explicitly.
 		Secure: !v1 || body.Secure == nil || *body.Secure,
@@ -151,10 +153,65 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) error {
 		EnvdAccessToken: sb.EnvdAccessToken, AllowInternetAccess: sb.AllowInternetAccess,
 		Domain: s.domain, CPUCount: sb.CPU, MemoryMB: sb.MemoryMB, DiskSizeMB: sb.DiskMB,
 		Metadata: nonNil(sb.Metadata), State: string(sb.State), Network: network,
-		Lifecycle:    lifecycleJSON{OnTimeout: "kill"},
+		Lifecycle:    lifecycleOf(sb),
 		VolumeMounts: []volumeMountJSON{},
 	})
 	return nil
+}
+
+func lifecycleOf(sb driver.Sandbox) lifecycleJSON {
+	l := lifecycleJSON{OnTimeout: "kill", AutoResume: sb.AutoResume}
+	if sb.AutoPause {
+		l.OnTimeout = "pause"
+	}
+	return l
+}
+
+// pause is POST /sandboxes/{id}/pause {memory?}: 204, 409 when already paused.
+func (s *Server) pause(w http.ResponseWriter, r *http.Request) error {
+	var body struct {
+		Memory *bool `json:"memory"`
+	}
+	if err := decodeBody(r, &body, false); err != nil {
+		return err
+	}
+	if err := s.driver.Pause(r.Context(), r.PathValue("id"), body.Memory == nil || *body.Memory); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+// resume is the deprecated POST /sandboxes/{id}/resume {timeout?, autoPause?}: 201 with the
+// sandbox, 409 when it is running.
+func (s *Server) resume(w http.ResponseWriter, r *http.Request) error {
+	var body struct {
+		Timeout *int64 `json:"timeout"`
+	}
+	if err := decodeBody(r, &body, false); err != nil {
+		return err
+	}
+	timeout, err := optionalSeconds("timeout", body.Timeout)
+	if err != nil {
+		return err
+	}
+	sb, err := s.driver.Resume(r.Context(), r.PathValue("id"), timeout)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusCreated, s.sandboxJSON(sb))
+	return nil
+}
+
+func optionalSeconds(field string, v *int64) (*time.Duration, error) {
+	if v == nil {
+		return nil, nil
+	}
+	d, err := seconds(field, *v)
+	if err != nil {
+		return nil, err
+	}
+	return &d, nil
 }
 
 // updateNetwork is PUT /sandboxes/{id}/network: SandboxNetworkUpdateConfig (allowOut, denyOut,
@@ -183,19 +240,17 @@ func (s *Server) kill(w http.ResponseWriter, r *http.Request) error {
 func (s *Server) connect(w http.ResponseWriter, r *http.Request) error {
 	var body struct {
 		Timeout *int64 `json:"timeout"`
+		// memory false (SDK onResume 'reboot') boots a paused sandbox afresh over its files.
+		Memory *bool `json:"memory"`
 	}
 	if err := decodeBody(r, &body, false); err != nil {
 		return err
 	}
-	var timeout *time.Duration
-	if body.Timeout != nil {
-		d, err := seconds("timeout", *body.Timeout)
-		if err != nil {
-			return err
-		}
-		timeout = &d
+	timeout, err := optionalSeconds("timeout", body.Timeout)
+	if err != nil {
+		return err
 	}
-	sb, resumed, err := s.driver.Connect(r.Context(), r.PathValue("id"), timeout)
+	sb, resumed, err := s.driver.Connect(r.Context(), r.PathValue("id"), timeout, body.Memory == nil || *body.Memory)
 	if err != nil {
 		return err
 	}

@@ -55,7 +55,10 @@ func TestCreateValidation(t *testing.T) {
 		{"volumeMounts wrong type", `{"templateID":"base","volumeMounts":{}}`, 400, `"volumeMounts": expected an array`},
 		{"unknown template", `{"templateID":"nope"}`, 404, `template "nope" not found`},
 		{"template not ready", `{"templateID":"wip"}`, 404, "not ready"},
+		// The fake node cannot pause: lifecycle options that need it are refused, not ignored.
 		{"auto pause", `{"templateID":"base","autoPause":true}`, 501, "not supported yet"},
+		{"auto resume", `{"templateID":"base","autoPause":true,"autoResume":{"enabled":true}}`, 501, "not supported yet"},
+		{"auto resume of a files-only pause", `{"templateID":"base","autoPause":true,"autoPauseMemory":false,"autoResume":{"enabled":true}}`, 400, "filesystem-only pause"},
 		{"volume mounts", `{"templateID":"base","volumeMounts":[{"name":"v","path":"/data"}]}`, 501, "volume mounts are not supported yet"},
 		{"too large", `{"templateID":"base","metadata":{"x":"` + strings.Repeat("a", 1<<20) + `"}}`, 413, "exceeds the limit"},
 	} {
@@ -70,7 +73,7 @@ func TestCreateValidation(t *testing.T) {
 		t.Fatal("the node was asked to boot a rejected sandbox")
 	}
 	// Unknown fields are ignored, and so are options that are client-side only.
-	e.create(t, `{"templateID":"base","futureField":{"x":1},"mcp":{"a":{}},"autoResume":{"enabled":true},"iam":{}}`)
+	e.create(t, `{"templateID":"base","futureField":{"x":1},"mcp":{"a":{}},"autoResume":{"enabled":false},"iam":{}}`)
 }
 
 func TestCreateResponse(t *testing.T) {

@@ -28,9 +28,13 @@ type CreateRequest struct {
 	// AllowInternetAccess false denies all egress except allowOut (E2B's allow_internet_access).
 	AllowInternetAccess *bool
 	Network             *Network
-	// AutoPause (lifecycle onTimeout "pause") and VolumeMounts are not supported yet.
-	AutoPause    bool
-	VolumeMounts int
+	// AutoPause (lifecycle onTimeout "pause") pauses the sandbox at expiry instead of killing it,
+	// keeping its memory unless AutoPauseMemory is false; AutoResume resumes it when ingress gets
+	// a request for it. VolumeMounts are not supported yet.
+	AutoPause       bool
+	AutoPauseMemory *bool
+	AutoResume      bool
+	VolumeMounts    int
 }
 
 // defaultUser runs commands when the template names none (E2B's base template user).
@@ -45,8 +49,13 @@ func (d *Driver) Create(ctx context.Context, req CreateRequest) (Sandbox, error)
 			return Sandbox{}, err
 		}
 	}
-	if req.AutoPause {
-		return Sandbox{}, fmt.Errorf("pausing sandboxes on timeout (lifecycle onTimeout 'pause') is %w", ErrNotImplemented)
+	if req.AutoResume && req.AutoPauseMemory != nil && !*req.AutoPauseMemory {
+		return Sandbox{}, errdefs.InvalidArgument("autoResume cannot be enabled with autoPauseMemory false: a filesystem-only pause must be resumed explicitly with connect")
+	}
+	if req.AutoPause || req.AutoResume {
+		if _, err := d.pauser(); err != nil {
+			return Sandbox{}, fmt.Errorf("lifecycle onTimeout 'pause' and autoResume: %w", err)
+		}
 	}
 	if req.VolumeMounts > 0 {
 		return Sandbox{}, fmt.Errorf("volume mounts are %w", ErrNotImplemented)
@@ -78,7 +87,9 @@ func (d *Driver) Create(ctx context.Context, req CreateRequest) (Sandbox, error)
 		Metadata: req.Metadata, EnvVars: req.EnvVars,
 		AllowPublicTraffic: req.Network.PublicTraffic(), AllowInternetAccess: req.AllowInternetAccess,
 		CPU: tpl.CPU, MemoryMB: tpl.MemoryMB, DiskMB: cmp.Or(tpl.DiskMB, d.opts.DefaultDiskMB), EnvdVersion: tpl.EnvdVersion,
-		NodeID: d.opts.NodeID,
+		NodeID:    d.opts.NodeID,
+		AutoPause: req.AutoPause, AutoPauseMemory: req.AutoPauseMemory == nil || *req.AutoPauseMemory,
+		AutoResume: req.AutoResume,
 	}
 	if sb.Metadata == nil {
 		sb.Metadata = map[string]string{}

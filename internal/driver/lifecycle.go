@@ -2,7 +2,6 @@ package driver
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/vibemon/vmon/internal/errdefs"
@@ -56,6 +55,14 @@ func (d *Driver) Kill(ctx context.Context, id string) error {
 // is only marked once the node confirmed, so a failed destroy leaves a record that still owns
 // whatever the node kept.
 func (d *Driver) killLocked(ctx context.Context, sb Sandbox, reason string) error {
+	if sb.State == store.StatePaused {
+		if p, ok := d.node.(Pauser); ok {
+			if err := p.DeletePaused(ctx, sb.ID); err != nil {
+				d.log.Error("node failed to delete paused sandbox", "sandbox", sb.ID, "err", err)
+				return errdefs.Wrap(errdefs.KindUnknown, err, "failed to kill sandbox %q", sb.ID)
+			}
+		}
+	}
 	if sb.State == store.StateRunning {
 		if err := d.node.DestroySandbox(ctx, sb.ID); err != nil && !errdefs.Is(err, errdefs.KindNotFound) {
 			d.log.Error("node failed to destroy sandbox", "sandbox", sb.ID, "err", err)
@@ -88,17 +95,26 @@ func (d *Driver) Refresh(ctx context.Context, id string, duration time.Duration)
 	return err
 }
 
-// Connect returns a running sandbox, extending its life to at least timeout from now (nil means
-// the default timeout). resumed reports whether it had to be resumed (never, until pause exists).
-func (d *Driver) Connect(ctx context.Context, id string, timeout *time.Duration) (sb Sandbox, resumed bool, err error) {
-	t := d.opts.DefaultTimeout
-	if timeout != nil {
-		t = *timeout
-		if err := d.checkTimeout("timeout", t); err != nil {
-			return Sandbox{}, false, err
-		}
+// Connect returns a running sandbox, resuming it first if it is paused, and makes it live at least
+// timeout from now (nil means the default timeout); a running sandbox's life is only ever
+// extended. memory false resumes a paused sandbox by booting it afresh over its files. resumed
+// reports whether it had to be resumed.
+func (d *Driver) Connect(ctx context.Context, id string, timeout *time.Duration, memory bool) (sb Sandbox, resumed bool, err error) {
+	t, err := d.timeoutOrDefault(timeout)
+	if err != nil {
+		return Sandbox{}, false, err
 	}
-	sb, err = d.extend(ctx, id, t, false)
+	unlock := d.locks.Lock(id)
+	defer unlock()
+	sb, err = d.Get(ctx, id)
+	if err != nil {
+		return Sandbox{}, false, err
+	}
+	if sb.State == store.StatePaused {
+		sb, err = d.resumeLocked(ctx, sb, t, memory)
+		return sb, err == nil, err
+	}
+	sb, err = d.extendLocked(ctx, sb, t, false)
 	return sb, false, err
 }
 
@@ -110,8 +126,14 @@ func (d *Driver) extend(ctx context.Context, id string, t time.Duration, allowSh
 	if err != nil {
 		return Sandbox{}, err
 	}
+	return d.extendLocked(ctx, sb, t, allowShorter)
+}
+
+func (d *Driver) extendLocked(ctx context.Context, sb Sandbox, t time.Duration, allowShorter bool) (Sandbox, error) {
+	id := sb.ID
 	if sb.State == store.StatePaused {
-		return Sandbox{}, fmt.Errorf("resuming paused sandboxes is %w", ErrNotImplemented)
+		// A paused sandbox has no timeout; connect (or resume) gives it one.
+		return Sandbox{}, errdefs.Conflict("sandbox %q is paused; connect to resume it", id)
 	}
 	end := d.now().Add(t)
 	if !allowShorter && !end.After(sb.EndAt) {
@@ -193,6 +215,15 @@ func (d *Driver) expire(ctx context.Context, id string) {
 		// Extended after its deadline was scheduled; follow the stored end.
 		d.arm(id, sb.EndAt)
 		return
+	}
+	if sb.AutoPause {
+		if p, ok := d.node.(Pauser); ok {
+			if err := d.pauseLocked(ctx, p, sb, sb.AutoPauseMemory); err != nil {
+				d.log.Error("pause expired sandbox; will retry", "sandbox", id, "err", err)
+				d.arm(id, d.now().Add(killRetryAfterError))
+			}
+			return
+		}
 	}
 	// Detached from the loop's context so that Close waits for a kill in flight instead of
 	// interrupting it half-way.

@@ -32,7 +32,7 @@ func TestKill(t *testing.T) {
 		"route killed":  func() error { _, err := e.d.SandboxByID(ctx, sb.ID); return err }(),
 		"timeout":       e.d.SetTimeout(ctx, sb.ID, time.Minute),
 		"refresh":       e.d.Refresh(ctx, sb.ID, time.Minute),
-		"connect":       func() error { _, _, err := e.d.Connect(ctx, sb.ID, nil); return err }(),
+		"connect":       func() error { _, _, err := e.d.Connect(ctx, sb.ID, nil, true); return err }(),
 		"metrics":       func() error { _, err := e.d.Metrics(ctx, sb.ID); return err }(),
 		"get unknown":   func() error { _, err := e.d.Get(ctx, "nope"); return err }(),
 		"route unknown": func() error { _, err := e.d.SandboxByID(ctx, "nope"); return err }(),
@@ -134,7 +134,7 @@ func TestConnectAndRefreshOnlyExtend(t *testing.T) {
 	e := newEnv(t, nil)
 	sb := e.create(t, CreateRequest{Timeout: dur(100 * time.Second)})
 
-	got, resumed, err := e.d.Connect(ctx, sb.ID, dur(10*time.Second))
+	got, resumed, err := e.d.Connect(ctx, sb.ID, dur(10*time.Second), true)
 	if err != nil || resumed || !got.EndAt.Equal(sb.EndAt) {
 		t.Fatalf("Connect shorter = %v, %v, %v (end %v)", got.EndAt, resumed, err, sb.EndAt)
 	}
@@ -146,12 +146,12 @@ func TestConnectAndRefreshOnlyExtend(t *testing.T) {
 		t.Fatalf("Refresh shortened: %v", got.EndAt)
 	}
 
-	got, _, err = e.d.Connect(ctx, sb.ID, dur(200*time.Second))
+	got, _, err = e.d.Connect(ctx, sb.ID, dur(200*time.Second), true)
 	if err != nil || !got.EndAt.Equal(t0.Add(200*time.Second)) {
 		t.Fatalf("Connect longer = %v, %v", got.EndAt, err)
 	}
 	// nil timeout means the 300 s default.
-	got, _, _ = e.d.Connect(ctx, sb.ID, nil)
+	got, _, _ = e.d.Connect(ctx, sb.ID, nil, true)
 	if !got.EndAt.Equal(t0.Add(300 * time.Second)) {
 		t.Fatalf("Connect default = %v", got.EndAt)
 	}
@@ -162,12 +162,12 @@ func TestConnectAndRefreshOnlyExtend(t *testing.T) {
 	if !got.EndAt.Equal(t0.Add(400 * time.Second)) {
 		t.Fatalf("Refresh longer = %v", got.EndAt)
 	}
-	_, _, err = e.d.Connect(ctx, sb.ID, dur(-time.Second))
+	_, _, err = e.d.Connect(ctx, sb.ID, dur(-time.Second), true)
 	wantKind(t, err, errdefs.KindInvalidArgument)
 
 	e.clock.Advance(401 * time.Second)
 	e.waitDestroyed(t, sb.ID)
-	_, _, err = e.d.Connect(ctx, sb.ID, nil)
+	_, _, err = e.d.Connect(ctx, sb.ID, nil, true)
 	wantKind(t, err, errdefs.KindNotFound)
 }
 
@@ -184,7 +184,7 @@ func TestMetrics(t *testing.T) {
 	mn := &metricsNode{Node: e.node, m: Metric{CPUCount: 2, CPUUsedPct: 12.5, MemUsed: 1 << 20}}
 	e.opts.Node = mn
 	d := e.start(t)
-	if err := d.Recover(ctx, e.node.Alive); err != nil {
+	if err := d.Recover(ctx, e.node.Alive, nil); err != nil {
 		t.Fatal(err)
 	}
 	m, err = d.Metrics(ctx, sb.ID)
@@ -242,7 +242,7 @@ func TestRecover(t *testing.T) {
 	if _, err := d.SandboxByID(ctx, alive.ID); err == nil {
 		t.Fatal("routes restored before Recover")
 	}
-	if err := d.Recover(ctx, e.node.Alive); err != nil {
+	if err := d.Recover(ctx, e.node.Alive, nil); err != nil {
 		t.Fatal(err)
 	}
 
@@ -280,7 +280,7 @@ func TestRecover(t *testing.T) {
 	}
 	e.clock.Advance(31 * time.Second)
 	e.waitState(t, alive.ID, store.StateKilled)
-	if err := d.Recover(ctx, nil); err == nil {
+	if err := d.Recover(ctx, nil, nil); err == nil {
 		t.Fatal("Recover accepted a nil alive func")
 	}
 }

@@ -14,6 +14,10 @@ import (
 	"github.com/vibemon/vmon/internal/snapshot"
 )
 
+// ErrSandboxLost is wrapped by a pause that stopped the sandbox but could not keep it: it is
+// neither running nor paused, and its owner must record it as gone.
+var ErrSandboxLost = errors.New("the sandbox stopped and its state could not be saved")
+
 // Files in a sandbox directory that make pause and resume crash-safe.
 const (
 	// imageFile records what the sandbox was built from, so a pause after a node restart still
@@ -153,7 +157,9 @@ func (n *Node) PauseSandbox(ctx context.Context, id string, memory bool) (PauseI
 	}
 	info, err := n.finishPause(context.WithoutCancel(ctx), id, dir, tmp, rec, memory)
 	if err != nil {
-		return PauseInfo{}, err
+		// The runtime is gone and the snapshot is not whole: recovery at the next start would
+		// try again from the pausing mark, but this process cannot serve the sandbox either way.
+		return PauseInfo{}, fmt.Errorf("%w: %w", ErrSandboxLost, err)
 	}
 	n.log.Info("sandbox paused", "sandbox", id, "memory", memory, "bytes", info.Bytes,
 		"took", time.Since(began).Round(time.Millisecond))
