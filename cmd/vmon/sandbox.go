@@ -31,17 +31,24 @@ func sandboxCmd() *cobra.Command {
 				return err
 			}
 			w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(w, "ID\tTEMPLATE\tSTATE\tSTARTED\tENDED\tREASON")
+			fmt.Fprintln(w, "ID\tTEMPLATE\tSTATE\tSTARTED\tENDED\tPAUSED DISK\tREASON")
 			for _, sb := range sbs {
 				tpl := sb.Alias
 				if tpl == "" {
 					tpl = sb.TemplateID
 				}
-				ended, reason := "-", "-"
-				if sb.State == store.StateKilled {
+				ended, reason, disk := "-", "-", "-"
+				switch sb.State {
+				case store.StateKilled:
 					ended, reason = stamp(sb.KilledAt), sb.KillReason
+				case store.StatePaused:
+					kind := "memory+files"
+					if !sb.PausedMemory {
+						kind = "files"
+					}
+					disk = fmt.Sprintf("%.1f MiB (%s)", float64(sb.PausedBytes)/(1<<20), kind)
 				}
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", sb.ID, tpl, sb.State, stamp(sb.StartedAt), ended, reason)
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", sb.ID, tpl, sb.State, stamp(sb.StartedAt), ended, disk, reason)
 			}
 			return w.Flush()
 		}),

@@ -123,16 +123,17 @@ func serve(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 	}
 	defer closeNetwork()
 	nopts := node.Options{
-		ReadyTimeout: c.ReadyTimeout,
-		DataDir:      c.DataDir,
-		Runtime:      rt,
-		RootFS:       rootfsAdapter{imageDir: filepath.Join(c.DataDir, "disk-images")},
-		Templates:    templateRoots{dataDir: c.DataDir},
-		EnvdPath:     envdPath,
-		NetNSPrefix:  netnsPrefix(c.DataDir),
-		Warm:         warmSpecs(manifests, c.WarmPool, c.SandboxDiskMB),
-		Limits:       limits.Overrides{Tasks: c.SandboxMaxTasks, Files: c.SandboxMaxFiles},
-		Log:          log.With("component", "node"),
+		ReadyTimeout:     c.ReadyTimeout,
+		DataDir:          c.DataDir,
+		Runtime:          rt,
+		RootFS:           rootfsAdapter{imageDir: filepath.Join(c.DataDir, "disk-images")},
+		Templates:        templateRoots{dataDir: c.DataDir},
+		EnvdPath:         envdPath,
+		NetNSPrefix:      netnsPrefix(c.DataDir),
+		Warm:             warmSpecs(manifests, c.WarmPool, c.SandboxDiskMB),
+		Limits:           limits.Overrides{Tasks: c.SandboxMaxTasks, Files: c.SandboxMaxFiles},
+		Log:              log.With("component", "node"),
+		MaxSnapshotBytes: int64(c.MaxSnapshotDiskMB) << 20,
 	}
 	if network != nil {
 		// Set only when non-nil: a nil *netpool.Pool in the interface would look networked.
@@ -538,7 +539,7 @@ type ingressTargets struct {
 }
 
 func (t ingressTargets) Target(ctx context.Context, id string) (ingress.Target, error) {
-	r, err := t.d.SandboxByID(ctx, id)
+	r, err := t.d.RouteOrResume(ctx, id)
 	if err != nil {
 		return ingress.Target{}, err
 	}

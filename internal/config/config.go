@@ -46,6 +46,8 @@ type Serve struct {
 	ReadyTimeout       time.Duration
 	// SandboxDiskMB is the writable disk of sandboxes whose template sets none (0: uncapped).
 	SandboxDiskMB int
+	// MaxSnapshotDiskMB bounds the disk paused sandboxes and snapshots take together (0: no bound).
+	MaxSnapshotDiskMB int
 	// SandboxMaxTasks and SandboxMaxFiles replace the task and open-file limits derived from
 	// each sandbox's memory (0: derived).
 	SandboxMaxTasks int
@@ -105,6 +107,7 @@ func BindServe(fs *pflag.FlagSet, c *Serve) {
 	fs.StringVar(&c.DockerConfig, "docker-config", "", "Docker config.json with registry credentials (default: $DOCKER_CONFIG or ~/.docker/config.json)")
 	fs.IntVar(&c.BuildConcurrency, "build-concurrency", 2, "template builds run at the same time; more wait")
 	fs.DurationVar(&c.ReadyTimeout, "template-ready-timeout", 60*time.Second, "how long a template's ready command may take to succeed, at build and at sandbox create")
+	fs.IntVar(&c.MaxSnapshotDiskMB, "max-snapshot-disk", 0, "disk paused sandboxes and snapshots may take together, in MiB; past it pause answers 507 and the sandbox keeps running (0: bounded only by the host's disk)")
 	fs.IntVar(&c.SandboxDiskMB, "sandbox-disk-mb", DefaultSandboxDiskMB, "disk each sandbox may write, in MiB, enforced by a filesystem of that size per sandbox (0: uncapped, writes go to the host's disk)")
 	fs.IntVar(&c.SandboxMaxTasks, "sandbox-max-tasks", 0, "processes and threads per sandbox (0: one per MiB of the sandbox's memory, at least 128)")
 	fs.IntVar(&c.SandboxMaxFiles, "sandbox-max-files", 0, "open files per sandbox process, RLIMIT_NOFILE (0: 64 per MiB of the sandbox's memory, 1024 to 1048576)")
@@ -187,6 +190,9 @@ func (c *Serve) Validate() error {
 	}
 	if c.MaxSandboxTimeout <= 0 {
 		return fmt.Errorf("--max-sandbox-timeout must be positive")
+	}
+	if c.MaxSnapshotDiskMB < 0 {
+		return fmt.Errorf("--max-snapshot-disk must not be negative")
 	}
 	if c.SandboxDiskMB != 0 && (c.SandboxDiskMB < 64 || c.SandboxDiskMB > 16<<20) {
 		return fmt.Errorf("--sandbox-disk-mb must be between 64 and %d, or 0 for no limit", 16<<20)

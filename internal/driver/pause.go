@@ -206,3 +206,22 @@ func (d *Driver) timeoutOrDefault(timeout *time.Duration) (time.Duration, error)
 	}
 	return *timeout, nil
 }
+
+// RouteOrResume is SandboxByID for ingress requests: a sandbox paused with its memory and created
+// with autoResume is resumed first (with the default timeout), transparently to the caller, as
+// E2B does. Filesystem-only pauses are never resumed by traffic: they must be resumed explicitly.
+func (d *Driver) RouteOrResume(ctx context.Context, id string) (Route, error) {
+	if r, err := d.SandboxByID(ctx, id); err == nil {
+		return r, nil
+	}
+	sb, err := d.store.GetSandbox(ctx, id)
+	if err != nil || sb.State != store.StatePaused || !sb.AutoResume || !sb.PausedMemory {
+		return Route{}, notFound(id)
+	}
+	if _, _, err := d.Connect(ctx, id, nil, true); err != nil {
+		d.log.Warn("auto-resume on an ingress request failed", "sandbox", id, "err", err)
+		return Route{}, err
+	}
+	d.log.Info("sandbox auto-resumed by an ingress request", "sandbox", id)
+	return d.SandboxByID(ctx, id)
+}

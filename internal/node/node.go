@@ -115,6 +115,8 @@ type Options struct {
 	Warm []WarmSpec
 	// Limits override the task and open-file limits derived from each sandbox's memory.
 	Limits limits.Overrides
+	// MaxSnapshotBytes bounds the disk paused sandboxes take together (0: no bound).
+	MaxSnapshotBytes int64
 	Log    *slog.Logger
 }
 

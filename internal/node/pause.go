@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"syscall"
 	"time"
 
 	"github.com/vibemon/vmon/internal/errdefs"
@@ -110,6 +111,9 @@ func (n *Node) PauseSandbox(ctx context.Context, id string, memory bool) (PauseI
 	rec, err := readImageRecord(dir)
 	if err != nil {
 		return PauseInfo{}, errdefs.Wrap(errdefs.KindUnavailable, err, "sandbox %q cannot be paused", id)
+	}
+	if err := n.checkSnapshotBudget(ctx, sb, memory); err != nil {
+		return PauseInfo{}, err
 	}
 	began := time.Now()
 	tmp, err := snapshot.TempDir(final)
@@ -424,4 +428,44 @@ func (n *Node) finishInterruptedPause(ctx context.Context, rid string) bool {
 	}
 	n.log.Info("finished a pause a crash interrupted", "sandbox", id, "memory", memory)
 	return true
+}
+
+// checkSnapshotBudget refuses a pause that would take the paused sandboxes past MaxSnapshotBytes,
+// before anything is stopped or written. The estimate is what the pause writes at most: its
+// writable layer's allocated blocks, plus the guest's file cache (written back into the layer
+// before the stop) and, with memory, the memory in use (the checkpoint's pages).
+func (n *Node) checkSnapshotBudget(ctx context.Context, sb *sandbox, memory bool) error {
+	limit := n.opts.MaxSnapshotBytes
+	if limit <= 0 {
+		return nil
+	}
+	used := snapshot.Bytes(filepath.Join(n.opts.DataDir, "paused"))
+	need := layerBytes(n.sandboxDir(sb.runtimeID))
+	if m, err := n.SandboxMetrics(ctx, sb.id); err == nil {
+		// The guest's view of its disk is ahead of the image's blocks: the host writes a loop
+		// device's data back into the image later.
+		need = max(need, m.DiskUsed) + m.MemCache
+		if memory {
+			need += m.MemUsed
+		}
+	} else {
+		// No sample: assume the worst the sandbox's memory allows.
+		need += int64(sb.memoryMB) << 20
+	}
+	if used+need > limit {
+		return errdefs.InsufficientStorage("not enough snapshot storage to pause sandbox %q: paused sandboxes use %d MiB of the node's %d MiB (--max-snapshot-disk) and this one needs up to %d MiB; it keeps running",
+			sb.id, used>>20, limit>>20, (need+(1<<20)-1)>>20)
+	}
+	return nil
+}
+
+// layerBytes is the disk a sandbox's writable layer takes: its disk image's allocated blocks, or
+// its upper directory's.
+func layerBytes(dir string) int64 {
+	if fi, err := os.Stat(filepath.Join(dir, "disk.img")); err == nil {
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+			return st.Blocks * 512
+		}
+	}
+	return snapshot.Bytes(filepath.Join(dir, "upper"))
 }

@@ -1,0 +1,303 @@
+// Stateful sandboxes through the official SDK: pause and resume keep memory, processes, files and
+// listening sockets across any number of cycles; a filesystem-only pause keeps files and boots
+// afresh; lifecycle onTimeout 'pause' and autoResume; a paused sandbox holds no runtime, link or
+// memory; a node restart while paused, a damaged snapshot, the snapshot disk budget, and
+// `kill -9` of the node in the middle of a pause or resume leave every sandbox running or paused.
+
+import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import path from 'node:path';
+import { describe } from 'node:test';
+import { Sandbox, SandboxNotFoundError, InvalidArgumentError } from 'e2b';
+import { useServer, killQuietly, waitFor, sleep, runtimeIdOf, runVmon, apiFetch, pgrep, listAll } from '../lib/harness.js';
+
+const COUNTER = 'i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done';
+// A python process holding a variable only in its memory, publishing it and its pid.
+const PY_HOLDER = `python3 -c "
+import os, time
+state = {'n': 0, 'secret': os.urandom(8).hex()}
+while True:
+    state['n'] += 1
+    open('/tmp/py.tmp', 'w').write('%d %s %d' % (os.getpid(), state['secret'], state['n']))
+    os.replace('/tmp/py.tmp', '/tmp/py')
+    time.sleep(0.05)
+"`;
+const SERVER = 'python3 -m http.server 8080 --bind 0.0.0.0 --directory /home/user/www';
+
+describe('pause and resume', () => {
+  const srv = useServer({ name: 'pause', args: ['--sandbox-disk-mb', '512'] });
+  const created = [];
+  srv.after(async () => killQuietly(srv.sdkOpts, ...created));
+
+  async function create(opts = {}) {
+    const sbx = await Sandbox.create({ ...srv.sdkOpts, timeoutMs: 600_000, ...opts });
+    created.push(sbx);
+    return sbx;
+  }
+
+  async function run(sbx, cmd) {
+    return (await sbx.commands.run(cmd, { user: 'root' })).stdout.trim();
+  }
+
+  async function guestGet(id, pathname, port = 8080) {
+    const res = await fetch(`${srv.apiUrl}${pathname}`, {
+      headers: { 'E2b-Sandbox-Id': id, 'E2b-Sandbox-Port': String(port) },
+      signal: AbortSignal.timeout(30_000),
+    });
+    return { status: res.status, text: await res.text() };
+  }
+
+  // A paused sandbox holds no runsc process, no sandbox directory (so no mount, no link) and no
+  // memory; its snapshot is on disk.
+  async function holdsNothing(id, rid) {
+    assert.deepEqual(await pgrep(`runsc.* ${rid}$`), [], 'runsc processes of a paused sandbox');
+    assert.ok(!fs.existsSync(path.join(srv.dataDir, 'sandboxes', rid)), 'a paused sandbox kept its directory');
+    const mounts = fs.readFileSync('/proc/self/mountinfo', 'utf8');
+    assert.ok(!mounts.includes(path.join(srv.dataDir, 'sandboxes', rid)), 'a paused sandbox kept a mount');
+    assert.ok(fs.existsSync(path.join(srv.dataDir, 'paused', id, 'meta.json')), 'no snapshot for a paused sandbox');
+  }
+
+  srv.test('ten pause/resume cycles keep files, processes, memory and listening sockets', async () => {
+    const sbx = await create();
+    const id = sbx.sandboxId;
+    const rid = runtimeIdOf(srv.dataDir, id); // a warm-pool sandbox runs under its pre-start id
+    const bootId = await run(sbx, 'cat /proc/sys/kernel/random/boot_id');
+    await sbx.files.write('/home/user/www/index.html', 'served from the guest');
+    await sbx.commands.run(COUNTER, { background: true });
+    await sbx.commands.run(PY_HOLDER, { background: true });
+    await sbx.commands.run(SERVER, { background: true });
+    await sbx.commands.run('cd /tmp && export PAUSE_ENV=kept && exec sleep 100000', { background: true, cwd: '/tmp' });
+    await waitFor(async () => (await guestGet(id, '/index.html')).status === 200, { timeoutMs: 20_000, what: 'the guest server' });
+    const [pyPid, secret] = (await run(sbx, 'cat /tmp/py')).split(' ');
+    const sleepPid = await run(sbx, 'pgrep -x sleep | head -1');
+    let count = 0;
+    let pyN = 0;
+    for (let cycle = 0; cycle < 10; cycle++) {
+      await sbx.files.write(`/home/user/cycle-${cycle}.txt`, `written before pause ${cycle}`);
+      assert.equal(await sbx.pause(), true, `pause ${cycle}`);
+      assert.equal(await sbx.pause(), false, 'a second pause reports "already paused" (409)');
+      const info = await Sandbox.getInfo(id, srv.sdkOpts);
+      assert.equal(info.state, 'paused');
+      if (cycle === 0) {
+        await holdsNothing(id, rid);
+        const paused = await listAll(srv.sdkOpts, { state: ['paused'] });
+        assert.ok(paused.some((s) => s.sandboxId === id && s.state === 'paused'), 'listed with state=paused');
+        const running = await listAll(srv.sdkOpts, { state: ['running'] });
+        assert.ok(!running.some((s) => s.sandboxId === id), 'a paused sandbox is not listed as running');
+        assert.equal((await guestGet(id, '/index.html')).status, 502, 'ingress to a paused sandbox without autoResume');
+      }
+      const res = await apiFetch(srv, `/v2/sandboxes/${id}/connect`, { method: 'POST', body: '{"timeout":600}' });
+      assert.equal(res.status, 201, `connect of a paused sandbox answers 201: ${res.text}`);
+      const again = await apiFetch(srv, `/v2/sandboxes/${id}/connect`, { method: 'POST', body: '{"timeout":600}' });
+      assert.equal(again.status, 200, 'connect of a running sandbox answers 200');
+
+      const c = Number(await run(sbx, 'cat /tmp/count'));
+      assert.ok(c > count, `cycle ${cycle}: counter at ${c}, was ${count} (stopped?)`);
+      const [pid2, secret2, n2] = (await run(sbx, 'cat /tmp/py')).split(' ');
+      assert.equal(pid2, pyPid, `cycle ${cycle}: the python process was restarted`);
+      assert.equal(secret2, secret, `cycle ${cycle}: the python process lost its memory`);
+      assert.ok(Number(n2) > pyN, `cycle ${cycle}: python counter did not go on`);
+      count = c;
+      pyN = Number(n2);
+      const page = await guestGet(id, '/index.html');
+      assert.deepEqual(page, { status: 200, text: 'served from the guest' }, `cycle ${cycle}: guest server through ingress`);
+    }
+    for (let cycle = 0; cycle < 10; cycle++) {
+      assert.equal(await sbx.files.read(`/home/user/cycle-${cycle}.txt`), `written before pause ${cycle}`);
+    }
+    assert.equal(await run(sbx, 'cat /proc/sys/kernel/random/boot_id'), bootId, 'boot_id changed across memory resumes');
+    assert.equal(await run(sbx, `cat /proc/${sleepPid}/environ | tr '\\0' '\\n' | grep PAUSE_ENV`), 'PAUSE_ENV=kept');
+    assert.equal(await run(sbx, `readlink /proc/${sleepPid}/cwd`), '/tmp');
+    // The guest clock follows the host's, not the time spent paused.
+    const guestNow = Number(await run(sbx, 'date +%s'));
+    assert.ok(Math.abs(guestNow - Date.now() / 1000) < 5, `guest clock ${guestNow} vs host ${Date.now() / 1000}`);
+    // Still an ordinary sandbox: kill works and leaves no snapshot.
+    assert.equal(await sbx.kill(), true);
+    assert.ok(!fs.existsSync(path.join(srv.dataDir, 'paused', id)));
+  });
+
+  srv.test('a filesystem-only pause keeps files and boots afresh', async () => {
+    const sbx = await create();
+    const bootId = await run(sbx, 'cat /proc/sys/kernel/random/boot_id');
+    await sbx.files.write('/home/user/keep.txt', 'kept');
+    await sbx.commands.run('echo sudo-written | sudo tee /etc/vmon-pause-test', { user: 'user' });
+    await sbx.commands.run('sleep 100000', { background: true });
+    assert.equal(await sbx.pause({ keepMemory: false }), true);
+    const resumed = await Sandbox.connect(sbx.sandboxId, srv.sdkOpts);
+    assert.equal(await resumed.files.read('/home/user/keep.txt'), 'kept');
+    assert.equal(await run(resumed, 'cat /etc/vmon-pause-test'), 'sudo-written');
+    assert.equal(await run(resumed, 'pgrep -x sleep || echo none'), 'none', 'processes survived a filesystem-only pause');
+    assert.notEqual(await run(resumed, 'cat /proc/sys/kernel/random/boot_id'), bootId, 'boot_id must change on a reboot');
+    // onResume 'reboot' forces a fresh boot even when memory was kept.
+    await run(resumed, 'sleep 100000 >/dev/null 2>&1 &');
+    assert.equal(await resumed.pause(), true);
+    const rebooted = await Sandbox.connect(sbx.sandboxId, { ...srv.sdkOpts, onResume: 'reboot' });
+    assert.equal(await run(rebooted, 'pgrep -x sleep || echo none'), 'none');
+    assert.equal(await rebooted.files.read('/home/user/keep.txt'), 'kept');
+  });
+
+  srv.test('lifecycle: pause at expiry, resume by connect or by an ingress request', async () => {
+    const sbx = await create({ timeoutMs: 3_000, lifecycle: { onTimeout: 'pause', autoResume: true } });
+    const id = sbx.sandboxId;
+    const info = await Sandbox.getInfo(id, srv.sdkOpts);
+    assert.deepEqual(info.lifecycle, { onTimeout: 'pause', autoResume: true });
+    await sbx.files.write('/home/user/www/hello.html', 'auto-resumed');
+    await sbx.commands.run(SERVER, { background: true });
+    await sbx.commands.run(COUNTER, { background: true });
+    await waitFor(async () => (await Sandbox.getInfo(id, srv.sdkOpts)).state === 'paused', {
+      timeoutMs: 30_000,
+      what: 'the sandbox to pause at expiry',
+    });
+    const before = fs.readFileSync(path.join(srv.dataDir, 'paused', id, 'meta.json'), 'utf8');
+    assert.match(before, /"memory": true/);
+    // A request for a guest port resumes it, transparently.
+    const page = await guestGet(id, '/hello.html');
+    assert.deepEqual(page, { status: 200, text: 'auto-resumed' });
+    assert.equal((await Sandbox.getInfo(id, srv.sdkOpts)).state, 'running');
+    assert.ok(Number(await run(sbx, 'cat /tmp/count')) > 0);
+
+    // keepMemory:false pauses at expiry too; connect resumes it, traffic does not.
+    const fsOnly = await create({ timeoutMs: 3_000, lifecycle: { onTimeout: { action: 'pause', keepMemory: false } } });
+    await fsOnly.files.write('/home/user/f.txt', 'files only');
+    await waitFor(async () => (await Sandbox.getInfo(fsOnly.sandboxId, srv.sdkOpts)).state === 'paused', {
+      timeoutMs: 30_000,
+      what: 'the filesystem-only sandbox to pause at expiry',
+    });
+    assert.equal((await guestGet(fsOnly.sandboxId, '/', 49983)).status, 502, 'traffic must not resume a filesystem-only pause');
+    const back = await Sandbox.connect(fsOnly.sandboxId, { ...srv.sdkOpts, timeoutMs: 600_000 });
+    assert.equal(await back.files.read('/home/user/f.txt'), 'files only');
+
+    // The server refuses what the SDK refuses client-side, for other clients.
+    const bad = await apiFetch(srv, '/v2/sandboxes', {
+      method: 'POST',
+      body: JSON.stringify({ templateID: 'base', autoPause: true, autoPauseMemory: false, autoResume: { enabled: true } }),
+    });
+    assert.equal(bad.status, 400, bad.text);
+    await assert.rejects(
+      Sandbox.create({ ...srv.sdkOpts, lifecycle: { onTimeout: { action: 'pause', keepMemory: false }, autoResume: true } }),
+      InvalidArgumentError,
+    );
+  });
+
+  srv.test('unknown, killed and paused sandboxes answer as E2B does', async () => {
+    await assert.rejects(Sandbox.connect('nosuchsandbox0000000', srv.sdkOpts), SandboxNotFoundError);
+    await assert.rejects(Sandbox.pause('nosuchsandbox0000000', srv.sdkOpts), SandboxNotFoundError);
+    const sbx = await create();
+    assert.equal(await sbx.pause(), true);
+    // A paused sandbox's timeout is stopped: setTimeout is refused until it runs again.
+    const t = await apiFetch(srv, `/sandboxes/${sbx.sandboxId}/timeout`, { method: 'POST', body: '{"timeout":60}' });
+    assert.equal(t.status, 409, t.text);
+    const r = await apiFetch(srv, `/sandboxes/${sbx.sandboxId}/resume`, { method: 'POST', body: '{"timeout":60}' });
+    assert.equal(r.status, 201, `deprecated /resume: ${r.text}`);
+    const r2 = await apiFetch(srv, `/sandboxes/${sbx.sandboxId}/resume`, { method: 'POST', body: '{}' });
+    assert.equal(r2.status, 409, 'resume of a running sandbox');
+    assert.equal(await sbx.pause(), true);
+    assert.equal(await sbx.kill(), true, 'kill of a paused sandbox');
+    assert.ok(!fs.existsSync(path.join(srv.dataDir, 'paused', sbx.sandboxId)), 'kill left the snapshot');
+    await assert.rejects(Sandbox.connect(sbx.sandboxId, srv.sdkOpts), SandboxNotFoundError);
+    await assert.rejects(sbx.pause(), SandboxNotFoundError);
+  });
+
+  srv.test('a damaged snapshot is refused and the sandbox stays paused', async () => {
+    const sbx = await create();
+    await sbx.files.write('/home/user/x.txt', 'x');
+    assert.equal(await sbx.pause(), true);
+    const dir = path.join(srv.dataDir, 'paused', sbx.sandboxId);
+    const meta = JSON.parse(fs.readFileSync(path.join(dir, 'meta.json'), 'utf8'));
+    const victim = meta.files.find((f) => f.path.startsWith('checkpoint/') && f.size > 4096);
+    assert.ok(victim, `no checkpoint file to damage in ${JSON.stringify(meta.files)}`);
+    const file = path.join(dir, victim.path);
+    const fd = fs.openSync(file, 'r+');
+    const byte = Buffer.alloc(1);
+    fs.readSync(fd, byte, 0, 1, 100);
+    byte[0] ^= 0xff;
+    fs.writeSync(fd, byte, 0, 1, 100);
+    fs.closeSync(fd);
+    const res = await apiFetch(srv, `/v2/sandboxes/${sbx.sandboxId}/connect`, { method: 'POST', body: '{}' });
+    assert.equal(res.status, 500, res.text);
+    assert.match(res.json.message, /damaged/);
+    assert.equal((await Sandbox.getInfo(sbx.sandboxId, srv.sdkOpts)).state, 'paused');
+    assert.ok(!fs.existsSync(path.join(srv.dataDir, 'sandboxes', sbx.sandboxId)), 'a refused resume left a sandbox directory');
+    assert.deepEqual(await pgrep(`runsc.* ${sbx.sandboxId}$`), []);
+    // Repaired, it resumes with its files.
+    byte[0] ^= 0xff;
+    const fd2 = fs.openSync(file, 'r+');
+    fs.writeSync(fd2, byte, 0, 1, 100);
+    fs.closeSync(fd2);
+    const back = await Sandbox.connect(sbx.sandboxId, srv.sdkOpts);
+    assert.equal(await back.files.read('/home/user/x.txt'), 'x');
+  });
+
+  srv.test('resume after a node restart while paused', async () => {
+    const sbx = await create();
+    await sbx.commands.run(COUNTER, { background: true });
+    await sbx.files.write('/home/user/r.txt', 'across restart');
+    await sleep(300);
+    assert.equal(await sbx.pause(), true);
+    await srv.kill9();
+    await srv.restart();
+    assert.equal((await Sandbox.getInfo(sbx.sandboxId, srv.sdkOpts)).state, 'paused');
+    const back = await Sandbox.connect(sbx.sandboxId, srv.sdkOpts);
+    assert.equal(await back.files.read('/home/user/r.txt'), 'across restart');
+    const c1 = Number(await run(back, 'cat /tmp/count'));
+    await sleep(300);
+    assert.ok(Number(await run(back, 'cat /tmp/count')) > c1, 'the counter did not go on after a restart and resume');
+    // A sandbox recovered as running can be paused again (its image record survived the restart).
+    assert.equal(await back.pause(), true);
+    assert.equal((await Sandbox.connect(sbx.sandboxId, srv.sdkOpts)).sandboxId, sbx.sandboxId);
+  });
+
+  srv.test('kill -9 of the node during pause or resume leaves every sandbox running or paused', async () => {
+    for (const [op, delayMs] of [['pause', 0], ['pause', 60], ['pause', 150], ['resume', 0], ['resume', 100], ['resume', 250]]) {
+      const sbx = await create();
+      await sbx.files.write('/home/user/crash.txt', `${op}-${delayMs}`);
+      await sbx.commands.run(COUNTER, { background: true });
+      if (op === 'resume') assert.equal(await sbx.pause(), true);
+      const call =
+        op === 'pause'
+          ? apiFetch(srv, `/sandboxes/${sbx.sandboxId}/pause`, { method: 'POST', body: '{}' })
+          : apiFetch(srv, `/v2/sandboxes/${sbx.sandboxId}/connect`, { method: 'POST', body: '{}' });
+      call.catch(() => {});
+      await sleep(delayMs);
+      await srv.kill9();
+      await srv.restart();
+      const state = (await Sandbox.getInfo(sbx.sandboxId, srv.sdkOpts)).state;
+      assert.ok(state === 'running' || state === 'paused', `${op} +${delayMs} ms: state ${state}`);
+      // Whatever it became, it works: connect resumes it if needed and its files are there.
+      const back = await Sandbox.connect(sbx.sandboxId, srv.sdkOpts);
+      assert.equal(await back.files.read('/home/user/crash.txt'), `${op}-${delayMs}`, `${op} +${delayMs} ms (${state})`);
+      // Nothing left that no record owns: no unfinished snapshot, no stray runtime.
+      const pausedDir = path.join(srv.dataDir, 'paused');
+      const leftovers = fs.existsSync(pausedDir) ? fs.readdirSync(pausedDir).filter((n) => n.startsWith('.tmp-')) : [];
+      assert.deepEqual(leftovers, [], 'unfinished snapshot directories');
+      assert.equal((await pgrep(`runsc.* ${runtimeIdOf(srv.dataDir, sbx.sandboxId)}$`)).length > 0, true, 'the running sandbox has its runtime');
+      await back.kill();
+    }
+    const { stdout } = await runVmon(['sandbox', 'ls', '--data-dir', srv.dataDir]);
+    assert.doesNotMatch(stdout, /creating/, `no sandbox left half-created:\n${stdout}`);
+  });
+});
+
+describe('snapshot disk budget', () => {
+  // Room for about one small paused sandbox.
+  const srv = useServer({ name: 'pause-budget', args: ['--max-snapshot-disk', '200'] });
+  const created = [];
+  srv.after(async () => killQuietly(srv.sdkOpts, ...created));
+
+  srv.test('a pause past --max-snapshot-disk answers 507 and the sandbox keeps running', async () => {
+    const a = await Sandbox.create({ ...srv.sdkOpts, timeoutMs: 600_000 });
+    const b = await Sandbox.create({ ...srv.sdkOpts, timeoutMs: 600_000 });
+    created.push(a, b);
+    assert.equal(await a.pause({ keepMemory: false }), true, 'a small files-only pause fits');
+    // b fills memory and disk beyond what is left.
+    await b.commands.run('head -c 300M /dev/urandom > /home/user/big');
+    const res = await apiFetch(srv, `/sandboxes/${b.sandboxId}/pause`, { method: 'POST', body: '{}' });
+    assert.equal(res.status, 507, res.text);
+    assert.match(res.json.message, /max-snapshot-disk/);
+    assert.equal((await Sandbox.getInfo(b.sandboxId, srv.sdkOpts)).state, 'running');
+    assert.equal((await b.commands.run('echo alive')).stdout.trim(), 'alive');
+    const pausedDir = path.join(srv.dataDir, 'paused');
+    assert.deepEqual(fs.readdirSync(pausedDir).filter((n) => n.startsWith('.tmp-')), [], 'half-written snapshot');
+    assert.deepEqual(fs.readdirSync(pausedDir), [a.sandboxId]);
+  });
+});
