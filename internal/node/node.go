@@ -117,7 +117,7 @@ type Options struct {
 	Limits limits.Overrides
 	// MaxSnapshotBytes bounds the disk paused sandboxes take together (0: no bound).
 	MaxSnapshotBytes int64
-	Log    *slog.Logger
+	Log              *slog.Logger
 }
 
 const (
