@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/vibemon/vmon/internal/rootfs"
+	"github.com/vibemon/vmon/internal/snapshot"
 	"github.com/vibemon/vmon/internal/template"
 )
 
@@ -61,7 +62,11 @@ func (e *Engine) liveLayers() (map[string]bool, error) {
 	if err != nil {
 		return nil, err
 	}
-	live := map[string]bool{}
+	// Paused sandboxes keep the layers they run on even after their template's builds are gone.
+	live, err := snapshot.ReferencedLayers(e.opts.DataDir)
+	if err != nil {
+		return nil, err
+	}
 	for _, p := range paths {
 		b, err := os.ReadFile(p)
 		if err != nil {

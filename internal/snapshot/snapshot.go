@@ -314,3 +314,29 @@ func syncDir(dir string) error {
 	defer f.Close()
 	return f.Sync()
 }
+
+// Roots are the directories, relative to the data directory, that hold snapshots.
+var Roots = []string{"paused"}
+
+// ReferencedLayers returns the template layers (relative to dataDir) that some snapshot stacks
+// its writable layer on, so template garbage collection keeps them. A manifest it cannot read is
+// an error: deleting a layer is never worth a guess.
+func ReferencedLayers(dataDir string) (map[string]bool, error) {
+	refs := map[string]bool{}
+	for _, root := range Roots {
+		metas, err := filepath.Glob(filepath.Join(dataDir, root, "*", MetaFile))
+		if err != nil {
+			return nil, err
+		}
+		for _, p := range metas {
+			m, err := Read(filepath.Dir(p))
+			if err != nil {
+				return nil, fmt.Errorf("read snapshot %s: %w", filepath.Base(filepath.Dir(p)), err)
+			}
+			for _, l := range m.Lowers {
+				refs[filepath.Clean(l)] = true
+			}
+		}
+	}
+	return refs, nil
+}

@@ -137,3 +137,29 @@ func writeAt(t *testing.T, path string, off int64, s string) {
 		t.Fatal(err)
 	}
 }
+
+func TestReferencedLayers(t *testing.T) {
+	data := t.TempDir()
+	final := filepath.Join(data, "paused", "sb1")
+	tmp, err := TempDir(final)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := Seal(tmp, Meta{SandboxID: "sb1", Lowers: []string{"layers/aaa", "templates/base/rootfs-1"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := Publish(tmp, final); err != nil {
+		t.Fatal(err)
+	}
+	refs, err := ReferencedLayers(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !refs["layers/aaa"] || !refs["templates/base/rootfs-1"] || len(refs) != 2 {
+		t.Fatalf("refs = %v", refs)
+	}
+	writeAt(t, filepath.Join(final, MetaFile), 0, "{{{")
+	if _, err := ReferencedLayers(data); err == nil {
+		t.Fatal("an unreadable manifest must stop garbage collection")
+	}
+}

@@ -23,6 +23,7 @@ import (
 
 	"github.com/vibemon/vmon/internal/errdefs"
 	"github.com/vibemon/vmon/internal/rootfs"
+	"github.com/vibemon/vmon/internal/snapshot"
 )
 
 // BaseID is the id of the default template.
@@ -310,6 +311,10 @@ func prune(dir string) error {
 func referencedByBuilds(dataDir, layerDir string) bool {
 	rel, err := filepath.Rel(dataDir, layerDir)
 	if err != nil {
+		return true
+	}
+	// Paused sandboxes keep the layers they were started from, whatever was built since.
+	if snaps, err := snapshot.ReferencedLayers(dataDir); err != nil || snaps[filepath.Clean(rel)] {
 		return true
 	}
 	paths, err := filepath.Glob(filepath.Join(TemplatesDir(dataDir), "*", "builds", "*.json"))
