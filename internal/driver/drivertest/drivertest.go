@@ -248,3 +248,78 @@ func (c *Clock) Advance(d time.Duration) {
 	}
 	c.waiters = kept
 }
+
+// PausingNode is a Node that can also pause and resume sandboxes (driver.Pauser).
+type PausingNode struct {
+	*Node
+	pmu    sync.Mutex
+	paused map[string]node.CreateSpec
+	memory map[string]bool
+	// PauseErr and ResumeErr, when set, fail every pause or resume (the sandbox stays as it was).
+	PauseErr, ResumeErr error
+	// Resumes records every resume call's spec and memory flag.
+	Resumes []ResumeCall
+}
+
+// ResumeCall is one ResumeSandbox call.
+type ResumeCall struct {
+	Spec   node.CreateSpec
+	Memory bool
+}
+
+// NewPausingNode returns a PausingNode over a NewNode.
+func NewPausingNode() *PausingNode {
+	return &PausingNode{Node: NewNode(), paused: map[string]node.CreateSpec{}, memory: map[string]bool{}}
+}
+
+// PauseSandbox moves a running sandbox to paused.
+func (p *PausingNode) PauseSandbox(_ context.Context, id string, memory bool) (node.PauseInfo, error) {
+	p.pmu.Lock()
+	defer p.pmu.Unlock()
+	if p.PauseErr != nil {
+		return node.PauseInfo{}, p.PauseErr
+	}
+	p.Node.mu.Lock()
+	spec, ok := p.Node.running[id]
+	delete(p.Node.running, id)
+	p.Node.mu.Unlock()
+	if !ok {
+		return node.PauseInfo{}, errdefs.NotFound("sandbox %q is not running on this node", id)
+	}
+	p.paused[id], p.memory[id] = spec, memory
+	return node.PauseInfo{Memory: memory, Bytes: 1 << 20}, nil
+}
+
+// ResumeSandbox moves a paused sandbox back to running.
+func (p *PausingNode) ResumeSandbox(_ context.Context, spec node.CreateSpec, memory bool) (node.Info, error) {
+	p.pmu.Lock()
+	defer p.pmu.Unlock()
+	p.Resumes = append(p.Resumes, ResumeCall{Spec: spec, Memory: memory})
+	if p.ResumeErr != nil {
+		return node.Info{}, p.ResumeErr
+	}
+	if _, ok := p.paused[spec.ID]; !ok {
+		return node.Info{}, errdefs.NotFound("paused sandbox %q not found on this node", spec.ID)
+	}
+	delete(p.paused, spec.ID)
+	p.Node.mu.Lock()
+	p.Node.running[spec.ID] = spec
+	p.Node.mu.Unlock()
+	return node.Info{ID: spec.ID, EnvdVersion: "0.6.13"}, nil
+}
+
+// DeletePaused forgets a paused sandbox.
+func (p *PausingNode) DeletePaused(_ context.Context, id string) error {
+	p.pmu.Lock()
+	defer p.pmu.Unlock()
+	delete(p.paused, id)
+	return nil
+}
+
+// Paused reports whether id is paused here; it fits driver.Recover.
+func (p *PausingNode) Paused(id string) bool {
+	p.pmu.Lock()
+	defer p.pmu.Unlock()
+	_, ok := p.paused[id]
+	return ok
+}
