@@ -374,6 +374,36 @@ describe('egress policy on a --net tap node', () => {
     await sbx.kill();
   });
 
+  srv.test('pause and resume: the policy (and a live update made before the pause) holds from the first restored instruction', async () => {
+    const sbx = await box.create({ network: { denyOut: [ALL_TRAFFIC], allowOut: [A, B] } });
+    await sbx.updateNetwork({ denyOut: [ALL_TRAFFIC], allowOut: [A] }); // B is denied from now on
+    // A guest that sends to the denied B and the allowed A all the time, through every pause and
+    // resume: it runs again at the first restored instruction, before /init pushed its new lease.
+    await sbx.commands.run(
+      `while true; do curl -s -m 1 -o /dev/null http://${B}/; printf x | nc -u -w0 ${B} 7; curl -s -m 1 -o /dev/null http://${A}/; sleep 0.02; done`,
+      { background: true, user: 'root' },
+    );
+    const before = await inetStats();
+    for (let cycle = 0; cycle < 3; cycle++) {
+      assert.equal(await sbx.pause(), true);
+      const back = await Sandbox.connect(sbx.sandboxId, { ...srv.sdkOpts, ...(cycle === 2 ? { onResume: 'reboot' } : {}) });
+      const addr = await guestAddr(back);
+      const info = await back.getInfo();
+      assert.deepEqual(info.network.allowOut, ['203.0.113.10/32'], `cycle ${cycle}: the live update survived the pause`);
+      await expectReach(back, { answered: [`http://${A}`], refused: [`http://${B}`, `tcp://${B}:7`, `http://${C}`] }, `after resume ${cycle} (${addr})`);
+    }
+    const delta = statsDelta(before, await inetStats());
+    assert.equal(delta[B], undefined, `the denied host got traffic across pause/resume: ${JSON.stringify(delta)}`);
+    assert.ok(delta[A], `the allowed host got nothing: ${JSON.stringify(delta)}`);
+    // A paused sandbox holds no link: its lease went back to the pool.
+    assert.equal(await sbx.pause(), true);
+    const links = await vmonLinks();
+    const rid = runtimeIdOf(srv.dataDir, sbx.sandboxId);
+    assert.ok(!fs.existsSync(path.join(srv.dataDir, 'sandboxes', rid)), 'a paused sandbox kept its directory (and link file)');
+    assert.ok(Array.isArray(links));
+    await sbx.kill();
+  });
+
   srv.test('a rejected live update (invalid, or needing a missing feature) → 400 and changes nothing', async () => {
     const sbx = await box.create({ network: { denyOut: [B] } });
     for (const [name, body, msg] of INVALID) {
