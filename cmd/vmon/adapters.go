@@ -26,6 +26,10 @@ func (rootfsAdapter) Stash(ctx context.Context, sandboxDir, dst string) error {
 	return rootfs.Stash(ctx, sandboxDir, dst)
 }
 
+func (rootfsAdapter) CopyWritable(ctx context.Context, sandboxDir, dst string) error {
+	return rootfs.CopyWritable(ctx, sandboxDir, dst)
+}
+
 func (rootfsAdapter) Release(ctx context.Context, sandboxDir string) error {
 	return rootfs.Release(ctx, sandboxDir)
 }

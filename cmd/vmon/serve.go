@@ -193,6 +193,20 @@ func serve(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 			log.Warn("delete paused orphan", "sandbox", id, "err", err)
 		}
 	}
+	snaps, err := n.Snapshots()
+	if err != nil {
+		return fmt.Errorf("list snapshots: %w", err)
+	}
+	snapOrphans, err := d.SnapshotOrphans(ctx, snaps)
+	if err != nil {
+		return fmt.Errorf("find snapshots no record owns: %w", err)
+	}
+	for _, id := range snapOrphans {
+		log.Info("deleting snapshot no record owns", "snapshot", id)
+		if err := n.DeleteSnapshot(ctx, id); err != nil {
+			log.Warn("delete snapshot orphan", "snapshot", id, "err", err)
+		}
+	}
 	// A sandbox whose runtime stops on its own is marked killed with the reason at once.
 	n.OnStopped(func(id string, exit runtime.Exit) {
 		d.SandboxStopped(context.Background(), id, exit.String())

@@ -96,13 +96,13 @@ func New(opts Options) (*Server, error) {
 		"POST /sandboxes/{id}/pause":              s.handle(s.pause),
 		"POST /sandboxes/{id}/resume":             s.handle(s.resume),
 		"PUT /sandboxes/{id}/network":             s.handle(s.updateNetwork),
-		"POST /sandboxes/{id}/snapshots":          notSupported("snapshots"),
-		"GET /snapshots":                          notSupported("snapshots"),
-		"POST /sandboxes/{id}/fork":               notSupported("forking sandboxes"),
+		"POST /sandboxes/{id}/snapshots":          s.handle(s.createSnapshot),
+		"GET /snapshots":                          s.handle(s.listSnapshots),
+		"POST /sandboxes/{id}/fork":               s.handle(s.fork),
 		"GET /sandboxes/{id}/logs":                notSupported("sandbox logs"),
 		"GET /v2/sandboxes/{id}/logs":             notSupported("sandbox logs"),
 		"GET /sandboxes/metrics":                  notSupported("batch sandbox metrics"),
-		"DELETE /templates/{id}":                  notSupported("deleting templates"),
+		"DELETE /templates/{id}":                  s.deleteTemplateOrSnapshot(notSupported("deleting templates")),
 		"POST /v3/templates":                      notSupported("building templates"),
 		"POST /v2/templates":                      notSupported("building templates"),
 		"POST /v2/templates/{id}/builds/{bid}":    notSupported("building templates"),
@@ -115,6 +115,7 @@ func New(opts Options) (*Server, error) {
 		for p, h := range s.templateBuildRoutes() {
 			routes[p] = h
 		}
+		routes["DELETE /templates/{id}"] = s.deleteTemplateOrSnapshot(s.templateBuildRoutes()["DELETE /templates/{id}"])
 	}
 	for p, h := range opts.Routes {
 		routes[p] = h

@@ -71,6 +71,13 @@ func (d *Driver) Create(ctx context.Context, req CreateRequest) (Sandbox, error)
 		return Sandbox{}, err
 	}
 	tpl, alias, err := d.ResolveTemplate(ctx, req.Template)
+	var snap *store.Snapshot
+	if errdefs.Is(err, errdefs.KindNotFound) {
+		// E2B addresses snapshots like templates.
+		if sn, serr := d.lookupSnapshot(ctx, req.Template); serr == nil {
+			snap, err = &sn, nil
+		}
+	}
 	if err != nil {
 		return Sandbox{}, err
 	}
@@ -97,6 +104,9 @@ func (d *Driver) Create(ctx context.Context, req CreateRequest) (Sandbox, error)
 	if sb.EnvVars == nil {
 		sb.EnvVars = map[string]string{}
 	}
+	if snap != nil {
+		sandboxFromSnapshot(&sb, *snap)
+	}
 	if req.Secure {
 		if sb.EnvdAccessToken, err = newToken(); err != nil {
 			return Sandbox{}, err
@@ -115,6 +125,31 @@ func (d *Driver) Create(ctx context.Context, req CreateRequest) (Sandbox, error)
 		}
 	}
 
+	var boot func() (node.Info, error)
+	if snap != nil {
+		boot = func() (node.Info, error) {
+			return d.bootFromSnapshot(ctx, sb, snapshotSource{snapID: snap.ID}, policy)
+		}
+	} else {
+		boot = func() (node.Info, error) { return d.boot(ctx, sb, tpl, policy) }
+	}
+	sb, err = d.startRecord(ctx, sb, timeout, boot)
+	if err != nil {
+		return Sandbox{}, err
+	}
+	if snap == nil {
+		if err := d.store.RecordSpawn(context.WithoutCancel(ctx), tpl.ID, sb.StartedAt); err != nil {
+			d.log.Warn("count template spawn", "template", tpl.ID, "err", err)
+		}
+	}
+	return sb, nil
+}
+
+// startRecord reserves capacity with sb's creating record, runs boot in a boot slot and makes
+// the record running with an end timeout after the sandbox became usable. Any failure removes the
+// record and whatever the node got as far as starting.
+func (d *Driver) startRecord(ctx context.Context, sb Sandbox, timeout time.Duration, boot func() (node.Info, error)) (Sandbox, error) {
+	id := sb.ID
 	now := d.now()
 	sb.StartedAt, sb.EndAt = now, now.Add(timeout)
 	if err := d.reserve(ctx, sb); err != nil {
@@ -140,7 +175,7 @@ func (d *Driver) Create(ctx context.Context, req CreateRequest) (Sandbox, error)
 	if err != nil {
 		return Sandbox{}, err
 	}
-	info, err := d.boot(ctx, sb, tpl, policy)
+	info, err := boot()
 	release()
 	if err != nil {
 		// The node rolls back its own partial work; destroy anyway in case it got far enough to
@@ -161,11 +196,8 @@ func (d *Driver) Create(ctx context.Context, req CreateRequest) (Sandbox, error)
 		return Sandbox{}, err
 	}
 	ok = true
-	if err := d.store.RecordSpawn(cleanupCtx, tpl.ID, now); err != nil {
-		d.log.Warn("count template spawn", "template", tpl.ID, "err", err)
-	}
 	d.track(sb)
-	d.log.Info("sandbox created", "sandbox", id, "template", tpl.ID, "timeout", timeout)
+	d.log.Info("sandbox created", "sandbox", id, "template", sb.TemplateID, "timeout", timeout)
 	return sb, nil
 }
 

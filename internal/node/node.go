@@ -40,6 +40,8 @@ type RootFS interface {
 	Release(ctx context.Context, sandboxDir string) error
 	// Stash unmounts the root and moves the writable layer into dst (pause, a failed resume).
 	Stash(ctx context.Context, sandboxDir, dst string) error
+	// CopyWritable copies the writable layer of a stopped sandbox into dst (snapshots).
+	CopyWritable(ctx context.Context, sandboxDir, dst string) error
 	// Commit stops the root's mount and moves the sandbox's writes to dst (template builds).
 	Commit(ctx context.Context, sandboxDir, dst string) error
 }
@@ -182,6 +184,9 @@ type sandbox struct {
 	// restored says the sandbox came back from a checkpoint: its processes (the template's start
 	// command among them) are already running.
 	restored bool
+	// envdToken is the access token envd holds from before a restore (a snapshot's), which /init
+	// must prove to install the sandbox's own.
+	envdToken string
 }
 
 // New returns a node; call Recover before serving and Close at exit.
@@ -393,6 +398,9 @@ func (n *Node) boot(ctx context.Context, bs bootSpec) (_ *sandbox, retErr error)
 		MemoryMB: memoryMB,
 		Limits:   lim,
 	}
+	if err := writeRuntimeSpec(dir, rspec); err != nil {
+		return nil, err
+	}
 	sb := &sandbox{runtimeID: runtimeID, template: templateID, cpus: cpus, memoryMB: memoryMB,
 		link: link, attached: link != nil && policy != nil, ch: ch, root: root, restored: bs.checkpoint != ""}
 	// Attaching runs iptables-restore; overlap it with the runtime's start, which needs no network.
@@ -470,8 +478,11 @@ func (n *Node) initEnvd(ctx context.Context, sb *sandbox, spec CreateSpec) error
 			return err
 		}
 		req.Header.Set("Content-Type", "application/json")
-		// envd needs the current token to replace one; after a restore /init is sent again.
-		if spec.AccessToken != "" {
+		// envd needs the current token to replace one; after a restore /init is sent again, and
+		// a sandbox restored from another's snapshot holds that one's token.
+		if sb.envdToken != "" {
+			req.Header.Set("X-Access-Token", sb.envdToken)
+		} else if spec.AccessToken != "" {
 			req.Header.Set("X-Access-Token", spec.AccessToken)
 		}
 		resp, err := client.Do(req)

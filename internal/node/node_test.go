@@ -178,6 +178,9 @@ func (fakeRootFS) Prepare(_ context.Context, _ []string, dir string, w Writable)
 	}
 	return root, os.MkdirAll(root, 0o755)
 }
+func (fakeRootFS) CopyWritable(_ context.Context, dir, dst string) error {
+	return os.CopyFS(filepath.Join(dst, "upper"), os.DirFS(filepath.Join(dir, "root")))
+}
 func (fakeRootFS) Stash(_ context.Context, dir, dst string) error {
 	return os.Rename(filepath.Join(dir, "root"), filepath.Join(dst, "upper"))
 }

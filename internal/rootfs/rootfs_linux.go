@@ -171,6 +171,42 @@ func Stash(ctx context.Context, sandboxDir, dst string) error {
 	return nil
 }
 
+// CopyWritable copies the writable layer of a sandbox whose runtime is stopped (its root may stay
+// mounted) into dst, an existing directory, as Stash would move it: the disk image after its
+// filesystem was synced (a crash-consistent image of a journaled filesystem), or the upper
+// directory. Snapshots use it so the sandbox can go on afterwards.
+func CopyWritable(ctx context.Context, sandboxDir, dst string) error {
+	sandboxDir = filepath.Clean(sandboxDir)
+	img := diskImage(sandboxDir)
+	if _, err := os.Stat(img); err != nil {
+		out, err := exec.CommandContext(ctx, "cp", "-a", "--sparse=always", "--", UpperDir(sandboxDir), filepath.Join(dst, upperName)).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("copy writable layer: %w: %s", err, strings.TrimSpace(string(out)))
+		}
+		return nil
+	}
+	if err := syncFS(diskDir(sandboxDir)); err != nil {
+		return err
+	}
+	if err := copySparseFile(img, filepath.Join(dst, diskImageName)); err != nil {
+		return fmt.Errorf("copy disk image: %w", err)
+	}
+	return nil
+}
+
+// syncFS flushes the filesystem mounted at dir, so its backing image holds everything written.
+func syncFS(dir string) error {
+	f, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("open %s: %w", dir, err)
+	}
+	defer f.Close()
+	if err := unix.Syncfs(int(f.Fd())); err != nil {
+		return fmt.Errorf("sync %s: %w", dir, err)
+	}
+	return nil
+}
+
 // layerSource is a saved writable layer Prepare brings back.
 type layerSource struct {
 	dir  string

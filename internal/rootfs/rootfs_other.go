@@ -47,3 +47,8 @@ func DiskSupported() error {
 func Stash(ctx context.Context, sandboxDir, dst string) error {
 	return fmt.Errorf("%w (%s)", ErrUnsupported, runtime.GOOS)
 }
+
+// CopyWritable is only implemented on Linux.
+func CopyWritable(ctx context.Context, sandboxDir, dst string) error {
+	return fmt.Errorf("%w (%s)", ErrUnsupported, runtime.GOOS)
+}

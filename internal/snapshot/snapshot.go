@@ -57,6 +57,9 @@ type Meta struct {
 	DiskMB     int      `json:"diskMB"`
 	// Memory says the snapshot holds a checkpoint image (processes and memory), not only files.
 	Memory bool `json:"memory"`
+	// EnvdToken is the access token the restored envd still holds: a sandbox started from the
+	// snapshot proves it to envd to install its own.
+	EnvdToken string `json:"envdToken,omitempty"`
 	// Files lists every file under the snapshot directory but meta.json, with its checksum.
 	Files []File `json:"files"`
 }
@@ -316,7 +319,7 @@ func syncDir(dir string) error {
 }
 
 // Roots are the directories, relative to the data directory, that hold snapshots.
-var Roots = []string{"paused"}
+var Roots = []string{"paused", "snapshots"}
 
 // ReferencedLayers returns the template layers (relative to dataDir) that some snapshot stacks
 // its writable layer on, so template garbage collection keeps them. A manifest it cannot read is

@@ -101,4 +101,24 @@ ALTER TABLE sandboxes ADD COLUMN paused_at INTEGER;
 ALTER TABLE sandboxes ADD COLUMN paused_memory INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE sandboxes ADD COLUMN paused_bytes INTEGER NOT NULL DEFAULT 0;
 `,
+	// 4: snapshots of running sandboxes (E2B addresses them like templates).
+	`
+CREATE TABLE snapshots (
+	id           TEXT PRIMARY KEY,
+	name         TEXT UNIQUE,
+	sandbox_id   TEXT NOT NULL,
+	template_id  TEXT NOT NULL,
+	alias        TEXT NOT NULL DEFAULT '',
+	cpu          INTEGER NOT NULL,
+	memory_mb    INTEGER NOT NULL,
+	disk_mb      INTEGER NOT NULL,
+	env_vars     TEXT NOT NULL DEFAULT '{}',
+	envd_version TEXT NOT NULL DEFAULT '',
+	bytes        INTEGER NOT NULL DEFAULT 0,
+	node_id      TEXT NOT NULL DEFAULT '',
+	created_at   INTEGER NOT NULL
+);
+CREATE INDEX snapshots_created ON snapshots(created_at, id);
+CREATE INDEX snapshots_sandbox ON snapshots(sandbox_id, created_at);
+`,
 }

@@ -1,0 +1,269 @@
+package node
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"time"
+
+	"github.com/vibemon/vmon/internal/errdefs"
+	"github.com/vibemon/vmon/internal/runtime"
+	"github.com/vibemon/vmon/internal/snapshot"
+)
+
+// runtimeSpecFile keeps the runtime spec a sandbox was started with, so it can be restored in
+// place (a snapshot's brief stop) even after a node restart.
+const runtimeSpecFile = "runtime-spec.json"
+
+func writeRuntimeSpec(dir string, spec runtime.Spec) error {
+	b, err := json.Marshal(spec)
+	if err != nil {
+		return err
+	}
+	if err := writeFileAtomic(filepath.Join(dir, runtimeSpecFile), b); err != nil {
+		return fmt.Errorf("record runtime spec: %w", err)
+	}
+	return nil
+}
+
+func readRuntimeSpec(dir string) (runtime.Spec, error) {
+	var spec runtime.Spec
+	b, err := os.ReadFile(filepath.Join(dir, runtimeSpecFile))
+	if err == nil {
+		err = json.Unmarshal(b, &spec)
+	}
+	return spec, err
+}
+
+// snapshotIDRe is what snapshot directory names look like (the driver's snapshot ids).
+var snapshotIDRe = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,63}$`)
+
+func (n *Node) snapshotDir(id string) string { return filepath.Join(n.opts.DataDir, "snapshots", id) }
+
+// ErrSandboxPaused is wrapped by a snapshot whose sandbox could not be started again after its
+// checkpoint: it was kept as a paused sandbox instead, and its owner must record it as paused.
+var ErrSandboxPaused = errors.New("the sandbox could not go on after its checkpoint and was paused")
+
+// SnapshotSandbox saves running sandbox id as snapshot snapID (memory, processes and files) and
+// lets it go on: the sandbox stops for the checkpoint and the copy of its writable layer, then
+// runs again from that same checkpoint, with its link, lease and agent channel unchanged. Until
+// the copy is done the checkpoint is a pause in progress, so a crash leaves the sandbox paused.
+func (n *Node) SnapshotSandbox(ctx context.Context, id, snapID string) (PauseInfo, error) {
+	if !idRe.MatchString(id) || !snapshotIDRe.MatchString(snapID) {
+		return PauseInfo{}, errdefs.InvalidArgument("invalid sandbox or snapshot id")
+	}
+	sb, ok := n.lookup(id)
+	if !ok {
+		return PauseInfo{}, errdefs.NotFound("sandbox %q is not running on this node", id)
+	}
+	cp, canCheckpoint := n.opts.Runtime.(runtime.Checkpointer)
+	if !canCheckpoint {
+		return PauseInfo{}, errdefs.Unavailable("this node's runtime cannot take snapshots")
+	}
+	final := n.snapshotDir(snapID)
+	if _, err := os.Stat(final); err == nil {
+		return PauseInfo{}, errdefs.Conflict("snapshot %q already exists", snapID)
+	}
+	dir := n.sandboxDir(sb.runtimeID)
+	rec, err := readImageRecord(dir)
+	if err != nil {
+		return PauseInfo{}, errdefs.Wrap(errdefs.KindUnavailable, err, "sandbox %q cannot be snapshotted", id)
+	}
+	rspec, err := readRuntimeSpec(dir)
+	if err != nil {
+		return PauseInfo{}, errdefs.Wrap(errdefs.KindUnavailable, err, "sandbox %q cannot be snapshotted", id)
+	}
+	if err := n.checkSnapshotBudget(ctx, sb, true); err != nil {
+		return PauseInfo{}, err
+	}
+	began := time.Now()
+	ptmp, err := snapshot.TempDir(n.pausedDir(id))
+	if err != nil {
+		return PauseInfo{}, err
+	}
+	stmp, err := snapshot.TempDir(final)
+	if err != nil {
+		_ = os.RemoveAll(ptmp)
+		return PauseInfo{}, err
+	}
+	abandon := func() { _ = os.RemoveAll(ptmp); _ = os.RemoveAll(stmp) }
+	if err := writeFileAtomic(filepath.Join(dir, pausingFile), nil); err != nil {
+		abandon()
+		return PauseInfo{}, fmt.Errorf("mark snapshot: %w", err)
+	}
+	sb.stopping.Store(true)
+	if err := n.checkpoint(ctx, cp, sb, ptmp); err != nil {
+		abandon()
+		if st, serr := n.opts.Runtime.Status(context.WithoutCancel(ctx), sb.runtimeID); serr == nil && st == runtime.StatusRunning {
+			sb.stopping.Store(false)
+			_ = os.Remove(filepath.Join(dir, pausingFile))
+			return PauseInfo{}, fmt.Errorf("snapshot sandbox %s: %w", id, err)
+		}
+		return PauseInfo{}, n.keepAsPaused(ctx, sb, dir, rec, fmt.Errorf("snapshot sandbox %s: checkpoint: %w", id, err))
+	}
+	layer := filepath.Join(stmp, snapshot.LayerDir)
+	err = os.Mkdir(layer, 0o700)
+	if err == nil {
+		err = n.opts.RootFS.CopyWritable(ctx, dir, layer)
+	}
+	if err != nil {
+		_ = os.RemoveAll(stmp)
+		// The checkpoint is whole: the sandbox goes on from it, and the snapshot fails.
+		if rerr := n.restartFrom(ctx, cp, sb, rspec, ptmp); rerr != nil {
+			return PauseInfo{}, n.keepAsPaused(ctx, sb, dir, rec, errors.Join(err, rerr))
+		}
+		_ = os.RemoveAll(ptmp)
+		return PauseInfo{}, fmt.Errorf("snapshot sandbox %s: %w", id, err)
+	}
+	if err := n.restartFrom(ctx, cp, sb, rspec, ptmp); err != nil {
+		_ = os.RemoveAll(stmp)
+		return PauseInfo{}, n.keepAsPaused(ctx, sb, dir, rec, err)
+	}
+	stopped := time.Since(began)
+	// The sandbox runs again: the checkpoint now belongs to the snapshot alone.
+	if err := os.Rename(filepath.Join(ptmp, snapshot.CheckpointDir), filepath.Join(stmp, snapshot.CheckpointDir)); err != nil {
+		abandon()
+		return PauseInfo{}, fmt.Errorf("snapshot sandbox %s: %w", id, err)
+	}
+	_ = os.RemoveAll(ptmp)
+	meta := snapshot.Meta{SandboxID: id, CreatedAt: time.Now().UTC(), TemplateID: rec.TemplateID,
+		Lowers: rec.Lowers, CPUs: rec.CPUs, MemoryMB: rec.MemoryMB, DiskMB: rec.DiskMB, Memory: true,
+		EnvdToken: sb.token}
+	if err := snapshot.Seal(stmp, meta); err != nil {
+		_ = os.RemoveAll(stmp)
+		return PauseInfo{}, fmt.Errorf("snapshot sandbox %s: %w", id, err)
+	}
+	if err := snapshot.Publish(stmp, final); err != nil {
+		_ = os.RemoveAll(stmp)
+		return PauseInfo{}, fmt.Errorf("snapshot sandbox %s: %w", id, err)
+	}
+	bytes := snapshot.Bytes(final)
+	n.log.Info("sandbox snapshotted", "sandbox", id, "snapshot", snapID, "bytes", bytes,
+		"stopped", stopped.Round(time.Millisecond), "took", time.Since(began).Round(time.Millisecond))
+	return PauseInfo{Memory: true, Bytes: bytes}, nil
+}
+
+// restartFrom starts sb's runtime again from the checkpoint in tmp, on its own root, link and
+// agent channel (envd redials the socket it was connected to), and clears the pausing mark.
+func (n *Node) restartFrom(ctx context.Context, cp runtime.Checkpointer, sb *sandbox, rspec runtime.Spec, tmp string) error {
+	ctx = context.WithoutCancel(ctx)
+	if err := cp.Restore(ctx, rspec, filepath.Join(tmp, snapshot.CheckpointDir)); err != nil {
+		return fmt.Errorf("restart sandbox after its checkpoint: %w", err)
+	}
+	sb.stopping.Store(false)
+	n.watch(sb)
+	_ = os.Remove(filepath.Join(n.sandboxDir(sb.runtimeID), pausingFile))
+	wctx, cancel := context.WithTimeout(ctx, n.opts.BootTimeout)
+	defer cancel()
+	if err := sb.ch.WaitConnected(wctx); err != nil {
+		n.log.Warn("envd did not reconnect after a snapshot", "sandbox", sb.id, "err", err)
+	}
+	return nil
+}
+
+// keepAsPaused turns a sandbox that stopped for a snapshot and cannot run again into a paused one
+// (its files are whole; its memory too when the checkpoint completed), and says so in the error.
+func (n *Node) keepAsPaused(ctx context.Context, sb *sandbox, dir string, rec imageRecord, cause error) error {
+	ctx = context.WithoutCancel(ctx)
+	n.mu.Lock()
+	if n.sandboxes[sb.id] == sb {
+		delete(n.sandboxes, sb.id)
+	}
+	n.mu.Unlock()
+	_ = n.opts.Runtime.Destroy(ctx, sb.runtimeID)
+	if sb.ch != nil {
+		_ = sb.ch.Close()
+	}
+	if sb.link != nil {
+		n.opts.Network.ReleaseLater(sb.link)
+	}
+	if n.finishInterruptedPause(ctx, sb.runtimeID) {
+		n.log.Error("a snapshot left its sandbox stopped; it is paused", "sandbox", sb.id, "err", cause)
+		return fmt.Errorf("%w: %w", ErrSandboxPaused, cause)
+	}
+	return fmt.Errorf("%w: %w", ErrSandboxLost, cause)
+}
+
+// CreateFromSnapshot starts a new sandbox (spec.ID, its own token, writable layer, link and lease)
+// from snapshot snapID, or, when pausedID is set, from that paused sandbox's saved state (fork of
+// a paused sandbox); the saved state stays for the next one. The snapshot is verified first.
+func (n *Node) CreateFromSnapshot(ctx context.Context, spec CreateSpec, snapID, pausedID string) (Info, error) {
+	if !idRe.MatchString(spec.ID) {
+		return Info{}, errdefs.InvalidArgument("invalid sandbox id %q", spec.ID)
+	}
+	var src string
+	switch {
+	case pausedID != "" && idRe.MatchString(pausedID):
+		src = n.pausedDir(pausedID)
+	case snapshotIDRe.MatchString(snapID):
+		src = n.snapshotDir(snapID)
+	default:
+		return Info{}, errdefs.InvalidArgument("invalid snapshot id")
+	}
+	meta, err := snapshot.Verify(src)
+	if errdefs.Is(err, errdefs.KindNotFound) || errors.Is(err, os.ErrNotExist) {
+		return Info{}, errdefs.NotFound("snapshot %q not found on this node", filepath.Base(src))
+	}
+	if err != nil {
+		return Info{}, err
+	}
+	lowers := make([]string, len(meta.Lowers))
+	for i, l := range meta.Lowers {
+		lowers[i] = filepath.Join(n.opts.DataDir, l)
+	}
+	bs := bootSpec{runtimeID: spec.ID, templateID: meta.TemplateID, lowers: lowers, cpus: meta.CPUs,
+		memoryMB: meta.MemoryMB, diskMB: meta.DiskMB, policy: &spec.Egress,
+		layer: filepath.Join(src, snapshot.LayerDir), copyLayer: true}
+	if meta.Memory {
+		bs.checkpoint = filepath.Join(src, snapshot.CheckpointDir)
+	}
+	sb, err := n.boot(ctx, bs)
+	if err != nil {
+		return Info{}, err
+	}
+	sb.envdToken = meta.EnvdToken
+	var img Image
+	if !meta.Memory {
+		if img, err = n.opts.Templates.Image(ctx, meta.TemplateID, meta.BuildID); err != nil {
+			img = Image{}
+		}
+	}
+	return n.handOut(ctx, sb, spec, img)
+}
+
+// DeleteSnapshot removes snapshot snapID; one that is not there is success.
+func (n *Node) DeleteSnapshot(_ context.Context, snapID string) error {
+	if !snapshotIDRe.MatchString(snapID) {
+		return errdefs.InvalidArgument("invalid snapshot id")
+	}
+	if err := os.RemoveAll(n.snapshotDir(snapID)); err != nil {
+		return fmt.Errorf("delete snapshot %s: %w", snapID, err)
+	}
+	return nil
+}
+
+// Snapshots lists the snapshots on this node (after removing unfinished ones).
+func (n *Node) Snapshots() ([]string, error) {
+	root := filepath.Join(n.opts.DataDir, "snapshots")
+	if err := snapshot.Sweep(root); err != nil {
+		return nil, err
+	}
+	ents, err := os.ReadDir(root)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var ids []string
+	for _, e := range ents {
+		if e.IsDir() && snapshotIDRe.MatchString(e.Name()) {
+			ids = append(ids, e.Name())
+		}
+	}
+	return ids, nil
+}
