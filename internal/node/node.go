@@ -71,6 +71,8 @@ type Network interface {
 	TakeUnrestricted(ctx context.Context) (*netpool.Link, error)
 	Attach(ctx context.Context, l *netpool.Link, p egress.Policy) error
 	Update(ctx context.Context, l *netpool.Link, p egress.Policy) error
+	// Prepare readies a link for a runtime restored into the namespace it ran in before.
+	Prepare(ctx context.Context, l *netpool.Link) error
 	Release(ctx context.Context, l *netpool.Link) error
 	// ReleaseLater is Release in the background, for links whose sandbox is gone.
 	ReleaseLater(l *netpool.Link)
@@ -463,6 +465,26 @@ func (n *Node) initEnvd(ctx context.Context, sb *sandbox, spec CreateSpec) error
 	if sb.link != nil {
 		init["vmonNetwork"] = sb.link.GuestNet()
 	}
+	// envd needs the current token to replace one; after a restore /init is sent again, and a
+	// sandbox restored from another's snapshot holds that one's token.
+	current := spec.AccessToken
+	if sb.envdToken != "" {
+		current = sb.envdToken
+	}
+	return n.sendInit(ctx, sb, init, current)
+}
+
+// pushNetwork sends the sandbox's lease alone through /init: after a restore in place the guest's
+// interface is new and holds only the placeholder address.
+func (n *Node) pushNetwork(ctx context.Context, sb *sandbox) error {
+	if sb.link == nil {
+		return nil
+	}
+	return n.sendInit(ctx, sb, map[string]any{"vmonNetwork": sb.link.GuestNet()}, sb.token)
+}
+
+// sendInit posts init to envd, proving token, until envd accepts it or refuses the request itself.
+func (n *Node) sendInit(ctx context.Context, sb *sandbox, init map[string]any, token string) error {
 	body, err := json.Marshal(init)
 	if err != nil {
 		return err
@@ -478,12 +500,8 @@ func (n *Node) initEnvd(ctx context.Context, sb *sandbox, spec CreateSpec) error
 			return err
 		}
 		req.Header.Set("Content-Type", "application/json")
-		// envd needs the current token to replace one; after a restore /init is sent again, and
-		// a sandbox restored from another's snapshot holds that one's token.
-		if sb.envdToken != "" {
-			req.Header.Set("X-Access-Token", sb.envdToken)
-		} else if spec.AccessToken != "" {
-			req.Header.Set("X-Access-Token", spec.AccessToken)
+		if token != "" {
+			req.Header.Set("X-Access-Token", token)
 		}
 		resp, err := client.Do(req)
 		if err == nil {

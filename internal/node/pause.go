@@ -207,8 +207,11 @@ func (n *Node) finishPause(ctx context.Context, id, dir, tmp string, rec imageRe
 			return PauseInfo{}, fmt.Errorf("pause sandbox %s: keep its files: %w", id, err)
 		}
 	}
+	// The token envd holds: forks of the paused sandbox prove it to envd to install their own.
+	token, _ := os.ReadFile(filepath.Join(dir, accessTokenFile))
 	meta := snapshot.Meta{SandboxID: id, CreatedAt: time.Now().UTC(), TemplateID: rec.TemplateID,
-		Lowers: rec.Lowers, CPUs: rec.CPUs, MemoryMB: rec.MemoryMB, DiskMB: rec.DiskMB, Memory: memory}
+		Lowers: rec.Lowers, CPUs: rec.CPUs, MemoryMB: rec.MemoryMB, DiskMB: rec.DiskMB, Memory: memory,
+		EnvdToken: string(token)}
 	final := n.pausedDir(id)
 	if err := snapshot.Seal(tmp, meta); err != nil {
 		return PauseInfo{}, fmt.Errorf("pause sandbox %s: %w", id, err)

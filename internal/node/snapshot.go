@@ -151,6 +151,12 @@ func (n *Node) SnapshotSandbox(ctx context.Context, id, snapID string) (PauseInf
 // agent channel (envd redials the socket it was connected to), and clears the pausing mark.
 func (n *Node) restartFrom(ctx context.Context, cp runtime.Checkpointer, sb *sandbox, rspec runtime.Spec, tmp string) error {
 	ctx = context.WithoutCancel(ctx)
+	if sb.link != nil {
+		// runsc took the link's addresses when it first started; it adopts only a link that has one.
+		if err := n.opts.Network.Prepare(ctx, sb.link); err != nil {
+			return fmt.Errorf("restart sandbox after its checkpoint: %w", err)
+		}
+	}
 	if err := cp.Restore(ctx, rspec, filepath.Join(tmp, snapshot.CheckpointDir)); err != nil {
 		return fmt.Errorf("restart sandbox after its checkpoint: %w", err)
 	}
@@ -159,8 +165,9 @@ func (n *Node) restartFrom(ctx context.Context, cp runtime.Checkpointer, sb *san
 	_ = os.Remove(filepath.Join(n.sandboxDir(sb.runtimeID), pausingFile))
 	wctx, cancel := context.WithTimeout(ctx, n.opts.BootTimeout)
 	defer cancel()
-	if err := sb.ch.WaitConnected(wctx); err != nil {
-		n.log.Warn("envd did not reconnect after a snapshot", "sandbox", sb.id, "err", err)
+	// The guest's interface came back with the placeholder address only: give it its lease again.
+	if err := n.pushNetwork(wctx, sb); err != nil {
+		n.log.Warn("envd did not take its network back after a snapshot", "sandbox", sb.id, "err", err)
 	}
 	return nil
 }

@@ -404,6 +404,41 @@ describe('egress policy on a --net tap node', () => {
     await sbx.kill();
   });
 
+  srv.test('snapshot and fork: forks of a deny-all sandbox are deny-all from their first instruction, each on its own lease', async () => {
+    const sbx = await box.create({ network: { denyOut: [ALL_TRAFFIC], allowOut: [A] } });
+    await sbx.commands.run(
+      `while true; do curl -s -m 1 -o /dev/null http://${B}/; printf x | nc -u -w0 ${B} 7; sleep 0.02; done`,
+      { background: true, user: 'root' },
+    );
+    const before = await inetStats();
+    const snap = await sbx.createSnapshot();
+    // A sandbox created from a snapshot is a new sandbox: its own create options set its policy
+    // (as a template's sandboxes do); forks inherit the source's.
+    const fromSnap = await Sandbox.create(snap.snapshotId, {
+      ...srv.sdkOpts,
+      metadata: { run: RUN },
+      network: { denyOut: [ALL_TRAFFIC], allowOut: [A] },
+    });
+    box.all.push(fromSnap);
+    const res = await apiFetch(srv, `/sandboxes/${sbx.sandboxId}/fork`, { method: 'POST', body: '{"count":2}' });
+    assert.equal(res.status, 201, res.text);
+    const forks = [];
+    for (const e of res.json) {
+      const f = await Sandbox.connect(e.sandbox.sandboxID, srv.sdkOpts);
+      box.all.push(f);
+      forks.push(f);
+    }
+    const addrs = new Set();
+    for (const s of [sbx, fromSnap, ...forks]) {
+      addrs.add(await guestAddr(s));
+      await expectReach(s, { answered: [`http://${A}`], refused: [`http://${B}`, `http://${C}`] }, s.sandboxId);
+    }
+    assert.equal(addrs.size, 4, `sandboxes share a lease: ${[...addrs]}`);
+    const delta = statsDelta(before, await inetStats());
+    assert.equal(delta[B], undefined, `the denied host got traffic from a snapshot or fork: ${JSON.stringify(delta)}`);
+    await Sandbox.deleteSnapshot(snap.snapshotId, srv.sdkOpts);
+  });
+
   srv.test('a rejected live update (invalid, or needing a missing feature) → 400 and changes nothing', async () => {
     const sbx = await box.create({ network: { denyOut: [B] } });
     for (const [name, body, msg] of INVALID) {
