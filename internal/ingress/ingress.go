@@ -185,9 +185,9 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	var target Target
 	if id == "" {
-		t, ok := p.bySignature(r)
-		if !ok {
-			writeJSON(w, http.StatusUnauthorized, map[string]any{"code": http.StatusUnauthorized, "message": "invalid signature"})
+		t, why := p.bySignature(r)
+		if why != "" {
+			writeJSON(w, http.StatusUnauthorized, map[string]any{"code": http.StatusUnauthorized, "message": why})
 			return
 		}
 		target, port = t, agentproto.EnvdPort
@@ -281,11 +281,11 @@ func (p *Proxy) address(r *http.Request) (string, int, error) {
 }
 
 // bySignature finds the running sandbox whose access token validates the URL's signature.
-func (p *Proxy) bySignature(r *http.Request) (Target, bool) {
+func (p *Proxy) bySignature(r *http.Request) (Target, string) {
 	q := r.URL.Query()
 	sig := q.Get("signature")
 	if sig == "" {
-		return Target{}, false
+		return Target{}, "invalid signature"
 	}
 	op := "read"
 	if r.Method == http.MethodPost {
@@ -294,8 +294,8 @@ func (p *Proxy) bySignature(r *http.Request) (Target, bool) {
 	var exp int64
 	if s := q.Get("signature_expiration"); s != "" {
 		v, err := strconv.ParseInt(s, 10, 64)
-		if err != nil || v < time.Now().Unix() {
-			return Target{}, false
+		if err != nil {
+			return Target{}, "invalid signature"
 		}
 		exp = v
 	}
@@ -305,10 +305,15 @@ func (p *Proxy) bySignature(r *http.Request) (Target, bool) {
 		}
 		want := agentproto.FileSignature(q.Get("path"), op, q.Get("username"), t.AccessToken, exp)
 		if subtle.ConstantTimeCompare([]byte(want), []byte(sig)) == 1 {
-			return t, true
+			// Checked once the signature identified the sandbox, so the reason is not lost (as
+			// envd answers in domain mode).
+			if exp != 0 && exp < time.Now().Unix() {
+				return Target{}, "signature is already expired"
+			}
+			return t, ""
 		}
 	}
-	return Target{}, false
+	return Target{}, "invalid signature"
 }
 
 // writeNotFound writes E2B's edge body for unknown, stopped or unreachable sandboxes; the SDK

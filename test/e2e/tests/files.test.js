@@ -331,6 +331,8 @@ describe('files', () => {
 
     const expired = await sbx.downloadUrl(`${H}/signed.txt`, { useSignatureExpiration: -60 });
     await expect401(expired, undefined, 'expired signature');
+    // The reason is told once the signature identified the sandbox, in header mode as in domain mode.
+    assert.equal((await (await fetch(expired)).json()).message, 'signature is already expired');
 
     const extended = new URL(await sbx.downloadUrl(`${H}/signed.txt`, { useSignatureExpiration: 60 }));
     extended.searchParams.set('signature_expiration', String(Number(extended.searchParams.get('signature_expiration')) + 3600));
