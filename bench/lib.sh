@@ -152,6 +152,15 @@ on_exit() {
 }
 
 # --- preparation -------------------------------------------------------------------------
+# Installs the e2b SDK the scripts drive (pinned in test/e2e/package-lock.json) when it is missing.
+ensure_sdk() {
+  if [ ! -e "$repo/test/e2e/node_modules/e2b/package.json" ]; then
+    log "installing test/e2e's node packages (the pinned e2b SDK)"
+    (cd "$repo/test/e2e" && npm ci --no-audit --no-fund >&2)
+  fi
+}
+
+
 # Hard-links the base template from TEMPLATE_SRC into the data dir, removes the sandboxes an
 # earlier run left there and starts $OUT/leftovers.txt.
 prepare_data_dir() {

@@ -26,6 +26,7 @@ N_CREATES=${BENCH_CREATES:-10}
 N_MEM=${BENCH_MEM_SANDBOXES:-5}
 mkdir -p "$OUT"
 
+ensure_sdk
 snapshot_binaries
 trap on_exit EXIT
 trap 'exit 130' INT TERM

@@ -48,6 +48,7 @@ TPUT_COUNT=${BENCH_NET_TPUT_COUNT:-5}
 PHASES=${BENCH_NET_PHASES:-create,attach,throughput}
 mkdir -p "$OUT"
 
+ensure_sdk
 snapshot_binaries
 
 failed=()

@@ -38,6 +38,7 @@ WARM_POOL=${BENCH_WARM_POOL:-2}
 WARM_GAP_MS=${BENCH_WARM_GAP_MS:-1000}
 mkdir -p "$OUT"
 
+ensure_sdk
 snapshot_binaries
 
 failed=()

@@ -13,6 +13,7 @@
 // is `sleep infinity` instead of envd, since nothing here talks to envd.
 import fs from 'node:fs';
 import path from 'node:path';
+import { fileURLToPath } from 'node:url';
 import { now, stats, writeJson, parseArgs, run, runOk } from './lib.mjs';
 
 const args = parseArgs(process.argv.slice(2));
@@ -55,10 +56,10 @@ if (args['template-config'] && fs.existsSync(args['template-config'])) {
   captured = JSON.parse(fs.readFileSync(args['template-config'], 'utf8'));
 }
 
-const runsc = (sub, rest, opts = {}) => run(runscPath, [...runscFlags, sub, ...rest], { env: runscEnv, ...opts });
+export const runsc = (sub, rest, opts = {}) => run(runscPath, [...runscFlags, sub, ...rest], { env: runscEnv, ...opts });
 
 /** The OCI config for iteration `id`: vmon's captured config rewritten, or the same shape built here. */
-function buildConfig(id, dir, netnsName) {
+function buildConfig(id, dir, netnsName, initArgs = ['/bin/sleep', 'infinity']) {
   const netnsPath = `/run/netns/${netnsName}`;
   let cfg;
   if (captured) {
@@ -103,7 +104,7 @@ function buildConfig(id, dir, netnsName) {
       },
     };
   }
-  cfg.process.args = ['/bin/sleep', 'infinity'];
+  cfg.process.args = initArgs;
   return cfg;
 }
 
@@ -122,7 +123,7 @@ function cgroupDirs(leaf) {
 }
 
 /** Undo everything iteration `it` made; safe to call on a partly set up iteration. */
-async function teardown(it) {
+export async function teardown(it) {
   const errs = [];
   await runsc('kill', [it.id, 'KILL'], { timeoutMs: 20_000 });
   const del = await runsc('delete', ['--force', it.id], { timeoutMs: 30_000 });
@@ -148,7 +149,8 @@ async function teardown(it) {
   if (errs.length) throw new Error(`teardown of ${it.id}: ${errs.join('; ')}`);
 }
 
-async function setup(it) {
+/** Prepares iteration `it` ({id, dir, netns, init?}): overlay, namespace, config.json. */
+export async function setup(it) {
   fs.mkdirSync(it.dir, { mode: 0o700 });
   fs.mkdirSync(path.join(it.dir, 'agent'), { mode: 0o755 });
   const upper = path.join(it.dir, 'upper');
@@ -167,10 +169,10 @@ async function setup(it) {
   }
   await runOk('ip', ['netns', 'add', it.netns]);
   await runOk('ip', ['-n', it.netns, 'link', 'set', 'lo', 'up']);
-  fs.writeFileSync(path.join(it.dir, 'config.json'), JSON.stringify(buildConfig(it.id, it.dir, it.netns), null, 2));
+  fs.writeFileSync(path.join(it.dir, 'config.json'), JSON.stringify(buildConfig(it.id, it.dir, it.netns, it.init), null, 2));
 }
 
-async function bootAndExec(it) {
+export async function bootAndExec(it) {
   const consoleFd = fs.openSync(path.join(it.dir, 'console.log'), 'a', 0o600);
   try {
     // detached: runsc (and the sandbox it forks) in its own session, as vmon runs it.
@@ -191,8 +193,38 @@ async function bootAndExec(it) {
   return tStarted;
 }
 
+/** The runsc root and work directory raw sandboxes live in (create with prepareRoot). */
+export const paths = { workRoot, runscRoot };
+export function prepareRoot() {
+  fs.mkdirSync(runscRoot, { recursive: true, mode: 0o700 });
+}
+
+/** Removes the runsc root, its cgroup parent and the work directory once every iteration is gone. */
+export async function cleanupRoot() {
+  for (const d of cgroupDirs(null)) {
+    try {
+      fs.rmdirSync(d);
+    } catch {
+      /* not empty: reported by the caller's leftover check */
+    }
+  }
+  // runsc keeps an nsfs bind mount of an empty netns in its root; drop it with the root.
+  const nullNetns = path.join(runscRoot, 'null-netns');
+  if (fs.existsSync(nullNetns) && (await isMounted(nullNetns))) {
+    const u = await run('umount', [nullNetns]);
+    if (u.code !== 0) await run('umount', ['-l', nullNetns]);
+  }
+  fs.rmSync(runscRoot, { recursive: true, force: true });
+  try {
+    fs.rmdirSync(workRoot);
+  } catch {
+    /* leftovers: reported by the caller */
+  }
+}
+
 let current = null;
-for (const sig of ['SIGINT', 'SIGTERM']) {
+const isMain = process.argv[1] && path.resolve(process.argv[1]) === fileURLToPath(import.meta.url);
+for (const sig of isMain ? ['SIGINT', 'SIGTERM'] : []) {
   process.once(sig, async () => {
     console.error(`\n${sig}: tearing down the current iteration`);
     if (current) await teardown(current).catch((err) => console.error(err.message));
@@ -201,7 +233,7 @@ for (const sig of ['SIGINT', 'SIGTERM']) {
 }
 
 async function main() {
-  fs.mkdirSync(runscRoot, { recursive: true, mode: 0o700 });
+  prepareRoot();
   const runMs = []; // runsc run --detach + exec true
   const bootMs = []; // runsc run --detach
   const execMs = []; // first runsc exec true
@@ -230,25 +262,7 @@ async function main() {
       current = null;
     }
   }
-  for (const d of cgroupDirs(null)) {
-    try {
-      fs.rmdirSync(d);
-    } catch {
-      /* not empty: reported by run.sh's leftover check */
-    }
-  }
-  // runsc keeps an nsfs bind mount of an empty netns in its root; drop it with the root.
-  const nullNetns = path.join(runscRoot, 'null-netns');
-  if (fs.existsSync(nullNetns) && (await isMounted(nullNetns))) {
-    const u = await run('umount', [nullNetns]);
-    if (u.code !== 0) await run('umount', ['-l', nullNetns]);
-  }
-  fs.rmSync(runscRoot, { recursive: true, force: true });
-  try {
-    fs.rmdirSync(workRoot);
-  } catch {
-    /* leftovers: reported by run.sh */
-  }
+  await cleanupRoot();
   writeJson(args.out, {
     phase: 'runtime',
     n,
@@ -266,9 +280,11 @@ async function main() {
   });
 }
 
-try {
-  await main();
-} catch (err) {
-  console.error(`runtime: ${err.stack || err}`);
-  process.exit(1);
+if (isMain) {
+  try {
+    await main();
+  } catch (err) {
+    console.error(`runtime: ${err.stack || err}`);
+    process.exit(1);
+  }
 }

@@ -37,6 +37,7 @@ N_CREATES=${BENCH_TPL_CREATES:-20}
 SKIP_CACHE=${BENCH_TPL_SKIP_CACHE:-yes}
 mkdir -p "$OUT"
 
+ensure_sdk
 snapshot_binaries
 
 failed=()

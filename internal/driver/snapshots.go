@@ -265,9 +265,9 @@ type ForkResult struct {
 // and lease, the source's network policy and variables, and lives timeout (nil: the default).
 // A fork that cannot be made (capacity, the node) is an entry with its error; the others stand.
 func (d *Driver) Fork(ctx context.Context, id string, count int, timeout *time.Duration) ([]ForkResult, error) {
-	s, err := d.snapshotter()
-	if err != nil {
-		return nil, err
+	s, ok := d.node.(Snapshotter)
+	if !ok {
+		return nil, fmt.Errorf("forking sandboxes on this node is %w", ErrNotImplemented)
 	}
 	if count == 0 {
 		count = 1
