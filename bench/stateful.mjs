@@ -5,7 +5,9 @@
 //
 //   1. pause, then resume (connect + first commands.run('true')) through the SDK, alternating
 //      iteration by iteration with raw `runsc checkpoint` + delete, then `runsc restore` +
-//      `runsc exec true` of a sandbox on the same rootfs, config shape and flags (bench/runtime.mjs);
+//      `runsc exec true` of a sandbox on the same rootfs, config shape, flags and init (envd;
+//      bench/runtime.mjs); the pause is timed until the SDK call returns, which vmon answers once
+//      the sandbox stopped with its memory saved (the snapshot is written after, untimed);
 //      for an idle sandbox and for one holding 256 MiB of touched memory;
 //   2. disk used per paused sandbox (the snapshot directory's allocated blocks), both shapes;
 //   3. fork of 1 and of 10 (POST /sandboxes/{id}/fork until the entries are back), alternating.
@@ -25,6 +27,12 @@ const TOUCH = "python3 -c \"import time; b = bytearray(256 << 20); b[::4096] = b
 
 const log = (s) => process.stderr.write(`  [stateful] ${s}\n`);
 
+// vmon's init for the raw side, from the config bench/stateful.sh captured off a vmon sandbox.
+const ENVD_INIT = (() => {
+  if (!args['template-config']) throw new Error('--template-config (a captured vmon config) is required');
+  return JSON.parse(fs.readFileSync(args['template-config'], 'utf8')).config.process.args;
+})();
+
 async function allocatedBytes(dir) {
   const r = await run('du', ['-s', '--block-size=1', dir]);
   return r.code === 0 ? Number(r.stdout.split(/\s/)[0]) : null;
@@ -43,7 +51,11 @@ async function pairs(shape) {
   const touch = shape === 'touched256';
   const sbx = await Sandbox.create({ ...opts, timeoutMs: 3_600_000 });
   const id = `vbench-${process.pid}-${shape}`;
-  const it = { id, dir: path.join(paths.workRoot, id), netns: id, init: touch ? ['/bin/sh', '-c', TOUCH] : undefined };
+  // The raw sandbox runs what a vmon sandbox runs: envd as init (it keeps redialling an agent
+  // socket nobody listens on), plus the toucher; processes started by runsc exec would not
+  // survive a restore.
+  const init = touch ? ['/bin/sh', '-c', `${TOUCH} & exec ${ENVD_INIT.join(' ')}`] : ENVD_INIT;
+  const it = { id, dir: path.join(paths.workRoot, id), netns: id, init };
   const out = { vmonPause: [], vmonResume: [], rawCheckpoint: [], rawRestore: [], pausedBytes: [], rawImageBytes: [] };
   try {
     if (touch) {
@@ -57,7 +69,10 @@ async function pairs(shape) {
       const t0 = now();
       await sbx.pause();
       const t1 = now();
-      out.pausedBytes.push(await allocatedBytes(path.join(dataDir, 'paused', sbx.sandboxId)));
+      // The snapshot is written after pause answers; its size is read once it is whole.
+      const dir = path.join(dataDir, 'paused', sbx.sandboxId);
+      for (let w = 0; w < 600 && !fs.existsSync(path.join(dir, 'meta.json')); w++) await new Promise((r) => setTimeout(r, 50));
+      out.pausedBytes.push(await allocatedBytes(dir));
       const t2 = now();
       const back = await Sandbox.connect(sbx.sandboxId, { ...opts, timeoutMs: 3_600_000 });
       await back.commands.run('true');

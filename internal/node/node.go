@@ -156,6 +156,11 @@ type Node struct {
 	onStopped func(id string, exit runtime.Exit)
 	// +checklocks:mu
 	pendingStops []stopEvent
+	// finishing holds the paused sandboxes whose snapshot is still being written (closed when
+	// done); finishWG lets Close wait for them.
+	// +checklocks:mu
+	finishing map[string]chan struct{}
+	finishWG  sync.WaitGroup
 }
 
 type stopEvent struct {
@@ -206,7 +211,8 @@ func New(opts Options) (*Node, error) {
 		return nil, fmt.Errorf("create sandboxes dir: %w", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	n := &Node{opts: opts, log: opts.Log, sandboxes: map[string]*sandbox{}, ctx: ctx, cancel: cancel}
+	n := &Node{opts: opts, log: opts.Log, sandboxes: map[string]*sandbox{}, finishing: map[string]chan struct{}{},
+		ctx: ctx, cancel: cancel}
 	n.pool = newPool(n, opts.Warm)
 	return n, nil
 }
@@ -261,7 +267,9 @@ func (n *Node) handOut(ctx context.Context, sb *sandbox, spec CreateSpec, img Im
 		}
 		attached := n.attachAsync(ctx, link, spec.Egress)
 		bootCtx, cancel := context.WithTimeout(ctx, n.opts.BootTimeout)
+		t := time.Now()
 		err = n.initEnvd(bootCtx, sb, spec)
+		n.log.Debug("envd initialised", "runtime_id", sb.runtimeID, "restored", sb.restored, "took", time.Since(t))
 		cancel()
 		err = errors.Join(err, <-attached)
 		sb.attached = sb.link != nil
@@ -311,6 +319,9 @@ type bootSpec struct {
 	checkpoint string
 	// mark names a file created in the sandbox directory before anything else (resumingFile).
 	mark string
+	// gate, when set, must pass before the root filesystem is prepared (a snapshot's checksums,
+	// verified while the link's policy goes in).
+	gate func() error
 }
 
 // boot assembles and starts a sandbox up to a connected envd (not yet initialised).
@@ -341,17 +352,11 @@ func (n *Node) boot(ctx context.Context, bs bootSpec) (_ *sandbox, retErr error)
 	if err := os.Mkdir(agentDir, 0o755); err != nil {
 		return nil, fmt.Errorf("create agent dir: %w", err)
 	}
-	root, err := n.opts.RootFS.Prepare(ctx, lowers, dir, Writable{DiskMB: bs.diskMB, From: bs.layer, Copy: bs.copyLayer})
-	if err != nil {
-		return nil, fmt.Errorf("prepare root filesystem: %w", err)
-	}
-	undo = append(undo, func() { _ = n.releaseRoot(teardownCtx, runtimeID) })
-	if err := writeImageRecord(dir, n.opts.DataDir, bs); err != nil {
-		return nil, err
-	}
 
 	var link *netpool.Link
 	var nsPath string
+	var err error
+	attached := func() error { return nil }
 	if n.opts.Network != nil {
 		// A ready link: its namespace holds the guest end with only a placeholder address (the
 		// lease comes with /init), its chains are closed until the sandbox is handed out.
@@ -362,7 +367,21 @@ func (n *Node) boot(ctx context.Context, bs bootSpec) (_ *sandbox, retErr error)
 		if link, err = take(ctx); err != nil {
 			return nil, fmt.Errorf("take a network link: %w", err)
 		}
-		undo = append(undo, func() { _ = n.opts.Network.Release(teardownCtx, link) })
+		// Attaching runs iptables-restore; it overlaps with preparing the root filesystem and
+		// starting the runtime, which need no network. A pre-started sandbox's link stays
+		// closed until a create hands it out; a build's has no hooks.
+		attachLink, attachPolicy := link, egress.Policy{}
+		if bs.unrestricted || policy == nil {
+			attachLink = nil
+		} else {
+			attachPolicy = *policy
+		}
+		done := n.attachAsync(ctx, attachLink, attachPolicy)
+		attached = sync.OnceValue(func() error { return <-done })
+		undo = append(undo, func() {
+			_ = attached() // never release a link an attach is still writing to
+			_ = n.opts.Network.Release(teardownCtx, link)
+		})
 		if err := writeFileAtomic(filepath.Join(dir, linkFile), []byte(strconv.Itoa(int(link.ID())))); err != nil {
 			return nil, fmt.Errorf("record network link: %w", err)
 		}
@@ -372,6 +391,21 @@ func (n *Node) boot(ctx context.Context, bs bootSpec) (_ *sandbox, retErr error)
 			return nil, fmt.Errorf("create network namespace: %w", err)
 		}
 		undo = append(undo, func() { _ = n.opts.NetNS.Delete(teardownCtx, n.opts.NetNSPrefix+runtimeID) })
+	}
+	if bs.gate != nil {
+		// Checked while the policy goes in, before anything uses what it checks.
+		if err := bs.gate(); err != nil {
+			return nil, err
+		}
+	}
+
+	root, err := n.opts.RootFS.Prepare(ctx, lowers, dir, Writable{DiskMB: bs.diskMB, From: bs.layer, Copy: bs.copyLayer})
+	if err != nil {
+		return nil, fmt.Errorf("prepare root filesystem: %w", err)
+	}
+	undo = append(undo, func() { _ = n.releaseRoot(teardownCtx, runtimeID) })
+	if err := writeImageRecord(dir, n.opts.DataDir, bs); err != nil {
+		return nil, err
 	}
 
 	ch, err := agent.Listen(agentDir, n.log.With("runtime_id", runtimeID))
@@ -405,23 +439,11 @@ func (n *Node) boot(ctx context.Context, bs bootSpec) (_ *sandbox, retErr error)
 	}
 	sb := &sandbox{runtimeID: runtimeID, template: templateID, cpus: cpus, memoryMB: memoryMB,
 		link: link, attached: link != nil && policy != nil, ch: ch, root: root, restored: bs.checkpoint != ""}
-	// Attaching runs iptables-restore; overlap it with the runtime's start, which needs no network.
-	attachLink, attachPolicy := link, egress.Policy{}
-	if bs.unrestricted {
-		attachLink = nil
-	} else if policy != nil {
-		attachPolicy = *policy
-	} else {
-		attachLink = nil // pre-started: the link stays closed until a create hands it out
-	}
-	attached := n.attachAsync(ctx, attachLink, attachPolicy)
 	if bs.checkpoint != "" {
-		// The guest runs from its first restored instruction on, so its link must already be
-		// attached: wait for the policy before the restore, not after.
-		if err := <-attached; err != nil {
-			return nil, fmt.Errorf("attach egress policy: %w", err)
-		}
-		attached = n.attachAsync(ctx, nil, egress.Policy{})
+		// The restore overlaps with the attach, as a cold start does: the guest's interface
+		// comes back from the namespace with the placeholder address only, and the link's chains
+		// stay closed until the policy is in, so nothing leaves before both the policy and the
+		// lease (pushed once the attach is done) are in place.
 		cp, ok := n.opts.Runtime.(runtime.Checkpointer)
 		if !ok {
 			return nil, errdefs.Unavailable("this node's runtime cannot restore checkpoints")
@@ -430,7 +452,6 @@ func (n *Node) boot(ctx context.Context, bs bootSpec) (_ *sandbox, retErr error)
 			return nil, fmt.Errorf("restore runtime: %w", err)
 		}
 	} else if err := n.opts.Runtime.Start(ctx, rspec); err != nil {
-		<-attached
 		return nil, fmt.Errorf("start runtime: %w", err)
 	}
 	undo = append(undo, func() {
@@ -439,7 +460,7 @@ func (n *Node) boot(ctx context.Context, bs bootSpec) (_ *sandbox, retErr error)
 	})
 	n.watch(sb)
 
-	if err := <-attached; err != nil {
+	if err := attached(); err != nil {
 		return nil, fmt.Errorf("attach egress policy: %w", err)
 	}
 	waitCtx, cancel := context.WithTimeout(ctx, n.opts.BootTimeout)
@@ -533,6 +554,10 @@ func (n *Node) DestroySandbox(ctx context.Context, id string) error {
 	if !idRe.MatchString(id) {
 		return errdefs.InvalidArgument("invalid sandbox id %q", id)
 	}
+	// A resume's spent snapshot must be gone before the teardown looks for it.
+	if err := n.waitFinished(ctx, id); err != nil {
+		return err
+	}
 	n.mu.Lock()
 	sb := n.sandboxes[id]
 	delete(n.sandboxes, id)
@@ -597,6 +622,7 @@ func (n *Node) lookup(id string) (*sandbox, bool) {
 // Handed-out sandboxes keep running; the next start adopts them.
 func (n *Node) Close(ctx context.Context) error {
 	err := n.pool.close(ctx)
+	n.finishWG.Wait() // pauses in flight end with a published snapshot
 	n.cancel()
 	return err
 }

@@ -85,6 +85,8 @@ type PauseInfo struct {
 	Memory bool
 	// Bytes is the disk space the paused sandbox takes.
 	Bytes int64
+	// stash and seal time the steps after the runtime stopped, for the log.
+	stash, seal time.Duration
 }
 
 // PauseSandbox stops sandbox id and keeps it in a snapshot: with memory, a checkpoint of its
@@ -94,6 +96,10 @@ type PauseInfo struct {
 func (n *Node) PauseSandbox(ctx context.Context, id string, memory bool) (PauseInfo, error) {
 	if !idRe.MatchString(id) {
 		return PauseInfo{}, errdefs.InvalidArgument("invalid sandbox id %q", id)
+	}
+	// A resume's spent snapshot may still be going away in the background.
+	if err := n.waitFinished(ctx, id); err != nil {
+		return PauseInfo{}, err
 	}
 	final := n.pausedDir(id)
 	if _, err := os.Stat(final); err == nil {
@@ -159,15 +165,54 @@ func (n *Node) PauseSandbox(ctx context.Context, id string, memory bool) (PauseI
 		n.opts.Network.ReleaseLater(sb.link)
 		sb.link = nil
 	}
-	info, err := n.finishPause(context.WithoutCancel(ctx), id, dir, tmp, rec, memory)
-	if err != nil {
-		// The runtime is gone and the snapshot is not whole: recovery at the next start would
-		// try again from the pausing mark, but this process cannot serve the sandbox either way.
-		return PauseInfo{}, fmt.Errorf("%w: %w", ErrSandboxLost, err)
+	stopped := time.Since(began)
+	// The sandbox is stopped and its memory saved: the pause has happened. Writing the snapshot
+	// (moving the disk image, checksums, syncing it all to disk) goes on in the background, and
+	// everything that reads a paused sandbox waits for it (waitFinished). A crash meanwhile is
+	// finished by recovery from the pausing mark, as for a pause interrupted at any other point.
+	estimate := snapshot.Bytes(tmp) + layerBytes(dir)
+	done := make(chan struct{})
+	n.mu.Lock()
+	n.finishing[id] = done
+	n.mu.Unlock()
+	n.finishWG.Add(1)
+	go func() {
+		defer n.finishWG.Done()
+		defer func() {
+			n.mu.Lock()
+			delete(n.finishing, id)
+			n.mu.Unlock()
+			close(done)
+		}()
+		info, err := n.finishPause(context.WithoutCancel(ctx), id, dir, tmp, rec, memory)
+		if err != nil {
+			// The next start's recovery tries again from the pausing mark; until then a resume
+			// finds no snapshot and the sandbox is reported gone.
+			n.log.Error("writing a paused sandbox's snapshot failed", "sandbox", id, "err", err)
+			return
+		}
+		n.log.Info("sandbox paused", "sandbox", id, "memory", memory, "bytes", info.Bytes,
+			"stopped", stopped.Round(time.Millisecond), "stash", info.stash.Round(time.Millisecond),
+			"seal", info.seal.Round(time.Millisecond), "took", time.Since(began).Round(time.Millisecond))
+	}()
+	return PauseInfo{Memory: memory, Bytes: estimate}, nil
+}
+
+// waitFinished waits until the background work on sandbox id's saved state is done: a pause's
+// snapshot being written, or a resume's spent snapshot being removed.
+func (n *Node) waitFinished(ctx context.Context, id string) error {
+	n.mu.Lock()
+	done := n.finishing[id]
+	n.mu.Unlock()
+	if done == nil {
+		return nil
 	}
-	n.log.Info("sandbox paused", "sandbox", id, "memory", memory, "bytes", info.Bytes,
-		"took", time.Since(began).Round(time.Millisecond))
-	return info, nil
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("waiting for the pause of %s to be written: %w", id, ctx.Err())
+	}
 }
 
 // checkpoint saves sb's runtime into tmp's checkpoint directory and marks it complete.
@@ -202,11 +247,13 @@ func (n *Node) finishPause(ctx context.Context, id, dir, tmp string, rec imageRe
 	if err := os.MkdirAll(layer, 0o700); err != nil {
 		return PauseInfo{}, err
 	}
+	t0 := time.Now()
 	if ents, _ := os.ReadDir(layer); len(ents) == 0 {
 		if err := n.opts.RootFS.Stash(ctx, dir, layer); err != nil {
 			return PauseInfo{}, fmt.Errorf("pause sandbox %s: keep its files: %w", id, err)
 		}
 	}
+	t1 := time.Now()
 	// The token envd holds: forks of the paused sandbox prove it to envd to install their own.
 	token, _ := os.ReadFile(filepath.Join(dir, accessTokenFile))
 	meta := snapshot.Meta{SandboxID: id, CreatedAt: time.Now().UTC(), TemplateID: rec.TemplateID,
@@ -219,6 +266,7 @@ func (n *Node) finishPause(ctx context.Context, id, dir, tmp string, rec imageRe
 	if err := snapshot.Publish(tmp, final); err != nil {
 		return PauseInfo{}, fmt.Errorf("pause sandbox %s: %w", id, err)
 	}
+	t2 := time.Now()
 	// The snapshot is whole; the rest of the sandbox directory owns nothing any more.
 	if err := n.opts.RootFS.Release(ctx, dir); err != nil {
 		n.log.Warn("release the root of a paused sandbox", "sandbox", id, "err", err)
@@ -226,7 +274,7 @@ func (n *Node) finishPause(ctx context.Context, id, dir, tmp string, rec imageRe
 	if err := os.RemoveAll(dir); err != nil {
 		n.log.Warn("remove the directory of a paused sandbox", "sandbox", id, "err", err)
 	}
-	return PauseInfo{Memory: memory, Bytes: snapshot.Bytes(final)}, nil
+	return PauseInfo{Memory: memory, Bytes: snapshot.Bytes(final), stash: t1.Sub(t0), seal: t2.Sub(t1)}, nil
 }
 
 // ResumeSandbox brings paused sandbox spec.ID back on this node. With memory (and a snapshot
@@ -241,32 +289,47 @@ func (n *Node) ResumeSandbox(ctx context.Context, spec CreateSpec, memory bool) 
 	if _, ok := n.lookup(spec.ID); ok {
 		return Info{}, errdefs.Conflict("sandbox %q is already running", spec.ID)
 	}
+	if err := n.waitFinished(ctx, spec.ID); err != nil {
+		return Info{}, err
+	}
 	final := n.pausedDir(spec.ID)
-	meta, err := snapshot.Verify(final)
+	began := time.Now()
+	meta, err := snapshot.Read(final)
 	if errdefs.Is(err, errdefs.KindNotFound) || errors.Is(err, os.ErrNotExist) {
 		return Info{}, errdefs.NotFound("paused sandbox %q not found on this node", spec.ID)
 	}
 	if err != nil {
 		return Info{}, err
 	}
+	var verified time.Duration
+	verifyFailed := false
 	useMemory := memory && meta.Memory
 	lowers := make([]string, len(meta.Lowers))
 	for i, l := range meta.Lowers {
 		lowers[i] = filepath.Join(n.opts.DataDir, l)
 	}
-	began := time.Now()
 	bs := bootSpec{runtimeID: spec.ID, templateID: meta.TemplateID, lowers: lowers, cpus: meta.CPUs,
 		memoryMB: meta.MemoryMB, diskMB: meta.DiskMB, policy: &spec.Egress,
-		layer: filepath.Join(final, snapshot.LayerDir)}
+		layer: filepath.Join(final, snapshot.LayerDir),
+		gate: func() error {
+			t := time.Now()
+			_, err := snapshot.Verify(final)
+			verified, verifyFailed = time.Since(t), err != nil
+			return err
+		}}
 	if useMemory {
 		bs.checkpoint = filepath.Join(final, snapshot.CheckpointDir)
 	}
 	spec.TemplateID, spec.CPUs, spec.MemoryMB, spec.DiskMB = meta.TemplateID, meta.CPUs, meta.MemoryMB, meta.DiskMB
 	sb, err := n.bootMarked(ctx, bs)
 	if err != nil {
-		n.reseal(final, meta)
+		if !verifyFailed {
+			// The layer may have been mounted; a damaged snapshot must stay refused.
+			n.reseal(final, meta)
+		}
 		return Info{}, err
 	}
+	booted := time.Since(began)
 	var img Image
 	if !useMemory {
 		// A reboot runs the template's start command again: the image of the build it came from.
@@ -281,12 +344,30 @@ func (n *Node) ResumeSandbox(ctx context.Context, spec CreateSpec, memory bool) 
 		n.reseal(final, meta)
 		return Info{}, err
 	}
-	// The sandbox runs on its own files now; the snapshot is spent.
-	_ = os.Remove(filepath.Join(n.sandboxDir(spec.ID), resumingFile))
-	if err := os.RemoveAll(final); err != nil {
-		n.log.Warn("remove the snapshot of a resumed sandbox", "sandbox", spec.ID, "err", err)
-	}
-	n.log.Info("sandbox resumed", "sandbox", spec.ID, "memory", useMemory, "took", time.Since(began).Round(time.Millisecond))
+	// The sandbox runs on its own files now; the snapshot is spent. Deleting its memory image
+	// takes a while (hundreds of MiB on a journaling filesystem), so it goes in the background;
+	// the mark goes last, so recovery finishes the job after a crash.
+	done := make(chan struct{})
+	n.mu.Lock()
+	n.finishing[spec.ID] = done
+	n.mu.Unlock()
+	n.finishWG.Add(1)
+	go func() {
+		defer n.finishWG.Done()
+		defer func() {
+			n.mu.Lock()
+			delete(n.finishing, spec.ID)
+			n.mu.Unlock()
+			close(done)
+		}()
+		if err := os.RemoveAll(final); err != nil {
+			n.log.Warn("remove the snapshot of a resumed sandbox", "sandbox", spec.ID, "err", err)
+			return
+		}
+		_ = os.Remove(filepath.Join(n.sandboxDir(spec.ID), resumingFile))
+	}()
+	n.log.Info("sandbox resumed", "sandbox", spec.ID, "memory", useMemory, "verify", verified.Round(time.Millisecond),
+		"booted", booted.Round(time.Millisecond), "took", time.Since(began).Round(time.Millisecond))
 	return info, nil
 }
 
@@ -336,6 +417,9 @@ func (n *Node) DeletePaused(ctx context.Context, id string) error {
 	if !idRe.MatchString(id) {
 		return errdefs.InvalidArgument("invalid sandbox id %q", id)
 	}
+	if err := n.waitFinished(ctx, id); err != nil {
+		return err
+	}
 	if err := os.RemoveAll(n.pausedDir(id)); err != nil {
 		return fmt.Errorf("delete paused sandbox %s: %w", id, err)
 	}
@@ -347,6 +431,7 @@ func (n *Node) PausedBytes(id string) int64 {
 	if !idRe.MatchString(id) {
 		return 0
 	}
+	_ = n.waitFinished(context.Background(), id)
 	return snapshot.Bytes(n.pausedDir(id))
 }
 

@@ -64,6 +64,9 @@ func (n *Node) SnapshotSandbox(ctx context.Context, id, snapID string) (PauseInf
 	if !canCheckpoint {
 		return PauseInfo{}, errdefs.Unavailable("this node's runtime cannot take snapshots")
 	}
+	if err := n.waitFinished(ctx, id); err != nil {
+		return PauseInfo{}, err
+	}
 	final := n.snapshotDir(snapID)
 	if _, err := os.Stat(final); err == nil {
 		return PauseInfo{}, errdefs.Conflict("snapshot %q already exists", snapID)
@@ -205,13 +208,16 @@ func (n *Node) CreateFromSnapshot(ctx context.Context, spec CreateSpec, snapID, 
 	var src string
 	switch {
 	case pausedID != "" && idRe.MatchString(pausedID):
+		if err := n.waitFinished(ctx, pausedID); err != nil {
+			return Info{}, err
+		}
 		src = n.pausedDir(pausedID)
 	case snapshotIDRe.MatchString(snapID):
 		src = n.snapshotDir(snapID)
 	default:
 		return Info{}, errdefs.InvalidArgument("invalid snapshot id")
 	}
-	meta, err := snapshot.Verify(src)
+	meta, err := snapshot.Read(src)
 	if errdefs.Is(err, errdefs.KindNotFound) || errors.Is(err, os.ErrNotExist) {
 		return Info{}, errdefs.NotFound("snapshot %q not found on this node", filepath.Base(src))
 	}
@@ -224,7 +230,8 @@ func (n *Node) CreateFromSnapshot(ctx context.Context, spec CreateSpec, snapID, 
 	}
 	bs := bootSpec{runtimeID: spec.ID, templateID: meta.TemplateID, lowers: lowers, cpus: meta.CPUs,
 		memoryMB: meta.MemoryMB, diskMB: meta.DiskMB, policy: &spec.Egress,
-		layer: filepath.Join(src, snapshot.LayerDir), copyLayer: true}
+		layer: filepath.Join(src, snapshot.LayerDir), copyLayer: true,
+		gate: func() error { _, err := snapshot.Verify(src); return err }}
 	if meta.Memory {
 		bs.checkpoint = filepath.Join(src, snapshot.CheckpointDir)
 	}

@@ -56,8 +56,15 @@ func Run(ctx context.Context, opts Options) error {
 	backoff := opts.MinBackoff
 	failures := 0
 	for ctx.Err() == nil {
+		began := time.Now()
 		connected, err := serveOnce(ctx, opts.Socket, handler, log)
 		switch {
+		case connected && time.Since(began) > time.Second:
+			// A session that lasted ended because the node went away for a moment (a restore, a
+			// node restart): it is usually listening again already, so redial at once.
+			backoff, failures = opts.MinBackoff, 0
+			log.Info("agent session ended; redialling", "err", err)
+			continue
 		case connected:
 			backoff, failures = opts.MinBackoff, 0
 			log.Info("agent session ended; redialling", "err", err)

@@ -69,7 +69,9 @@ func (c *runsc) run(ctx context.Context, sub string, args ...string) ([]byte, er
 func (c *runsc) runDetached(ctx context.Context, id, bundle, pidFile, imageDir string, out *os.File) error {
 	sub, args := "run", []string{"--detach", "--bundle", bundle, "--pid-file", pidFile}
 	if imageDir != "" {
-		sub, args = "restore", append(args, "--image-path="+imageDir)
+		// --background: the sandbox runs once the kernel state and the page metadata are in;
+		// the memory pages keep loading behind it (the image is uncompressed, as required).
+		sub, args = "restore", append(args, "--image-path="+imageDir, "--background")
 	}
 	cmd := c.command(ctx, sub, append(args, id)...)
 	cmd.Stdout, cmd.Stderr = out, out

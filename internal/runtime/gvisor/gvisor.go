@@ -148,7 +148,9 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) error {
 }
 
 // Restore is Start from a checkpoint: runsc restores the saved kernel into a new sandbox built
-// from spec (its mounts, root and namespace) instead of running the init process.
+// from spec (its mounts, root and namespace) instead of running the init process. The image's
+// memory pages may still be loading when Restore returns: the image must stay readable (an
+// unlinked file stays readable to the sandbox that has it open).
 func (r *Runtime) Restore(ctx context.Context, spec runtime.Spec, imageDir string) error {
 	if !filepath.IsAbs(imageDir) {
 		return errdefs.InvalidArgument("checkpoint image directory must be an absolute path")
@@ -187,8 +189,9 @@ func (r *Runtime) Checkpoint(ctx context.Context, id, imageDir string, leaveRunn
 		return fmt.Errorf("checkpoint sandbox %s: %w", id, err)
 	}
 	if !leaveRunning {
-		// runsc keeps a stopped container's state until it is deleted; the sandbox is gone.
-		if err := r.Destroy(context.WithoutCancel(ctx), id); err != nil {
+		// runsc keeps a stopped container's state until it is deleted; the sandbox is gone,
+		// so there is nothing to kill first.
+		if err := r.remove(context.WithoutCancel(ctx), id); err != nil {
 			return fmt.Errorf("checkpoint sandbox %s: remove the stopped sandbox: %w", id, err)
 		}
 	}
@@ -301,6 +304,11 @@ func (r *Runtime) Destroy(ctx context.Context, id string) error {
 	if err := r.cli.kill(ctx, id, "KILL"); err != nil && !errors.Is(err, errNotExist) {
 		r.log.Debug("gvisor: kill before delete", "id", id, "err", err)
 	}
+	return r.remove(ctx, id)
+}
+
+// remove deletes a sandbox's runsc state (killing what still runs), its watch and its cgroups.
+func (r *Runtime) remove(ctx context.Context, id string) error {
 	if err := r.cli.deleteForce(ctx, id); err != nil && !errors.Is(err, errNotExist) {
 		return fmt.Errorf("destroy sandbox %s: %w", id, err)
 	}

@@ -47,9 +47,19 @@ describe('pause and resume', () => {
     return { status: res.status, text: await res.text() };
   }
 
+  // A pause answers once the sandbox stopped with its memory saved; its snapshot is then written
+  // to disk in the background.
+  async function pausedOnDisk(id) {
+    await waitFor(() => fs.existsSync(path.join(srv.dataDir, 'paused', id, 'meta.json')), {
+      timeoutMs: 60_000,
+      what: `the snapshot of paused sandbox ${id}`,
+    });
+  }
+
   // A paused sandbox holds no runsc process, no sandbox directory (so no mount, no link) and no
   // memory; its snapshot is on disk.
   async function holdsNothing(id, rid) {
+    await pausedOnDisk(id);
     assert.deepEqual(await pgrep(`runsc.* ${rid}$`), [], 'runsc processes of a paused sandbox');
     assert.ok(!fs.existsSync(path.join(srv.dataDir, 'sandboxes', rid)), 'a paused sandbox kept its directory');
     const mounts = fs.readFileSync('/proc/self/mountinfo', 'utf8');
@@ -148,6 +158,7 @@ describe('pause and resume', () => {
       timeoutMs: 30_000,
       what: 'the sandbox to pause at expiry',
     });
+    await pausedOnDisk(id);
     const before = fs.readFileSync(path.join(srv.dataDir, 'paused', id, 'meta.json'), 'utf8');
     assert.match(before, /"memory": true/);
     // A request for a guest port resumes it, transparently.
@@ -202,6 +213,7 @@ describe('pause and resume', () => {
     const sbx = await create();
     await sbx.files.write('/home/user/x.txt', 'x');
     assert.equal(await sbx.pause(), true);
+    await pausedOnDisk(sbx.sandboxId);
     const dir = path.join(srv.dataDir, 'paused', sbx.sandboxId);
     const meta = JSON.parse(fs.readFileSync(path.join(dir, 'meta.json'), 'utf8'));
     const victim = meta.files.find((f) => f.path.startsWith('checkpoint/') && f.size > 4096);
@@ -289,6 +301,7 @@ describe('snapshot disk budget', () => {
     const b = await Sandbox.create({ ...srv.sdkOpts, timeoutMs: 600_000 });
     created.push(a, b);
     assert.equal(await a.pause({ keepMemory: false }), true, 'a small files-only pause fits');
+    await waitFor(() => fs.existsSync(path.join(srv.dataDir, 'paused', a.sandboxId, 'meta.json')), { timeoutMs: 60_000, what: 'the first snapshot' });
     // b fills memory and disk beyond what is left.
     await b.commands.run('head -c 300M /dev/urandom > /home/user/big');
     const res = await apiFetch(srv, `/sandboxes/${b.sandboxId}/pause`, { method: 'POST', body: '{}' });
