@@ -11,6 +11,8 @@ import { describe } from 'node:test';
 import { Sandbox, SandboxNotFoundError } from 'e2b';
 import { useServer, killQuietly, sleep, apiFetch, pgrep, listAll } from '../lib/harness.js';
 
+// Unique per run: snapshot names are unique, and the test data dir outlives a run.
+const NAME = `e2e-snap-${process.pid}`;
 const COUNTER = 'i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done';
 const HOLDER = `python3 -c "
 import os, time
@@ -47,13 +49,19 @@ describe('snapshots and forks', () => {
     const d = path.join(srv.dataDir, sub);
     return fs.existsSync(d) ? fs.readdirSync(d) : [];
   };
+  // The test data dir outlives a run: snapshots recorded by an earlier one stay listed and on disk.
+  let earlier = new Set();
+  srv.before(async () => {
+    earlier = new Set(dirs('snapshots'));
+  });
+  const newDirs = (sub) => dirs(sub).filter((d) => !earlier.has(d));
 
   srv.test('snapshot: the source goes on; new sandboxes start from the snapshot, by id or by name', async () => {
     const src = await source();
     const [pyPid, secret] = (await run(src, 'cat /tmp/py')).split(' ');
-    const snap = await src.createSnapshot({ name: 'e2e-snap' });
+    const snap = await src.createSnapshot({ name: NAME });
     assert.match(snap.snapshotId, /^[a-z0-9]+:default$/);
-    assert.deepEqual(snap.names, ['e2e-snap']);
+    assert.deepEqual(snap.names, [NAME]);
     // The source keeps running, with its processes.
     const c1 = Number(await run(src, 'cat /tmp/count'));
     await sleep(200);
@@ -62,7 +70,7 @@ describe('snapshots and forks', () => {
     await src.files.write('/home/user/state.txt', 'after snapshot');
 
     const made = [];
-    for (const ref of [snap.snapshotId, 'e2e-snap', snap.snapshotId]) {
+    for (const ref of [snap.snapshotId, NAME, snap.snapshotId]) {
       const sbx = track(await Sandbox.create(ref, { ...srv.sdkOpts, timeoutMs: 600_000 }));
       made.push(sbx);
       assert.equal(await sbx.files.read('/home/user/state.txt'), 'at snapshot', `created from ${ref}`);
@@ -86,7 +94,7 @@ describe('snapshots and forks', () => {
     assert.deepEqual(snap2.names, []);
     const bySandbox = await Sandbox.listSnapshots({ ...srv.sdkOpts, sandboxId: src.sandboxId }).nextItems();
     assert.deepEqual(bySandbox.map((s) => s.snapshotId).sort(), [snap.snapshotId, snap2.snapshotId].sort());
-    const byName = await Sandbox.listSnapshots({ ...srv.sdkOpts, name: 'e2e-snap' }).nextItems();
+    const byName = await Sandbox.listSnapshots({ ...srv.sdkOpts, name: NAME }).nextItems();
     assert.deepEqual(byName.map((s) => s.snapshotId), [snap.snapshotId]);
     const pager = Sandbox.listSnapshots({ ...srv.sdkOpts, sandboxId: src.sandboxId, limit: 1 });
     const pages = [];
@@ -100,13 +108,13 @@ describe('snapshots and forks', () => {
 
     // Snapshots outlive their sandbox; deletion is final.
     await src.kill();
-    const late = track(await Sandbox.create('e2e-snap', { ...srv.sdkOpts, timeoutMs: 600_000 }));
+    const late = track(await Sandbox.create(NAME, { ...srv.sdkOpts, timeoutMs: 600_000 }));
     assert.equal(await late.files.read('/home/user/state.txt'), 'at snapshot');
     assert.equal(await Sandbox.deleteSnapshot(snap.snapshotId, srv.sdkOpts), true);
     assert.equal(await Sandbox.deleteSnapshot(snap.snapshotId, srv.sdkOpts), false);
     assert.equal(await Sandbox.deleteSnapshot(snap2.snapshotId, srv.sdkOpts), true);
-    assert.deepEqual(dirs('snapshots'), [], 'deleted snapshots left files');
-    await assert.rejects(Sandbox.create('e2e-snap', srv.sdkOpts), /not found/);
+    assert.deepEqual(newDirs('snapshots'), [], 'deleted snapshots left files');
+    await assert.rejects(Sandbox.create(NAME, srv.sdkOpts), /not found/);
     await assert.rejects(Sandbox.createSnapshot('nosuchsandbox0000000', srv.sdkOpts), SandboxNotFoundError);
   });
 
@@ -140,7 +148,7 @@ describe('snapshots and forks', () => {
     const back = await Sandbox.connect(forks[0].sandboxId, srv.sdkOpts);
     assert.equal(await back.files.read('/home/user/fork.txt'), forks[0].sandboxId);
     // The fork's own checkpoint is gone once the forks started.
-    assert.deepEqual(dirs('snapshots'), []);
+    assert.deepEqual(newDirs('snapshots'), []);
 
     // A paused source forks from its saved state and stays paused.
     assert.equal(await src.pause(), true);
@@ -161,6 +169,13 @@ describe('snapshots and forks', () => {
     }
   });
 
+  async function listAllSnapshots() {
+    const p = Sandbox.listSnapshots(srv.sdkOpts);
+    const out = [];
+    while (p.hasNext) out.push(...(await p.nextItems()));
+    return out;
+  }
+
   srv.test('kill -9 of the node during a snapshot or a fork leaves the source running or paused and no orphans', async () => {
     for (const [op, delayMs] of [['snapshot', 0], ['snapshot', 80], ['snapshot', 200], ['fork', 100], ['fork', 400]]) {
       const src = await source();
@@ -177,10 +192,10 @@ describe('snapshots and forks', () => {
       const back = await Sandbox.connect(src.sandboxId, srv.sdkOpts);
       assert.equal(await back.files.read('/home/user/state.txt'), 'at snapshot');
       // Every snapshot on disk is a listed one; no unfinished directories.
-      const listed = (await Sandbox.listSnapshots(srv.sdkOpts).nextItems()).map((s) => s.snapshotId.replace(/:default$/, ''));
+      const listed = (await listAllSnapshots()).map((s) => s.snapshotId.replace(/:default$/, ''));
       assert.deepEqual(dirs('snapshots').sort(), listed.sort(), `${op} +${delayMs} ms: snapshots no record owns`);
       assert.deepEqual(dirs('paused').filter((n) => n.startsWith('.tmp-')), []);
-      for (const id of listed) await Sandbox.deleteSnapshot(id, srv.sdkOpts);
+      for (const id of listed) if (!earlier.has(id)) await Sandbox.deleteSnapshot(id, srv.sdkOpts);
       // Every runtime on the node belongs to a live sandbox.
       const live = new Set((await listAll(srv.sdkOpts)).map((s) => s.sandboxId));
       for (const d of dirs('sandboxes')) {
