@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"path/filepath"
 
 	"github.com/vibemon/vmon/internal/build"
 	"github.com/vibemon/vmon/internal/netns"
@@ -61,7 +62,11 @@ func (t templateRoots) Image(_ context.Context, id, buildID string) (node.Image,
 	if err != nil {
 		return node.Image{}, err
 	}
-	return node.Image{Lowers: m.LowerDirs(t.dataDir), Env: m.Env, StartCmd: m.StartCmd, ReadyCmd: m.ReadyCmd}, nil
+	img := node.Image{Lowers: m.LowerDirs(t.dataDir), Env: m.Env, StartCmd: m.StartCmd, ReadyCmd: m.ReadyCmd}
+	if m.StartSnapshot != "" && filepath.IsLocal(m.StartSnapshot) {
+		img.StartSnapshot = filepath.Join(t.dataDir, m.StartSnapshot)
+	}
+	return img, nil
 }
 
 // buildSandboxes runs template build steps in the node's build sandboxes.

@@ -596,7 +596,8 @@ func startTemplateBuilds(ctx context.Context, c *config.Serve, st *store.Store, 
 		Log: log.With("component", "oci")})
 	files := build.NewFiles(c.DataDir)
 	engine, err := build.New(build.Options{DataDir: c.DataDir, Images: puller, Sandboxes: buildSandboxes{n: n},
-		Mounts: buildMounts{}, Files: files, ReadyTimeout: c.ReadyTimeout, Log: log.With("component", "build")})
+		Mounts: buildMounts{}, Files: files, ReadyTimeout: c.ReadyTimeout, NoStartSnapshot: !c.StartSnapshots,
+		Log: log.With("component", "build")})
 	if err != nil {
 		return nil, err
 	}

@@ -19,6 +19,9 @@ type State struct {
 	Env     map[string]string `json:"env,omitempty"`
 	User    string            `json:"user"`
 	Workdir string            `json:"workdir"`
+	// StartSnapshot (relative to the data dir) is the started snapshot the finalize step made:
+	// a sandbox of this state with the start command running and ready.
+	StartSnapshot string `json:"startSnapshot,omitempty"`
 }
 
 func (s State) clone() State {
@@ -73,6 +76,11 @@ func (c cache) get(key string) (State, bool) {
 			return State{}, false
 		}
 		if fi, err := os.Stat(c.abs(l)); err != nil || !fi.IsDir() {
+			return State{}, false
+		}
+	}
+	if sn := e.State.StartSnapshot; sn != "" {
+		if fi, err := os.Stat(c.abs(sn)); !filepath.IsLocal(sn) || err != nil || !fi.IsDir() {
 			return State{}, false
 		}
 	}

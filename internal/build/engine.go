@@ -46,6 +46,13 @@ type Sandbox interface {
 	Discard(ctx context.Context) error
 }
 
+// StartCheckpointer is implemented by build sandboxes that can save themselves, start command
+// running, as the snapshot every sandbox of the template is restored from. CheckpointStart
+// creates dir and ends the sandbox, as Discard does.
+type StartCheckpointer interface {
+	CheckpointStart(ctx context.Context, dir string) error
+}
+
 // Sandboxes starts build sandboxes (the node).
 type Sandboxes interface {
 	StartBuild(ctx context.Context, spec SandboxSpec) (Sandbox, error)
@@ -73,6 +80,9 @@ type Options struct {
 	Files     *Files
 	// ReadyTimeout bounds the start/ready check of a build.
 	ReadyTimeout time.Duration
+	// NoStartSnapshot keeps templates with a start command from being saved started: every
+	// sandbox then runs the start command (benchmarks compare both paths).
+	NoStartSnapshot bool
 	Log          *slog.Logger
 }
 
@@ -419,9 +429,11 @@ func (e *Engine) finalize(ctx context.Context, req Request, state State, key str
 	if err != nil {
 		return template.Manifest{}, stepErr("finalize", err, "invalid template")
 	}
-	_, checked := e.cache.get(key)
+	cached, checked := e.cache.get(key)
+	startSnapshot := ""
 	if checked && !req.Force {
 		log.Add("info", "finalize", "CACHED start command %q with ready command %q", req.StartCmd, req.ReadyCmd)
+		startSnapshot = cached.StartSnapshot
 	} else if req.StartCmd != "" || req.ReadyCmd != "" {
 		log.Add("info", "finalize", "checking start command %q with ready command %q (up to %s)", req.StartCmd, req.ReadyCmd, e.opts.ReadyTimeout)
 		sb, err := e.opts.Sandboxes.StartBuild(ctx, SandboxSpec{Lowers: e.absLayers(state.Layers),
@@ -436,11 +448,13 @@ func (e *Engine) finalize(ctx context.Context, req Request, state State, key str
 				log.Add("info", "finalize", "ready command not ready yet (attempt %d, exit code %d) %s", attempts, exit, strings.TrimSpace(string(out)))
 			}
 		})
-		_ = sb.Discard(ctx)
 		if err != nil {
+			_ = sb.Discard(ctx)
 			return template.Manifest{}, &StepError{Step: "finalize", Msg: err.Error()}
 		}
 		log.Add("info", "finalize", "start command is ready")
+		startSnapshot = e.checkpointStart(ctx, sb, key, log)
+		state.StartSnapshot = startSnapshot
 		if err := e.cache.put(key, state); err != nil {
 			return template.Manifest{}, stepErr("finalize", err, "record the start check")
 		}
@@ -448,8 +462,28 @@ func (e *Engine) finalize(ctx context.Context, req Request, state State, key str
 	return template.Manifest{
 		ID: req.TemplateID, BuildID: req.BuildID, Layers: state.Layers, Env: state.Env,
 		CPUs: req.CPUs, MemoryMB: req.MemoryMB, DefaultUser: user, DefaultWorkdir: state.Workdir,
-		StartCmd: req.StartCmd, ReadyCmd: req.ReadyCmd, BuiltAt: time.Now().UTC(),
+		StartCmd: req.StartCmd, ReadyCmd: req.ReadyCmd, StartSnapshot: startSnapshot, BuiltAt: time.Now().UTC(),
 	}, nil
+}
+
+// checkpointStart saves the checked build sandbox, start command running, as the template's
+// started snapshot and returns where it went (relative to the data dir); "" when the sandbox
+// cannot be saved, in which case every sandbox runs the start command itself. It always ends sb.
+func (e *Engine) checkpointStart(ctx context.Context, sb Sandbox, key string, log *Log) string {
+	cp, ok := sb.(StartCheckpointer)
+	if !ok || e.opts.NoStartSnapshot {
+		_ = sb.Discard(ctx)
+		return ""
+	}
+	began := time.Now()
+	rel, err := e.layer(key, func(dir string) error { return cp.CheckpointStart(ctx, dir) })
+	if err != nil {
+		log.Add("info", "finalize", "could not save the started sandbox (%v); each sandbox will run the start command", err)
+		return ""
+	}
+	log.Add("info", "finalize", "saved the started sandbox in %s: sandboxes start from it with the start command running",
+		time.Since(began).Round(time.Millisecond))
+	return rel
 }
 
 func (e *Engine) absLayers(rel []string) []string {

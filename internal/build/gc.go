@@ -79,6 +79,9 @@ func (e *Engine) liveLayers() (map[string]bool, error) {
 		for _, l := range m.Layers {
 			live[filepath.Clean(l)] = true
 		}
+		if m.StartSnapshot != "" {
+			live[filepath.Clean(m.StartSnapshot)] = true
+		}
 	}
 	return live, nil
 }

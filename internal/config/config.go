@@ -44,6 +44,8 @@ type Serve struct {
 	DockerConfig       string
 	BuildConcurrency   int
 	ReadyTimeout       time.Duration
+	// StartSnapshots saves templates with a start command started, at the end of their build.
+	StartSnapshots bool
 	// SandboxDiskMB is the writable disk of sandboxes whose template sets none (0: uncapped).
 	SandboxDiskMB int
 	// MaxSnapshotDiskMB bounds the disk paused sandboxes and snapshots take together (0: no bound).
@@ -106,6 +108,7 @@ func BindServe(fs *pflag.FlagSet, c *Serve) {
 	fs.StringSliceVar(&c.InsecureRegistries, "insecure-registry", nil, "registries (host[:port]) reached over plain HTTP, e.g. a local mirror (repeatable)")
 	fs.StringVar(&c.DockerConfig, "docker-config", "", "Docker config.json with registry credentials (default: $DOCKER_CONFIG or ~/.docker/config.json)")
 	fs.IntVar(&c.BuildConcurrency, "build-concurrency", 2, "template builds run at the same time; more wait")
+	fs.BoolVar(&c.StartSnapshots, "template-start-snapshots", true, "save a template with a start command as a snapshot with it running, at the end of its build, and restore every sandbox from it (false: each sandbox runs the start command)")
 	fs.DurationVar(&c.ReadyTimeout, "template-ready-timeout", 60*time.Second, "how long a template's ready command may take to succeed, at build and at sandbox create")
 	fs.IntVar(&c.MaxSnapshotDiskMB, "max-snapshot-disk", 0, "disk paused sandboxes and snapshots may take together, in MiB; past it pause answers 507 and the sandbox keeps running (0: bounded only by the host's disk)")
 	fs.IntVar(&c.SandboxDiskMB, "sandbox-disk-mb", DefaultSandboxDiskMB, "disk each sandbox may write, in MiB, enforced by a filesystem of that size per sandbox (0: uncapped, writes go to the host's disk)")

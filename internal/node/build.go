@@ -4,9 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/vibemon/vmon/internal/errdefs"
+	"github.com/vibemon/vmon/internal/runtime"
+	"github.com/vibemon/vmon/internal/snapshot"
 )
 
 // BuildSpec describes a template build sandbox: a throwaway sandbox over the layers built so far
@@ -98,4 +102,39 @@ func (b *BuildSandbox) Commit(ctx context.Context, dst string) error {
 // Discard stops the sandbox and removes it with everything it wrote.
 func (b *BuildSandbox) Discard(ctx context.Context) error {
 	return b.n.teardown(context.WithoutCancel(ctx), b.sb)
+}
+
+// CheckpointStart saves the build sandbox, with its start command running and ready, as a
+// snapshot in dir (which it creates): every sandbox of the template is then restored from it
+// instead of running the start command again (seed 001: a template is a paused running
+// machine). The sandbox is gone afterwards, as after Discard.
+func (b *BuildSandbox) CheckpointStart(ctx context.Context, dir string) (err error) {
+	ctx = context.WithoutCancel(ctx)
+	n := b.n
+	defer func() { err = errors.Join(err, n.teardown(ctx, b.sb)) }()
+	cp, ok := n.opts.Runtime.(runtime.Checkpointer)
+	if !ok {
+		return errdefs.Unavailable("this node's runtime cannot checkpoint")
+	}
+	sdir := n.sandboxDir(b.sb.runtimeID)
+	rec, err := readImageRecord(sdir)
+	if err != nil {
+		return fmt.Errorf("checkpoint the started template: %w", err)
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return err
+	}
+	b.sb.stopping.Store(true)
+	if err := cp.Checkpoint(ctx, b.sb.runtimeID, filepath.Join(dir, snapshot.CheckpointDir), false); err != nil {
+		return fmt.Errorf("checkpoint the started template: %w", err)
+	}
+	layer := filepath.Join(dir, snapshot.LayerDir)
+	if err := os.Mkdir(layer, 0o700); err != nil {
+		return err
+	}
+	if err := n.opts.RootFS.Stash(ctx, sdir, layer); err != nil {
+		return fmt.Errorf("keep the started template's files: %w", err)
+	}
+	return snapshot.Seal(dir, snapshot.Meta{SandboxID: b.sb.runtimeID, CreatedAt: time.Now().UTC(),
+		TemplateID: "build", Lowers: rec.Lowers, CPUs: rec.CPUs, MemoryMB: rec.MemoryMB, Memory: true})
 }

@@ -88,6 +88,9 @@ type Image struct {
 	Env map[string]string
 	// StartCmd is started in every new sandbox, which is handed out once ReadyCmd exits 0.
 	StartCmd, ReadyCmd string
+	// StartSnapshot, when set, is a snapshot of a sandbox of this build with StartCmd running
+	// and ready (made at the end of the build): new sandboxes are restored from it instead.
+	StartSnapshot string
 }
 
 // Templates resolves a template build to its image on this node. An empty buildID is the
@@ -230,6 +233,15 @@ func (n *Node) CreateSandbox(ctx context.Context, spec CreateSpec) (Info, error)
 	img, err := n.opts.Templates.Image(ctx, spec.TemplateID, spec.BuildID)
 	if err != nil {
 		return Info{}, err
+	}
+	if img.StartSnapshot != "" {
+		info, err := n.createFromStart(ctx, spec, img)
+		if err == nil {
+			return info, nil
+		}
+		// The snapshot is an optimisation: the start command still works the slow way.
+		n.log.Warn("restoring the template's started snapshot failed; running its start command instead",
+			"template", spec.TemplateID, "err", err)
 	}
 	if sb := n.pool.take(spec); sb != nil {
 		info, err := n.handOut(ctx, sb, spec, img)

@@ -281,3 +281,28 @@ func (n *Node) Snapshots() ([]string, error) {
 	}
 	return ids, nil
 }
+
+// createFromStart restores a new sandbox from its template build's started snapshot: the start
+// command is running and ready in it from its first instruction, with the sandbox's own disk
+// (the snapshot's files copied onto it), link, lease, token and variables.
+func (n *Node) createFromStart(ctx context.Context, spec CreateSpec, img Image) (Info, error) {
+	src := img.StartSnapshot
+	meta, err := snapshot.Read(src)
+	if err != nil {
+		return Info{}, err
+	}
+	lowers := make([]string, len(meta.Lowers))
+	for i, l := range meta.Lowers {
+		lowers[i] = filepath.Join(n.opts.DataDir, l)
+	}
+	sb, err := n.boot(ctx, bootSpec{runtimeID: spec.ID, templateID: spec.TemplateID, lowers: lowers,
+		cpus: meta.CPUs, memoryMB: meta.MemoryMB, diskMB: spec.DiskMB, policy: &spec.Egress,
+		layer: filepath.Join(src, snapshot.LayerDir), copyLayer: true,
+		checkpoint: filepath.Join(src, snapshot.CheckpointDir),
+		gate:       func() error { _, err := snapshot.Verify(src); return err }})
+	if err != nil {
+		return Info{}, err
+	}
+	img.StartCmd = "" // running already
+	return n.handOut(ctx, sb, spec, img)
+}

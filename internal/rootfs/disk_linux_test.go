@@ -284,3 +284,60 @@ func TestStashAndBringBack(t *testing.T) {
 		})
 	}
 }
+
+// A layer saved without a disk (a template build's) brought back onto a size-limited disk: the
+// files, deletions included, are there, and the disk limit holds.
+func TestPlainLayerOntoDisk(t *testing.T) {
+	requireRoot(t)
+	ctx := context.Background()
+	base := t.TempDir()
+	lower := filepath.Join(base, "template")
+	if err := os.MkdirAll(filepath.Join(lower, "etc"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(lower, "etc", "gone"), []byte("t"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	build, saved := filepath.Join(base, "build"), filepath.Join(base, "saved")
+	root, err := Prepare(ctx, []string{lower}, build, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "started"), []byte("pid 42"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(root, "etc", "gone")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(saved, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := Stash(ctx, build, saved); err != nil {
+		t.Fatal(err)
+	}
+	if err := Release(ctx, build); err != nil {
+		t.Fatal(err)
+	}
+	sb := filepath.Join(base, "sandbox")
+	root, err = Prepare(ctx, []string{lower}, sb, Options{DiskBytes: 96 << 20, Layer: saved, CopyLayer: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer Release(ctx, sb)
+	if b, err := os.ReadFile(filepath.Join(root, "started")); err != nil || string(b) != "pid 42" {
+		t.Fatalf("saved file = %q, %v", b, err)
+	}
+	if _, err := os.Stat(filepath.Join(root, "etc", "gone")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("a deletion in the saved layer was lost: %v", err)
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(root, &st); err != nil {
+		t.Fatal(err)
+	}
+	if total := int64(st.Blocks) * st.Bsize; total > 96<<20 {
+		t.Fatalf("root is not on the sandbox's disk: %d bytes", total)
+	}
+	if _, err := os.Stat(filepath.Join(saved, upperName, "started")); err != nil {
+		t.Fatalf("a copied layer must stay for the next sandbox: %v", err)
+	}
+}

@@ -68,6 +68,16 @@ func Prepare(ctx context.Context, lowers []string, sandboxDir string, opts Optio
 	}()
 	layerDir := sandboxDir
 	layer := layerSource{dir: opts.Layer, copy: opts.CopyLayer}
+	// A saved plain upper directory (a template build's started snapshot) brought back onto a
+	// size-limited disk: the disk starts empty and the files are copied onto it.
+	seedUpper := ""
+	if layer.dir != "" && opts.DiskBytes > 0 {
+		if _, err := os.Stat(filepath.Join(layer.dir, diskImageName)); errors.Is(err, os.ErrNotExist) {
+			if fi, err := os.Stat(filepath.Join(layer.dir, upperName)); err == nil && fi.IsDir() {
+				seedUpper, layer = filepath.Join(layer.dir, upperName), layerSource{}
+			}
+		}
+	}
 	if opts.DiskBytes > 0 {
 		u, err := mountDisk(ctx, sandboxDir, opts.DiskBytes, opts.ImageDir, layer)
 		if err != nil {
@@ -95,6 +105,13 @@ func Prepare(ctx context.Context, lowers []string, sandboxDir string, opts Optio
 	for _, d := range []string{upper, workDir(layerDir), root} {
 		if err := mkdir(d, 0o755); err != nil {
 			return "", err
+		}
+	}
+	if seedUpper != "" {
+		// cp keeps owners, modes, xattrs (overlay whiteouts and opaque markers) and sparseness.
+		out, err := exec.CommandContext(ctx, "cp", "-a", "--sparse=always", "--", seedUpper+"/.", upper).CombinedOutput()
+		if err != nil {
+			return "", fmt.Errorf("copy saved files onto the disk: %w: %s", err, strings.TrimSpace(string(out)))
 		}
 	}
 	// The merged root directory takes its owner and mode from the upper layer's root, so copy

@@ -69,6 +69,9 @@ type Manifest struct {
 	// handed out once ReadyCmd exits 0.
 	StartCmd string `json:"startCmd,omitempty"`
 	ReadyCmd string `json:"readyCmd,omitempty"`
+	// StartSnapshot (relative to the data dir) is a snapshot of a sandbox of this build with the
+	// start command running and ready; sandboxes are restored from it.
+	StartSnapshot string `json:"startSnapshot,omitempty"`
 
 	// Dir is the template's directory; set by Load, never stored.
 	Dir string `json:"-"`

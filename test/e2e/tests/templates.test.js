@@ -248,6 +248,29 @@ describe('templates (Template builder, OCI images, start/ready)', () => {
     assert.match(await run(sb, 'pgrep -f "http.server 8080" | head -1'), /^\d+\n$/);
   });
 
+  srv.test('a template with a start command is saved started: every sandbox is restored with it running', async () => {
+    // The start command draws a random token: sandboxes restored from the build's snapshot all
+    // show the one it drew at build time; a start command run per sandbox would draw a new one.
+    const start = 'head -c 8 /dev/urandom | od -An -tx1 | tr -d " \\n" > /tmp/start-token; echo $$ > /tmp/start-pid; exec sleep infinity';
+    const t = Template().fromTemplate('base').setStartCmd(`sh -c '${start}'`, 'test -s /tmp/start-token');
+    await Template.build(t, name('started'), opts());
+    const a = await create(name('started'));
+    const b = await create(name('started'));
+    const token = await run(a, 'cat /tmp/start-token');
+    assert.match(token, /^[0-9a-f]{16}$/);
+    assert.equal(await run(b, 'cat /tmp/start-token'), token, 'the start command ran again instead of being restored');
+    const pid = (await run(a, 'cat /tmp/start-pid')).trim();
+    assert.equal((await run(a, `cat /proc/${pid}/cmdline | tr '\\0' ' '`)).trim(), 'sleep infinity', 'the started process is running');
+    // Each sandbox has its own files on its own disk.
+    await a.files.write('/tmp/mine', 'a');
+    assert.equal(await run(b, 'cat /tmp/mine 2>/dev/null || echo none'), 'none\n');
+    assert.match(await run(a, "df -k / | awk 'NR==2 {print $2}'"), /^\d+\n$/);
+    // Restored sandboxes pause and resume like any other.
+    assert.equal(await a.pause(), true);
+    const back = await Sandbox.connect(a.sandboxId, opts());
+    assert.equal(await run(back, 'cat /tmp/mine'), 'a');
+  });
+
   srv.test('tags, aliases and exists', async () => {
     const n = name('tags');
     assert.equal(await Template.exists(n, opts()), false);
