@@ -33,3 +33,12 @@ if (r.fork) {
   for (const c of ['1', '10']) console.log(`| count ${c} | ${r.fork[c].n} | ${ms(r.fork[c].p50)} | ${ms(r.fork[c].p95)} |`);
   if (r.fork.failures.length) console.log(`\n${r.fork.failures.length} fork entries failed: ${JSON.stringify(r.fork.failures.slice(0, 3))}`);
 }
+
+if (fs.existsSync(path.join(dir, 'templates.json'))) {
+  const t = read('templates.json');
+  console.log('\n| `Sandbox.create()` → first `commands.run` | n | p50 | p95 |');
+  console.log('|---|---|---|---|');
+  console.log(`| start-command template, restored from its started snapshot | ${t.snapshot.n} | ${ms(t.snapshot.p50)} | ${ms(t.snapshot.p95)} |`);
+  console.log(`| the same template, start command run per create (\`--template-start-snapshots=false\`) | ${t.perCreate.n} | ${ms(t.perCreate.p50)} | ${ms(t.perCreate.p95)} |`);
+  console.log(`| \`base\`, cold (no start command) | ${t.base.n} | ${ms(t.base.p50)} | ${ms(t.base.p95)} |`);
+}

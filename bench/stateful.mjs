@@ -10,7 +10,13 @@
 //      the sandbox stopped with its memory saved (the snapshot is written after, untimed);
 //      for an idle sandbox and for one holding 256 MiB of touched memory;
 //   2. disk used per paused sandbox (the snapshot directory's allocated blocks), both shapes;
-//   3. fork of 1 and of 10 (POST /sandboxes/{id}/fork until the entries are back), alternating.
+//   3. fork of 1 and of 10 (POST /sandboxes/{id}/fork until the entries are back), alternating;
+//   4. (`templates`) create → first commands.run of a template with a start command restored from
+//      its started snapshot, the same template built with --template-start-snapshots=false (its
+//      start command run per create, as before issue 11), and base cold, rotating the order.
+//
+//   node bench/stateful.mjs build --name N --variant V       builds the start-command template
+//   node bench/stateful.mjs templates --n 15 --snap N1 --cold N2 --out F
 import fs from 'node:fs';
 import path from 'node:path';
 import { loadSdk, sdkOpts, now, stats, writeJson, parseArgs, run } from './lib.mjs';
@@ -19,7 +25,7 @@ import { setup, bootAndExec, teardown, runsc, prepareRoot, cleanupRoot, paths } 
 const args = parseArgs(process.argv.slice(2));
 const n = Number(args.n ?? 15);
 const dataDir = path.resolve(args['data-dir'] ?? '/var/lib/vmon-bench');
-const { Sandbox, sdkVersion } = loadSdk();
+const { Sandbox, Template, sdkVersion } = loadSdk();
 const opts = sdkOpts();
 
 // 256 MiB of memory the process writes to (every page touched), then holds.
@@ -28,10 +34,10 @@ const TOUCH = "python3 -c \"import time; b = bytearray(256 << 20); b[::4096] = b
 const log = (s) => process.stderr.write(`  [stateful] ${s}\n`);
 
 // vmon's init for the raw side, from the config bench/stateful.sh captured off a vmon sandbox.
-const ENVD_INIT = (() => {
+function envdInit() {
   if (!args['template-config']) throw new Error('--template-config (a captured vmon config) is required');
   return JSON.parse(fs.readFileSync(args['template-config'], 'utf8')).config.process.args;
-})();
+}
 
 async function allocatedBytes(dir) {
   const r = await run('du', ['-s', '--block-size=1', dir]);
@@ -54,7 +60,8 @@ async function pairs(shape) {
   // The raw sandbox runs what a vmon sandbox runs: envd as init (it keeps redialling an agent
   // socket nobody listens on), plus the toucher; processes started by runsc exec would not
   // survive a restore.
-  const init = touch ? ['/bin/sh', '-c', `${TOUCH} & exec ${ENVD_INIT.join(' ')}`] : ENVD_INIT;
+  const envd = envdInit();
+  const init = touch ? ['/bin/sh', '-c', `${TOUCH} & exec ${envd.join(' ')}`] : envd;
   const it = { id, dir: path.join(paths.workRoot, id), netns: id, init };
   const out = { vmonPause: [], vmonResume: [], rawCheckpoint: [], rawRestore: [], pausedBytes: [], rawImageBytes: [] };
   try {
@@ -186,8 +193,46 @@ async function main() {
   writeJson(args.out, result);
 }
 
+// A web server as start command, ready once it answers (what a Dockerfile CMD often is).
+// variant makes the two builds' content (so their build cache entries) differ.
+async function buildStartTemplate(name, variant) {
+  const t = Template()
+    .fromTemplate('base')
+    .runCmd(`mkdir -p /srv/www && echo ${variant} > /srv/www/index.html`, { user: 'root' })
+    .setWorkdir('/srv/www')
+    .setStartCmd('python3 -m http.server 8080', 'curl -sf http://localhost:8080/ > /dev/null');
+  await Template.build(t, name, { ...opts });
+}
+
+async function templates() {
+  const names = { snapshot: args.snap, perCreate: args.cold, base: 'base' };
+  const samples = Object.fromEntries(Object.keys(names).map((k) => [k, []]));
+  const once = async (kind) => {
+    const t0 = now();
+    const sbx = await Sandbox.create(names[kind], { ...opts, timeoutMs: 600_000 });
+    await sbx.commands.run('true');
+    const dt = now() - t0;
+    await sbx.kill().catch(() => {});
+    return dt;
+  };
+  for (const k of Object.keys(names)) await once(k); // one unmeasured round
+  const kinds = Object.keys(names);
+  for (let i = 0; i < n; i++) {
+    const order = kinds.map((_, j) => kinds[(i + j) % kinds.length]);
+    for (const k of order) samples[k].push(await once(k));
+    log(`templates ${i + 1}/${n}: ${kinds.map((k) => `${k} ${samples[k].at(-1).toFixed(0)} ms`).join(', ')}`);
+  }
+  writeJson(args.out, {
+    phase: 'templates', n, names, samplesMs: samples,
+    ...Object.fromEntries(kinds.map((k) => [k, stats(samples[k])])),
+  });
+}
+
 try {
-  await main();
+  const mode = args._[0] ?? 'stateful';
+  if (mode === 'build') await buildStartTemplate(args.name, args.variant ?? args.name);
+  else if (mode === 'templates') await templates();
+  else await main();
 } catch (err) {
   console.error(`stateful: ${err.stack || err}`);
   process.exit(1);

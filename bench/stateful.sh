@@ -31,12 +31,19 @@ trap 'exit 130' INT TERM
 prepare_data_dir
 write_meta "  \"pairs\": $PAIRS"
 
+# The same start-command template before issue 11 (start command per create) and after (restored).
+start_vmon "$OUT/vmon-build-per-create.log" --warm-pool 0 --template-start-snapshots=false
+node bench/stateful.mjs build --name bench-start-per-create --variant per-create
+stop_vmon
 start_vmon "$OUT/vmon.log" --warm-pool 0
+node bench/stateful.mjs build --name bench-start-snapshot --variant snapshot
 # vmon's own OCI config for a sandbox, so the raw side runs the same shape.
 node bench/sdk.mjs create --n 1 --label config --out "$OUT/config-create.json" \
   --capture-config "$OUT/vmon-config.json" --data-dir "$DATA"
 node bench/stateful.mjs --n "$PAIRS" --out "$OUT/stateful.json" --data-dir "$DATA" \
   --template-config "$OUT/vmon-config.json" --runsc "$RUNSC"
+node bench/stateful.mjs templates --n "$PAIRS" --snap bench-start-snapshot --cold bench-start-per-create \
+  --out "$OUT/templates.json" --template-config "$OUT/vmon-config.json"
 stop_vmon
 
 node bench/stateful-report.mjs "$OUT"
