@@ -43,6 +43,7 @@ import (
 	"github.com/vibemon/vmon/internal/template"
 	"github.com/vibemon/vmon/internal/templates"
 	"github.com/vibemon/vmon/internal/tlsutil"
+	"github.com/vibemon/vmon/internal/volumes"
 )
 
 func serveCmd() *cobra.Command {
@@ -122,7 +123,12 @@ func serve(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 		return err
 	}
 	defer closeNetwork()
+	vols, err := volumes.New(c.DataDir)
+	if err != nil {
+		return err
+	}
 	nopts := node.Options{
+		VolumePath:       vols.Path,
 		ReadyTimeout:     c.ReadyTimeout,
 		DataDir:          c.DataDir,
 		Runtime:          rt,
@@ -163,6 +169,7 @@ func serve(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 		MaxTimeout:      c.MaxSandboxTimeout,
 		DefaultDiskMB:   c.SandboxDiskMB,
 		Features:        n.Features(),
+		Volumes:         vols,
 	})
 	if err != nil {
 		return err
@@ -191,6 +198,16 @@ func serve(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 		log.Info("deleting paused sandbox no record owns", "sandbox", id)
 		if err := n.DeletePaused(ctx, id); err != nil {
 			log.Warn("delete paused orphan", "sandbox", id, "err", err)
+		}
+	}
+	// A crash between making a volume's directory and recording it leaves a directory no record
+	// owns.
+	if ids, err := vols.IDs(); err == nil {
+		for _, id := range ids {
+			if _, err := st.GetVolume(ctx, id); errdefs.Is(err, errdefs.KindNotFound) {
+				log.Info("deleting volume directory no record owns", "volume", id)
+				_ = vols.Delete(id)
+			}
 		}
 	}
 	snaps, err := n.Snapshots()
@@ -237,7 +254,7 @@ func serve(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 	}
 	defer builds.Close()
 	apiHandler, err := api.New(api.Options{Driver: d, Store: st, Logger: log.With("component", "api"), Domain: domain,
-		Builds: builds})
+		Builds: builds, Volumes: vols})
 	if err != nil {
 		return err
 	}

@@ -43,8 +43,10 @@ type Options struct {
 	Routes map[string]http.Handler
 	// Builds serves the template build API; nil answers those routes with 501.
 	Builds TemplateBuilds
-	// MaxUploadBytes caps one COPY archive upload; default DefaultMaxUploadBytes.
+	// MaxUploadBytes caps one COPY archive upload (and one volume file); default DefaultMaxUploadBytes.
 	MaxUploadBytes int64
+	// Volumes serves the volume content API; nil answers the volume routes with 501.
+	Volumes VolumeFiles
 }
 
 // Server is the API handler.
@@ -117,6 +119,15 @@ func New(opts Options) (*Server, error) {
 		}
 		routes["DELETE /templates/{id}"] = s.deleteTemplateOrSnapshot(s.templateBuildRoutes()["DELETE /templates/{id}"])
 	}
+	if opts.Volumes != nil {
+		for p, h := range s.volumeRoutes() {
+			routes[p] = h
+		}
+	} else {
+		for _, p := range []string{"POST /volumes", "GET /volumes", "GET /volumes/{id}", "DELETE /volumes/{id}"} {
+			routes[p] = notSupported("volumes")
+		}
+	}
 	for p, h := range opts.Routes {
 		routes[p] = h
 	}
@@ -128,6 +139,13 @@ func New(opts Options) (*Server, error) {
 	if s.builds != nil {
 		if err := register(s.mux, uploadRoute, s.handle(s.upload)); err != nil {
 			return nil, err
+		}
+	}
+	if opts.Volumes != nil {
+		for p, h := range s.volumeContentRoutes(opts.Volumes) {
+			if err := register(s.mux, p, h); err != nil {
+				return nil, err
+			}
 		}
 	}
 	for p, h := range routes {

@@ -118,7 +118,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, v1 bool) error {
 		AutoPause:           body.AutoPause != nil && *body.AutoPause,
 		AutoPauseMemory:     body.AutoPauseMemory,
 		AutoResume:          body.AutoResume != nil && body.AutoResume.Enabled != nil && *body.AutoResume.Enabled,
-		VolumeMounts:        len(body.VolumeMounts),
+		VolumeMounts:        volumeMountRequests(body.VolumeMounts),
 		// v2 sandboxes are always secured; v1 clients may opt out explicitly.
 		Secure: !v1 || body.Secure == nil || *body.Secure,
 	}
@@ -154,7 +154,7 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) error {
 		Domain: s.domain, CPUCount: sb.CPU, MemoryMB: sb.MemoryMB, DiskSizeMB: sb.DiskMB,
 		Metadata: nonNil(sb.Metadata), State: string(sb.State), Network: network,
 		Lifecycle:    lifecycleOf(sb),
-		VolumeMounts: []volumeMountJSON{},
+		VolumeMounts: volumeMountsJSON(sb),
 	})
 	return nil
 }
@@ -399,7 +399,23 @@ func listed(sbs []driver.Sandbox) []listedSandboxJSON {
 		out = append(out, listedSandboxJSON{SandboxID: sb.ID, TemplateID: sb.TemplateID, Alias: sb.Alias,
 			ClientID: ClientID, StartedAt: sb.StartedAt, EndAt: sb.EndAt, State: sb.State, CPUCount: sb.CPU,
 			MemoryMB: sb.MemoryMB, DiskSizeMB: sb.DiskMB, EnvdVersion: sb.EnvdVersion,
-			Metadata: nonNil(sb.Metadata), VolumeMounts: []volumeMountJSON{}})
+			Metadata: nonNil(sb.Metadata), VolumeMounts: volumeMountsJSON(sb)})
+	}
+	return out
+}
+
+func volumeMountRequests(in []volumeMountJSON) []driver.VolumeMountRequest {
+	out := make([]driver.VolumeMountRequest, 0, len(in))
+	for _, m := range in {
+		out = append(out, driver.VolumeMountRequest{Name: m.Name, Path: m.Path})
+	}
+	return out
+}
+
+func volumeMountsJSON(sb driver.Sandbox) []volumeMountJSON {
+	out := make([]volumeMountJSON, 0, len(sb.VolumeMounts))
+	for _, m := range sb.VolumeMounts {
+		out = append(out, volumeMountJSON{Name: m.Name, Path: m.Path})
 	}
 	return out
 }

@@ -59,7 +59,7 @@ func TestCreateValidation(t *testing.T) {
 		{"auto pause", `{"templateID":"base","autoPause":true}`, 501, "not supported yet"},
 		{"auto resume", `{"templateID":"base","autoPause":true,"autoResume":{"enabled":true}}`, 501, "not supported yet"},
 		{"auto resume of a files-only pause", `{"templateID":"base","autoPause":true,"autoPauseMemory":false,"autoResume":{"enabled":true}}`, 400, "filesystem-only pause"},
-		{"volume mounts", `{"templateID":"base","volumeMounts":[{"name":"v","path":"/data"}]}`, 501, "volume mounts are not supported yet"},
+		{"volume mounts", `{"templateID":"base","volumeMounts":[{"name":"v","path":"/data"}]}`, 501, "volumes on this node are not supported yet"},
 		{"too large", `{"templateID":"base","metadata":{"x":"` + strings.Repeat("a", 1<<20) + `"}}`, 413, "exceeds the limit"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -51,7 +51,8 @@ func (s *Server) templateBuildRoutes() map[string]http.Handler {
 const uploadRoute = "PUT /templates/{id}/files/{hash}"
 
 func isUpload(r *http.Request) bool {
-	return r.Method == http.MethodPut && strings.HasPrefix(r.URL.Path, "/templates/") && strings.Contains(r.URL.Path, "/files/")
+	return r.Method == http.MethodPut && (strings.HasPrefix(r.URL.Path, "/templates/") && strings.Contains(r.URL.Path, "/files/") ||
+		strings.HasPrefix(r.URL.Path, "/volumecontent/"))
 }
 
 func (s *Server) createTemplate(w http.ResponseWriter, r *http.Request) error {

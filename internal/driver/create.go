@@ -30,11 +30,12 @@ type CreateRequest struct {
 	Network             *Network
 	// AutoPause (lifecycle onTimeout "pause") pauses the sandbox at expiry instead of killing it,
 	// keeping its memory unless AutoPauseMemory is false; AutoResume resumes it when ingress gets
-	// a request for it. VolumeMounts are not supported yet.
+	// a request for it.
 	AutoPause       bool
 	AutoPauseMemory *bool
 	AutoResume      bool
-	VolumeMounts    int
+	// VolumeMounts name existing volumes (by name) and where they are mounted.
+	VolumeMounts []VolumeMountRequest
 }
 
 // defaultUser runs commands when the template names none (E2B's base template user).
@@ -57,8 +58,9 @@ func (d *Driver) Create(ctx context.Context, req CreateRequest) (Sandbox, error)
 			return Sandbox{}, fmt.Errorf("lifecycle onTimeout 'pause' and autoResume: %w", err)
 		}
 	}
-	if req.VolumeMounts > 0 {
-		return Sandbox{}, fmt.Errorf("volume mounts are %w", ErrNotImplemented)
+	mounts, err := d.resolveMounts(ctx, req.VolumeMounts)
+	if err != nil {
+		return Sandbox{}, err
 	}
 	if err := validateEnvVars(req.EnvVars); err != nil {
 		return Sandbox{}, err
@@ -104,8 +106,14 @@ func (d *Driver) Create(ctx context.Context, req CreateRequest) (Sandbox, error)
 	if sb.EnvVars == nil {
 		sb.EnvVars = map[string]string{}
 	}
+	sb.VolumeMounts = mounts
 	if snap != nil {
+		// The checkpoint restores only with the mounts it was taken with.
+		if len(mounts) > 0 && !sameMounts(mounts, snap.VolumeMounts) {
+			return Sandbox{}, errdefs.InvalidArgument("a sandbox created from a snapshot mounts the snapshot's volumes; leave volumeMounts out or give the same ones")
+		}
 		sandboxFromSnapshot(&sb, *snap)
+		sb.VolumeMounts = snap.VolumeMounts
 	}
 	if req.Secure {
 		if sb.EnvdAccessToken, err = newToken(); err != nil {
@@ -251,7 +259,7 @@ func (d *Driver) boot(ctx context.Context, sb Sandbox, tpl store.Template, polic
 	info, err := d.node.CreateSandbox(bctx, node.CreateSpec{
 		ID: sb.ID, TemplateID: sb.TemplateID, BuildID: tpl.BuildID, CPUs: sb.CPU, MemoryMB: sb.MemoryMB,
 		DiskMB: sb.DiskMB, EnvVars: sb.EnvVars, AccessToken: sb.EnvdAccessToken,
-		DefaultUser: user, DefaultWorkdir: tpl.DefaultWorkdir, Egress: policy,
+		DefaultUser: user, DefaultWorkdir: tpl.DefaultWorkdir, Egress: policy, Volumes: nodeMounts(sb.VolumeMounts),
 	})
 	if err != nil {
 		d.log.Error("node failed to create sandbox", "sandbox", sb.ID, "template", sb.TemplateID, "err", err)

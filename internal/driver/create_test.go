@@ -46,7 +46,7 @@ func TestCreateValidation(t *testing.T) {
 			"api.example.com": {{Transform: &NetworkTransform{Headers: map[string]string{"bad header": "x"}}}}}}},
 			kind: errdefs.KindInvalidArgument, msg: "header"},
 		{name: "auto pause", req: CreateRequest{AutoPause: true}, notImpl: true},
-		{name: "volumes", req: CreateRequest{VolumeMounts: 1}, notImpl: true},
+		{name: "volumes", req: CreateRequest{VolumeMounts: []VolumeMountRequest{{Name: "v", Path: "/data"}}}, notImpl: true},
 		{name: "private traffic and bad network", req: CreateRequest{Network: &Network{AllowPublicTraffic: &f, DenyOut: []string{"x"}}}, kind: errdefs.KindInvalidArgument},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

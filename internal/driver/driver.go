@@ -97,6 +97,8 @@ type Options struct {
 	Features []string
 	// NetworkStore records live network updates; nil uses Store. Tests inject failures here.
 	NetworkStore NetworkStore
+	// Volumes makes and removes volume directories; nil: volumes answer 501.
+	Volumes VolumeDirs
 }
 
 // Driver orchestrates sandboxes. Create it with New, call Recover before serving, Close at exit.

@@ -142,7 +142,7 @@ func (d *Driver) resumeLocked(ctx context.Context, sb Sandbox, t time.Duration, 
 	info, err := p.ResumeSandbox(rctx, node.CreateSpec{
 		ID: sb.ID, TemplateID: sb.TemplateID, CPUs: sb.CPU, MemoryMB: sb.MemoryMB, DiskMB: sb.DiskMB,
 		EnvVars: sb.EnvVars, AccessToken: sb.EnvdAccessToken, DefaultUser: user, DefaultWorkdir: workdir,
-		Egress: policy,
+		Egress: policy, Volumes: nodeMounts(sb.VolumeMounts),
 	}, memory)
 	if errdefs.Is(err, errdefs.KindNotFound) {
 		// The node has no saved state for it: the sandbox cannot come back, and must not stay

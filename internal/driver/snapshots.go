@@ -98,7 +98,7 @@ func (d *Driver) CreateSnapshot(ctx context.Context, id, name string) (SnapshotI
 	}
 	sn := store.Snapshot{ID: snapID, Name: name, SandboxID: id, TemplateID: sb.TemplateID, Alias: sb.Alias,
 		CPU: sb.CPU, MemoryMB: sb.MemoryMB, DiskMB: sb.DiskMB, EnvVars: sb.EnvVars, EnvdVersion: sb.EnvdVersion,
-		Bytes: info.Bytes, NodeID: d.opts.NodeID, CreatedAt: d.now()}
+		Bytes: info.Bytes, NodeID: d.opts.NodeID, CreatedAt: d.now(), VolumeMounts: sb.VolumeMounts}
 	if err := d.store.InsertSnapshot(sctx, sn); err != nil {
 		_ = s.DeleteSnapshot(sctx, snapID)
 		return SnapshotInfo{}, err
@@ -239,7 +239,7 @@ func (d *Driver) bootFromSnapshot(ctx context.Context, sb Sandbox, src snapshotS
 	info, err := s.CreateFromSnapshot(bctx, node.CreateSpec{
 		ID: sb.ID, TemplateID: sb.TemplateID, CPUs: sb.CPU, MemoryMB: sb.MemoryMB, DiskMB: sb.DiskMB,
 		EnvVars: sb.EnvVars, AccessToken: sb.EnvdAccessToken, DefaultUser: user, DefaultWorkdir: workdir,
-		Egress: policy,
+		Egress: policy, Volumes: nodeMounts(sb.VolumeMounts),
 	}, src.snapID, src.pausedID)
 	if err != nil {
 		d.log.Error("node failed to start a sandbox from a snapshot", "sandbox", sb.ID, "err", err)
@@ -344,7 +344,8 @@ func (d *Driver) createFrom(ctx context.Context, src Sandbox, from snapshotSourc
 		Metadata: maps.Clone(src.Metadata), EnvVars: maps.Clone(src.EnvVars), AllowPublicTraffic: src.AllowPublicTraffic,
 		AllowInternetAccess: src.AllowInternetAccess, CPU: src.CPU, MemoryMB: src.MemoryMB, DiskMB: src.DiskMB,
 		EnvdVersion: src.EnvdVersion, NodeID: d.opts.NodeID, Network: src.Network,
-		AutoPause: src.AutoPause, AutoPauseMemory: src.AutoPauseMemory, AutoResume: src.AutoResume}
+		AutoPause: src.AutoPause, AutoPauseMemory: src.AutoPauseMemory, AutoResume: src.AutoResume,
+		VolumeMounts: src.VolumeMounts}
 	if sb.Metadata == nil {
 		sb.Metadata = map[string]string{}
 	}

@@ -124,6 +124,8 @@ type Options struct {
 	Limits limits.Overrides
 	// MaxSnapshotBytes bounds the disk paused sandboxes take together (0: no bound).
 	MaxSnapshotBytes int64
+	// VolumePath gives the host directory of a volume (internal/volumes); nil: no volumes.
+	VolumePath func(id string) (string, error)
 	Log              *slog.Logger
 }
 
@@ -234,7 +236,7 @@ func (n *Node) CreateSandbox(ctx context.Context, spec CreateSpec) (Info, error)
 	if err != nil {
 		return Info{}, err
 	}
-	if img.StartSnapshot != "" {
+	if img.StartSnapshot != "" && len(spec.Volumes) == 0 { // the snapshot was taken without them
 		info, err := n.createFromStart(ctx, spec, img)
 		if err == nil {
 			return info, nil
@@ -243,7 +245,11 @@ func (n *Node) CreateSandbox(ctx context.Context, spec CreateSpec) (Info, error)
 		n.log.Warn("restoring the template's started snapshot failed; running its start command instead",
 			"template", spec.TemplateID, "err", err)
 	}
-	if sb := n.pool.take(spec); sb != nil {
+	var sb *sandbox
+	if len(spec.Volumes) == 0 { // pre-started sandboxes have no volumes
+		sb = n.pool.take(spec)
+	}
+	if sb != nil {
 		info, err := n.handOut(ctx, sb, spec, img)
 		if err == nil {
 			return info, nil
@@ -251,8 +257,8 @@ func (n *Node) CreateSandbox(ctx context.Context, spec CreateSpec) (Info, error)
 		// A pre-started sandbox that cannot be initialised is broken; boot a fresh one instead.
 		n.log.Warn("pre-started sandbox failed; booting a new one", "runtime_id", sb.runtimeID, "err", err)
 	}
-	sb, err := n.boot(ctx, bootSpec{runtimeID: spec.ID, templateID: spec.TemplateID, lowers: img.Lowers,
-		cpus: spec.CPUs, memoryMB: spec.MemoryMB, diskMB: spec.DiskMB, policy: &spec.Egress})
+	sb, err = n.boot(ctx, bootSpec{runtimeID: spec.ID, templateID: spec.TemplateID, lowers: img.Lowers,
+		cpus: spec.CPUs, memoryMB: spec.MemoryMB, diskMB: spec.DiskMB, policy: &spec.Egress, volumes: spec.Volumes})
 	if err != nil {
 		return Info{}, err
 	}
@@ -334,6 +340,8 @@ type bootSpec struct {
 	// gate, when set, must pass before the root filesystem is prepared (a snapshot's checksums,
 	// verified while the link's policy goes in).
 	gate func() error
+	// volumes are mounted into the guest (a checkpoint restores only with the mounts it had).
+	volumes []VolumeMount
 }
 
 // boot assembles and starts a sandbox up to a connected envd (not yet initialised).
@@ -445,6 +453,19 @@ func (n *Node) boot(ctx context.Context, bs bootSpec) (_ *sandbox, retErr error)
 		CPUs:     cpus,
 		MemoryMB: memoryMB,
 		Limits:   lim,
+	}
+	for _, v := range bs.volumes {
+		if n.opts.VolumePath == nil {
+			return nil, errdefs.Unavailable("this node has no volumes")
+		}
+		host, err := n.opts.VolumePath(v.ID)
+		if err != nil {
+			return nil, err
+		}
+		if fi, err := os.Stat(host); err != nil || !fi.IsDir() {
+			return nil, errdefs.NotFound("volume %q is missing on this node", v.ID)
+		}
+		rspec.Mounts = append(rspec.Mounts, runtime.Mount{HostPath: host, GuestPath: v.Path})
 	}
 	if err := writeRuntimeSpec(dir, rspec); err != nil {
 		return nil, err

@@ -309,7 +309,7 @@ func (n *Node) ResumeSandbox(ctx context.Context, spec CreateSpec, memory bool) 
 		lowers[i] = filepath.Join(n.opts.DataDir, l)
 	}
 	bs := bootSpec{runtimeID: spec.ID, templateID: meta.TemplateID, lowers: lowers, cpus: meta.CPUs,
-		memoryMB: meta.MemoryMB, diskMB: meta.DiskMB, policy: &spec.Egress,
+		memoryMB: meta.MemoryMB, diskMB: meta.DiskMB, policy: &spec.Egress, volumes: spec.Volumes,
 		layer: filepath.Join(final, snapshot.LayerDir),
 		gate: func() error {
 			t := time.Now()

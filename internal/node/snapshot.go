@@ -229,7 +229,7 @@ func (n *Node) CreateFromSnapshot(ctx context.Context, spec CreateSpec, snapID, 
 		lowers[i] = filepath.Join(n.opts.DataDir, l)
 	}
 	bs := bootSpec{runtimeID: spec.ID, templateID: meta.TemplateID, lowers: lowers, cpus: meta.CPUs,
-		memoryMB: meta.MemoryMB, diskMB: meta.DiskMB, policy: &spec.Egress,
+		memoryMB: meta.MemoryMB, diskMB: meta.DiskMB, policy: &spec.Egress, volumes: spec.Volumes,
 		layer: filepath.Join(src, snapshot.LayerDir), copyLayer: true,
 		gate: func() error { _, err := snapshot.Verify(src); return err }}
 	if meta.Memory {

@@ -24,6 +24,14 @@ type CreateSpec struct {
 	DefaultWorkdir string
 	// Egress is the validated egress policy, in force before the sandbox's first instruction.
 	Egress egress.Policy
+	// Volumes are mounted into the sandbox (validated by the driver).
+	Volumes []VolumeMount
+}
+
+// VolumeMount mounts volume ID at Path in the guest.
+type VolumeMount struct {
+	ID   string
+	Path string
 }
 
 // Info describes a sandbox the node runs.

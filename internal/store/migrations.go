@@ -121,4 +121,15 @@ CREATE TABLE snapshots (
 CREATE INDEX snapshots_created ON snapshots(created_at, id);
 CREATE INDEX snapshots_sandbox ON snapshots(sandbox_id, created_at);
 `,
+	// 5: volumes, and the volumes each sandbox mounts.
+	`
+CREATE TABLE volumes (
+	id          TEXT PRIMARY KEY,
+	name        TEXT NOT NULL UNIQUE,
+	token       TEXT NOT NULL,
+	created_at  INTEGER NOT NULL
+);
+ALTER TABLE sandboxes ADD COLUMN volume_mounts TEXT NOT NULL DEFAULT '[]';
+ALTER TABLE snapshots ADD COLUMN volume_mounts TEXT NOT NULL DEFAULT '[]';
+`,
 }

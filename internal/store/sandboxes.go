@@ -58,6 +58,23 @@ type Sandbox struct {
 	PausedAt     time.Time
 	PausedMemory bool
 	PausedBytes  int64
+	// VolumeMounts are the volumes mounted into the sandbox.
+	VolumeMounts []VolumeMount
+}
+
+// VolumeMount is a volume mounted at Path in a sandbox.
+type VolumeMount struct {
+	ID   string `json:"id"`
+	Name string `json:"name"`
+	Path string `json:"path"`
+}
+
+func marshalMounts(m []VolumeMount) (string, error) {
+	if m == nil {
+		m = []VolumeMount{}
+	}
+	b, err := json.Marshal(m)
+	return string(b), err
 }
 
 // InsertSandbox stores a new record. A duplicate id is a Conflict.
@@ -74,6 +91,10 @@ func (s *Store) InsertSandbox(ctx context.Context, sb Sandbox) error {
 	if network == "" {
 		network = "{}"
 	}
+	mounts, err := marshalMounts(sb.VolumeMounts)
+	if err != nil {
+		return err
+	}
 	var internet sql.NullBool
 	if sb.AllowInternetAccess != nil {
 		internet = sql.NullBool{Bool: *sb.AllowInternetAccess, Valid: true}
@@ -82,12 +103,12 @@ func (s *Store) InsertSandbox(ctx context.Context, sb Sandbox) error {
 INSERT INTO sandboxes (id, template_id, alias, state, metadata, env_vars, envd_access_token,
 	traffic_access_token, allow_public_traffic, allow_internet_access, cpu, memory_mb, disk_mb,
 	envd_version, started_at, end_at, killed_at, kill_reason, node_id, network,
-	auto_pause, auto_pause_memory, auto_resume)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+	auto_pause, auto_pause_memory, auto_resume, volume_mounts)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		sb.ID, sb.TemplateID, sb.Alias, string(sb.State), meta, env, sb.EnvdAccessToken,
 		sb.TrafficAccessToken, sb.AllowPublicTraffic, internet, sb.CPU, sb.MemoryMB, sb.DiskMB,
 		sb.EnvdVersion, toMillis(sb.StartedAt), toMillis(sb.EndAt), nullMillis(sb.KilledAt),
-		sb.KillReason, sb.NodeID, network, sb.AutoPause, sb.AutoPauseMemory, sb.AutoResume)
+		sb.KillReason, sb.NodeID, network, sb.AutoPause, sb.AutoPauseMemory, sb.AutoResume, mounts)
 	if err != nil {
 		if strings.Contains(err.Error(), "UNIQUE constraint failed") {
 			return errdefs.Conflict("sandbox %q already exists", sb.ID)
@@ -309,13 +330,13 @@ var sandboxCols = `SELECT ` + strings.Join([]string{"id", "template_id", "alias"
 	"env_vars", "envd_access_token", "traffic_access_token", "allow_public_traffic",
 	"allow_internet_access", "cpu", "memory_mb", "disk_mb", "envd_version", "started_at", "end_at",
 	"killed_at", "kill_reason", "node_id", "network", "auto_pause", "auto_pause_memory", "auto_resume",
-	"paused_at", "paused_memory", "paused_bytes"}, ", ") + ` FROM sandboxes`
+	"paused_at", "paused_memory", "paused_bytes", "volume_mounts"}, ", ") + ` FROM sandboxes`
 
 func scanSandbox(r scanner) (Sandbox, error) {
 	var (
 		sb               Sandbox
 		state, meta, env string
-		network          string
+		network, mounts  string
 		internet         sql.NullBool
 		started, end     int64
 		killed, paused   sql.NullInt64
@@ -323,7 +344,7 @@ func scanSandbox(r scanner) (Sandbox, error) {
 	err := r.Scan(&sb.ID, &sb.TemplateID, &sb.Alias, &state, &meta, &env, &sb.EnvdAccessToken,
 		&sb.TrafficAccessToken, &sb.AllowPublicTraffic, &internet, &sb.CPU, &sb.MemoryMB, &sb.DiskMB,
 		&sb.EnvdVersion, &started, &end, &killed, &sb.KillReason, &sb.NodeID, &network,
-		&sb.AutoPause, &sb.AutoPauseMemory, &sb.AutoResume, &paused, &sb.PausedMemory, &sb.PausedBytes)
+		&sb.AutoPause, &sb.AutoPauseMemory, &sb.AutoResume, &paused, &sb.PausedMemory, &sb.PausedBytes, &mounts)
 	if err != nil {
 		return Sandbox{}, err
 	}
@@ -342,6 +363,9 @@ func scanSandbox(r scanner) (Sandbox, error) {
 	sb.EndAt = fromMillis(end)
 	sb.KilledAt = fromNullMillis(killed)
 	sb.PausedAt = fromNullMillis(paused)
+	if err := json.Unmarshal([]byte(mounts), &sb.VolumeMounts); err != nil {
+		return Sandbox{}, fmt.Errorf("decode volume mounts of %s: %w", sb.ID, err)
+	}
 	sb.Network = json.RawMessage(network)
 	return sb, nil
 }

@@ -28,11 +28,17 @@ type Snapshot struct {
 	Bytes       int64
 	NodeID      string
 	CreatedAt   time.Time
+	// VolumeMounts are the source's: its checkpoint restores only with them.
+	VolumeMounts []VolumeMount
 }
 
 // InsertSnapshot stores a new snapshot. A taken name or id is a Conflict.
 func (s *Store) InsertSnapshot(ctx context.Context, sn Snapshot) error {
 	env, err := marshalMap(sn.EnvVars)
+	if err != nil {
+		return err
+	}
+	mounts, err := marshalMounts(sn.VolumeMounts)
 	if err != nil {
 		return err
 	}
@@ -42,10 +48,10 @@ func (s *Store) InsertSnapshot(ctx context.Context, sn Snapshot) error {
 	}
 	_, err = s.db.ExecContext(ctx, `
 INSERT INTO snapshots (id, name, sandbox_id, template_id, alias, cpu, memory_mb, disk_mb, env_vars,
-	envd_version, bytes, node_id, created_at)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+	envd_version, bytes, node_id, created_at, volume_mounts)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		sn.ID, name, sn.SandboxID, sn.TemplateID, sn.Alias, sn.CPU, sn.MemoryMB, sn.DiskMB, env,
-		sn.EnvdVersion, sn.Bytes, sn.NodeID, toMillis(sn.CreatedAt))
+		sn.EnvdVersion, sn.Bytes, sn.NodeID, toMillis(sn.CreatedAt), mounts)
 	if err != nil {
 		if strings.Contains(err.Error(), "UNIQUE constraint failed") {
 			return errdefs.Conflict("a snapshot named %q already exists", sn.Name)
@@ -56,7 +62,7 @@ VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 }
 
 const snapshotCols = `SELECT id, COALESCE(name, ''), sandbox_id, template_id, alias, cpu, memory_mb, disk_mb,
-	env_vars, envd_version, bytes, node_id, created_at FROM snapshots`
+	env_vars, envd_version, bytes, node_id, created_at, volume_mounts FROM snapshots`
 
 // GetSnapshot returns a snapshot by id or name.
 func (s *Store) GetSnapshot(ctx context.Context, ref string) (Snapshot, error) {
@@ -135,11 +141,11 @@ func (s *Store) DeleteSnapshot(ctx context.Context, id string) error {
 func scanSnapshot(r scanner) (Snapshot, error) {
 	var (
 		sn      Snapshot
-		env     string
-		created int64
+		env, mounts string
+		created     int64
 	)
 	err := r.Scan(&sn.ID, &sn.Name, &sn.SandboxID, &sn.TemplateID, &sn.Alias, &sn.CPU, &sn.MemoryMB,
-		&sn.DiskMB, &env, &sn.EnvdVersion, &sn.Bytes, &sn.NodeID, &created)
+		&sn.DiskMB, &env, &sn.EnvdVersion, &sn.Bytes, &sn.NodeID, &created, &mounts)
 	if err != nil {
 		return Snapshot{}, err
 	}
@@ -147,5 +153,8 @@ func scanSnapshot(r scanner) (Snapshot, error) {
 		return Snapshot{}, fmt.Errorf("decode env vars of snapshot %s: %w", sn.ID, err)
 	}
 	sn.CreatedAt = fromMillis(created)
+	if err := json.Unmarshal([]byte(mounts), &sn.VolumeMounts); err != nil {
+		return Snapshot{}, fmt.Errorf("decode volume mounts of snapshot %s: %w", sn.ID, err)
+	}
 	return sn, nil
 }

@@ -1,0 +1,177 @@
+package driver
+
+import (
+	"context"
+	"crypto/subtle"
+	"fmt"
+	"path"
+	"regexp"
+	"strings"
+
+	"github.com/vibemon/vmon/internal/errdefs"
+	"github.com/vibemon/vmon/internal/node"
+	"github.com/vibemon/vmon/internal/store"
+)
+
+// VolumeDirs makes and removes the directories behind volumes (internal/volumes).
+type VolumeDirs interface {
+	Create(id string) error
+	Delete(id string) error
+}
+
+// Volume is a volume record as the driver hands it out.
+type Volume = store.Volume
+
+// VolumeMountRequest is one entry of a create's volumeMounts.
+type VolumeMountRequest struct {
+	Name string
+	Path string
+}
+
+// MaxVolumeMounts bounds the volumes one sandbox mounts.
+const MaxVolumeMounts = 16
+
+var volumeNameRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$`)
+
+func (d *Driver) volumeDirs() (VolumeDirs, error) {
+	if d.opts.Volumes == nil {
+		return nil, fmt.Errorf("volumes on this node are %w", ErrNotImplemented)
+	}
+	return d.opts.Volumes, nil
+}
+
+// CreateVolume makes a new, empty volume and its content token.
+func (d *Driver) CreateVolume(ctx context.Context, name string) (Volume, error) {
+	dirs, err := d.volumeDirs()
+	if err != nil {
+		return Volume{}, err
+	}
+	if !volumeNameRe.MatchString(name) {
+		return Volume{}, errdefs.InvalidArgument("invalid volume name %s: 1 to 63 letters, digits, '_', '.' and '-', starting with a letter or digit", errdefs.Quote(name))
+	}
+	id, err := NewSandboxID()
+	if err != nil {
+		return Volume{}, err
+	}
+	token, err := newToken()
+	if err != nil {
+		return Volume{}, err
+	}
+	if err := dirs.Create(id); err != nil {
+		return Volume{}, err
+	}
+	v := Volume{ID: id, Name: name, Token: token, CreatedAt: d.now()}
+	if err := d.store.InsertVolume(ctx, v); err != nil {
+		_ = dirs.Delete(id)
+		return Volume{}, err
+	}
+	d.log.Info("volume created", "volume", id, "name", name)
+	return v, nil
+}
+
+// GetVolume returns a volume by id.
+func (d *Driver) GetVolume(ctx context.Context, id string) (Volume, error) {
+	v, err := d.store.GetVolume(ctx, id)
+	if err == nil && v.ID != id {
+		return Volume{}, errdefs.NotFound("volume %q not found", id)
+	}
+	return v, err
+}
+
+// ListVolumes returns every volume.
+func (d *Driver) ListVolumes(ctx context.Context) ([]Volume, error) { return d.store.ListVolumes(ctx) }
+
+// DeleteVolume deletes a volume and its content, unless a live sandbox or a snapshot mounts it.
+func (d *Driver) DeleteVolume(ctx context.Context, id string) error {
+	dirs, err := d.volumeDirs()
+	if err != nil {
+		return err
+	}
+	if _, err := d.GetVolume(ctx, id); err != nil {
+		return err
+	}
+	if err := d.store.DeleteVolume(ctx, id); err != nil {
+		return err
+	}
+	d.log.Info("volume deleted", "volume", id)
+	return dirs.Delete(id)
+}
+
+// CheckVolumeToken authorises a content API call on volume id.
+func (d *Driver) CheckVolumeToken(ctx context.Context, id, token string) error {
+	v, err := d.GetVolume(ctx, id)
+	if errdefs.Is(err, errdefs.KindNotFound) {
+		return err
+	}
+	if err != nil {
+		return err
+	}
+	if token == "" || subtle.ConstantTimeCompare([]byte(token), []byte(v.Token)) != 1 {
+		return errdefs.Unauthorized("invalid volume token")
+	}
+	return nil
+}
+
+// reservedGuestPaths are where the guest's system or vmon's own mounts live.
+var reservedGuestPaths = []string{"/proc", "/sys", "/dev", "/run/vmon", "/opt/vmon", "/etc", "/bin", "/sbin", "/lib", "/usr"}
+
+// resolveMounts turns a create's volumeMounts into mounts of existing volumes at valid paths.
+func (d *Driver) resolveMounts(ctx context.Context, reqs []VolumeMountRequest) ([]store.VolumeMount, error) {
+	if len(reqs) == 0 {
+		return nil, nil
+	}
+	if _, err := d.volumeDirs(); err != nil {
+		return nil, err
+	}
+	if len(reqs) > MaxVolumeMounts {
+		return nil, errdefs.InvalidArgument("volumeMounts: at most %d volumes, got %d", MaxVolumeMounts, len(reqs))
+	}
+	out := make([]store.VolumeMount, 0, len(reqs))
+	seen := map[string]bool{}
+	for i, r := range reqs {
+		p := r.Path
+		if !strings.HasPrefix(p, "/") || path.Clean(p) != p || p == "/" || strings.ContainsAny(p, "\x00:") {
+			return nil, errdefs.InvalidArgument("volumeMounts[%d].path %s must be a clean absolute path other than /", i, errdefs.Quote(p))
+		}
+		for _, res := range reservedGuestPaths {
+			if p == res || strings.HasPrefix(p, res+"/") {
+				return nil, errdefs.InvalidArgument("volumeMounts[%d].path %s is reserved for the system", i, errdefs.Quote(p))
+			}
+		}
+		for prev := range seen {
+			if prev == p || strings.HasPrefix(p, prev+"/") || strings.HasPrefix(prev, p+"/") {
+				return nil, errdefs.InvalidArgument("volumeMounts[%d].path %s overlaps another mount", i, errdefs.Quote(p))
+			}
+		}
+		seen[p] = true
+		v, err := d.store.GetVolume(ctx, r.Name)
+		if errdefs.Is(err, errdefs.KindNotFound) {
+			return nil, errdefs.InvalidArgument("volumeMounts[%d]: volume %s not found", i, errdefs.Quote(r.Name))
+		}
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, store.VolumeMount{ID: v.ID, Name: v.Name, Path: p})
+	}
+	return out, nil
+}
+
+func nodeMounts(m []store.VolumeMount) []node.VolumeMount {
+	out := make([]node.VolumeMount, 0, len(m))
+	for _, v := range m {
+		out = append(out, node.VolumeMount{ID: v.ID, Path: v.Path})
+	}
+	return out
+}
+
+func sameMounts(a, b []store.VolumeMount) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i].ID != b[i].ID || a[i].Path != b[i].Path {
+			return false
+		}
+	}
+	return true
+}
