@@ -130,13 +130,7 @@ func (d *Driver) resumeLocked(ctx context.Context, sb Sandbox, t time.Duration, 
 		return Sandbox{}, err
 	}
 	defer release()
-	user, workdir := defaultUser, ""
-	if tpl, err := d.store.GetTemplate(ctx, sb.TemplateID); err == nil {
-		if tpl.DefaultUser != "" {
-			user = tpl.DefaultUser
-		}
-		workdir = tpl.DefaultWorkdir
-	}
+	user, workdir := d.templateUser(ctx, sb.TemplateID)
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), pauseTimeout)
 	defer cancel()
 	info, err := p.ResumeSandbox(rctx, node.CreateSpec{
@@ -224,4 +218,17 @@ func (d *Driver) RouteOrResume(ctx context.Context, id string) (Route, error) {
 	}
 	d.log.Info("sandbox auto-resumed by an ingress request", "sandbox", id)
 	return d.SandboxByID(ctx, id)
+}
+
+// templateUser is the default user and workdir of a template, for sandboxes restored from saved
+// state (the template may be gone since; its defaults then are E2B's).
+func (d *Driver) templateUser(ctx context.Context, templateID string) (user, workdir string) {
+	user = defaultUser
+	if tpl, err := d.store.GetTemplate(ctx, templateID); err == nil {
+		if tpl.DefaultUser != "" {
+			user = tpl.DefaultUser
+		}
+		workdir = tpl.DefaultWorkdir
+	}
+	return user, workdir
 }

@@ -229,13 +229,7 @@ func (d *Driver) bootFromSnapshot(ctx context.Context, sb Sandbox, src snapshotS
 	}
 	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.opts.CreateTimeout)
 	defer cancel()
-	user, workdir := defaultUser, ""
-	if tpl, err := d.store.GetTemplate(ctx, sb.TemplateID); err == nil {
-		if tpl.DefaultUser != "" {
-			user = tpl.DefaultUser
-		}
-		workdir = tpl.DefaultWorkdir
-	}
+	user, workdir := d.templateUser(ctx, sb.TemplateID)
 	info, err := s.CreateFromSnapshot(bctx, node.CreateSpec{
 		ID: sb.ID, TemplateID: sb.TemplateID, CPUs: sb.CPU, MemoryMB: sb.MemoryMB, DiskMB: sb.DiskMB,
 		EnvVars: sb.EnvVars, AccessToken: sb.EnvdAccessToken, DefaultUser: user, DefaultWorkdir: workdir,

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"syscall"
 	"time"
 
@@ -171,6 +172,24 @@ func (n *Node) PauseSandbox(ctx context.Context, id string, memory bool) (PauseI
 	// everything that reads a paused sandbox waits for it (waitFinished). A crash meanwhile is
 	// finished by recovery from the pausing mark, as for a pause interrupted at any other point.
 	estimate := snapshot.Bytes(tmp) + layerBytes(dir)
+	n.inBackground(id, func() {
+		info, err := n.finishPause(context.WithoutCancel(ctx), id, dir, tmp, rec, memory)
+		if err != nil {
+			// The next start's recovery tries again from the pausing mark; until then a resume
+			// finds no snapshot and the sandbox is reported gone.
+			n.log.Error("writing a paused sandbox's snapshot failed", "sandbox", id, "err", err)
+			return
+		}
+		n.log.Info("sandbox paused", "sandbox", id, "memory", memory, "bytes", info.Bytes,
+			"stopped", stopped.Round(time.Millisecond), "stash", info.stash.Round(time.Millisecond),
+			"seal", info.seal.Round(time.Millisecond), "took", time.Since(began).Round(time.Millisecond))
+	})
+	return PauseInfo{Memory: memory, Bytes: estimate}, nil
+}
+
+// inBackground runs fn, work on sandbox id's saved state that the caller need not wait for;
+// waitFinished(id) waits for it, and Close for all of them.
+func (n *Node) inBackground(id string, fn func()) {
 	done := make(chan struct{})
 	n.mu.Lock()
 	n.finishing[id] = done
@@ -184,18 +203,8 @@ func (n *Node) PauseSandbox(ctx context.Context, id string, memory bool) (PauseI
 			n.mu.Unlock()
 			close(done)
 		}()
-		info, err := n.finishPause(context.WithoutCancel(ctx), id, dir, tmp, rec, memory)
-		if err != nil {
-			// The next start's recovery tries again from the pausing mark; until then a resume
-			// finds no snapshot and the sandbox is reported gone.
-			n.log.Error("writing a paused sandbox's snapshot failed", "sandbox", id, "err", err)
-			return
-		}
-		n.log.Info("sandbox paused", "sandbox", id, "memory", memory, "bytes", info.Bytes,
-			"stopped", stopped.Round(time.Millisecond), "stash", info.stash.Round(time.Millisecond),
-			"seal", info.seal.Round(time.Millisecond), "took", time.Since(began).Round(time.Millisecond))
+		fn()
 	}()
-	return PauseInfo{Memory: memory, Bytes: estimate}, nil
 }
 
 // waitFinished waits until the background work on sandbox id's saved state is done: a pause's
@@ -347,25 +356,13 @@ func (n *Node) ResumeSandbox(ctx context.Context, spec CreateSpec, memory bool) 
 	// The sandbox runs on its own files now; the snapshot is spent. Deleting its memory image
 	// takes a while (hundreds of MiB on a journaling filesystem), so it goes in the background;
 	// the mark goes last, so recovery finishes the job after a crash.
-	done := make(chan struct{})
-	n.mu.Lock()
-	n.finishing[spec.ID] = done
-	n.mu.Unlock()
-	n.finishWG.Add(1)
-	go func() {
-		defer n.finishWG.Done()
-		defer func() {
-			n.mu.Lock()
-			delete(n.finishing, spec.ID)
-			n.mu.Unlock()
-			close(done)
-		}()
+	n.inBackground(spec.ID, func() {
 		if err := os.RemoveAll(final); err != nil {
 			n.log.Warn("remove the snapshot of a resumed sandbox", "sandbox", spec.ID, "err", err)
 			return
 		}
 		_ = os.Remove(filepath.Join(n.sandboxDir(spec.ID), resumingFile))
-	}()
+	})
 	n.log.Info("sandbox resumed", "sandbox", spec.ID, "memory", useMemory, "verify", verified.Round(time.Millisecond),
 		"booted", booted.Round(time.Millisecond), "took", time.Since(began).Round(time.Millisecond))
 	return info, nil
@@ -437,7 +434,12 @@ func (n *Node) PausedBytes(id string) int64 {
 
 // Paused lists the sandboxes paused on this node.
 func (n *Node) Paused() ([]string, error) {
-	ents, err := os.ReadDir(filepath.Join(n.opts.DataDir, "paused"))
+	return dirsMatching(filepath.Join(n.opts.DataDir, "paused"), idRe)
+}
+
+// dirsMatching lists the subdirectories of root whose names match re (none if root is missing).
+func dirsMatching(root string, re *regexp.Regexp) ([]string, error) {
+	ents, err := os.ReadDir(root)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
@@ -446,7 +448,7 @@ func (n *Node) Paused() ([]string, error) {
 	}
 	var ids []string
 	for _, e := range ents {
-		if e.IsDir() && idRe.MatchString(e.Name()) {
+		if e.IsDir() && re.MatchString(e.Name()) {
 			ids = append(ids, e.Name())
 		}
 	}

@@ -266,20 +266,7 @@ func (n *Node) Snapshots() ([]string, error) {
 	if err := snapshot.Sweep(root); err != nil {
 		return nil, err
 	}
-	ents, err := os.ReadDir(root)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	var ids []string
-	for _, e := range ents {
-		if e.IsDir() && snapshotIDRe.MatchString(e.Name()) {
-			ids = append(ids, e.Name())
-		}
-	}
-	return ids, nil
+	return dirsMatching(root, snapshotIDRe)
 }
 
 // createFromStart restores a new sandbox from its template build's started snapshot: the start
