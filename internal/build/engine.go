@@ -83,7 +83,7 @@ type Options struct {
 	// NoStartSnapshot keeps templates with a start command from being saved started: every
 	// sandbox then runs the start command (benchmarks compare both paths).
 	NoStartSnapshot bool
-	Log          *slog.Logger
+	Log             *slog.Logger
 }
 
 // Engine runs builds.

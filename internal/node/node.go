@@ -126,7 +126,7 @@ type Options struct {
 	MaxSnapshotBytes int64
 	// VolumePath gives the host directory of a volume (internal/volumes); nil: no volumes.
 	VolumePath func(id string) (string, error)
-	Log              *slog.Logger
+	Log        *slog.Logger
 }
 
 const (

@@ -140,7 +140,7 @@ func (s *Store) DeleteSnapshot(ctx context.Context, id string) error {
 
 func scanSnapshot(r scanner) (Snapshot, error) {
 	var (
-		sn      Snapshot
+		sn          Snapshot
 		env, mounts string
 		created     int64
 	)
