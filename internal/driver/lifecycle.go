@@ -164,6 +164,11 @@ func (d *Driver) Metrics(ctx context.Context, id string) ([]Metric, error) {
 		MemTotal:  int64(sb.MemoryMB) << 20,
 		DiskTotal: int64(sb.DiskMB) << 20,
 	}
+	if sb.State == store.StatePaused {
+		// A paused sandbox uses no CPU or memory; its disk is what its saved state takes.
+		fallback.DiskUsed = sb.PausedBytes
+		return []Metric{fallback}, nil
+	}
 	mn, ok := d.node.(MetricsNode)
 	if !ok || sb.State != store.StateRunning {
 		return []Metric{fallback}, nil

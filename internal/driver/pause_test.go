@@ -48,6 +48,9 @@ func TestPauseAndConnect(t *testing.T) {
 	settle()
 	e.waitState(t, sb.ID, store.StatePaused)
 	wantKind(t, e.d.SetTimeout(ctx, sb.ID, time.Minute), errdefs.KindConflict)
+	if m, err := e.d.Metrics(ctx, sb.ID); err != nil || len(m) != 1 || m[0].DiskUsed != 1<<20 || m[0].MemUsed != 0 {
+		t.Fatalf("metrics of a paused sandbox = %+v, %v; want its saved state's disk and no memory", m, err)
+	}
 
 	out, resumed, err := e.d.Connect(ctx, sb.ID, dur(90*time.Second), true)
 	if err != nil || !resumed || out.State != store.StateRunning {
