@@ -21,6 +21,7 @@ const warm = read('sdk-warm.json');
 const exec = read('exec.json');
 const mem = read('memory.json');
 const vmonRss = read('vmon-rss.json');
+const pairs = read('pairs.json');
 const failed = String(args.failed === true ? '' : (args.failed ?? '')).split(/\s+/).filter(Boolean);
 let leftovers = 0;
 try {
@@ -118,6 +119,16 @@ if (mem) {
   lines.push('');
   lines.push(`Idle memory: ${failed.includes('5-memory') ? 'FAILED' : 'not run'}`);
 }
+if (pairs) {
+  lines.push('\nAlternating pairs (phase 2b: vmon and raw runsc take turns, iteration by iteration, in one run):\n');
+  lines.push('| measurement | n | vmon p50 | p95 | runsc p50 | p95 | ratio p50 | ratio p95 |');
+  lines.push('|---|---|---|---|---|---|---|---|');
+  const pr = (what, p) =>
+    lines.push(`| ${what} | ${p.vmon.n} | ${ms(p.vmon.p50)} | ${ms(p.vmon.p95)} | ${ms(p.raw.p50)} | ${ms(p.raw.p95)} | ` +
+      `${ratio(p.vmon.p50, p.raw.p50) ?? '–'} | ${ratio(p.vmon.p95, p.raw.p95) ?? '–'} |`);
+  pr('create → first run (SDK) vs `runsc run --detach` + `exec true`', pairs.create);
+  pr('`commands.run(\'true\')` vs `runsc exec <id> true`', pairs.exec);
+}
 if (vmonRss?.vmonServeRssBytes) lines.push(`\nvmon serve RSS after phases 1, 2, 4, 5: ${mib(vmonRss.vmonServeRssBytes)} MiB`);
 if (leftovers) lines.push(`\nnote: ${leftovers} sandbox(es) were still running in the bench data dir after \`vmon serve\` stopped (removed by the script)`);
 try {
@@ -142,6 +153,10 @@ writeJson(args.summary, {
   sdkColdCreateToFirstRunMs: strip(cold),
   runtimeRunscMs: strip(rt),
   ratios: { ...ratios, target: 1.2 },
+  alternatingPairs: pairs ? {
+    create: { vmon: strip(pairs.create.vmon), raw: strip(pairs.create.raw) },
+    exec: { vmon: strip(pairs.exec.vmon), raw: strip(pairs.exec.raw) },
+  } : null,
   sdkWarmCreateToFirstRunMs: warm ? strip(warm) : meta.warmPoolFlag === false ? 'skipped: no --warm-pool flag' : null,
   sdkExecMs: strip(exec),
   idleMemoryBytes: strip(mem),

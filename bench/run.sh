@@ -5,7 +5,8 @@
 #
 # Phases (all sequential, on 127.0.0.1 only):
 #   1. SDK Sandbox.create() → first commands.run('true'), 30 sequential creates, `--warm-pool 0`
-#   2. the same directly with runsc on the same rootfs (overlay + netns + vmon's config shape)
+#   2. the same directly with runsc on the same rootfs (overlay + netns + vmon's config shape);
+#      2b. phases 1, 2 and 4 again as alternating vmon/runsc pairs (bench/pairs.mjs), for the ratios
 #   3. warm path: `--warm-pool 2`, 30 sequential creates with a 1 s gap so the pool refills
 #   4. commands.run('true') on one live sandbox, 100 runs
 #   5. idle memory with 20 sandboxes running
@@ -112,6 +113,9 @@ if start_vmon "$OUT/vmon-cold.log" "${cold_flags[@]}"; then
     --capture-config "$OUT/vmon-config.json" --data-dir "$DATA"
   # No sandbox runs during phase 2 (vmon idles).
   phase 2-runtime node bench/runtime.mjs --n "$N_CREATES" --out "$OUT/runtime.json" --data-dir "$DATA" \
+    --template-config "$OUT/vmon-config.json" --runsc "$RUNSC"
+  # The ratios: the same two measurements as alternating pairs in one phase.
+  [ -n "$VMON_PID" ] && phase 2b-pairs node bench/pairs.mjs --n "$N_CREATES" --out "$OUT/pairs.json" --data-dir "$DATA" \
     --template-config "$OUT/vmon-config.json" --runsc "$RUNSC"
   [ -n "$VMON_PID" ] && phase 4-exec node bench/sdk.mjs exec --n "$N_EXECS" --out "$OUT/exec.json"
   [ -n "$VMON_PID" ] && phase 5-memory node bench/sdk.mjs memory --n "$N_MEM" --settle-ms 10000 --out "$OUT/memory.json"
