@@ -346,6 +346,7 @@ type bootSpec struct {
 
 // boot assembles and starts a sandbox up to a connected envd (not yet initialised).
 func (n *Node) boot(ctx context.Context, bs bootSpec) (_ *sandbox, retErr error) {
+	bootStart := time.Now()
 	runtimeID, templateID, lowers, cpus, memoryMB, policy := bs.runtimeID, bs.templateID, bs.lowers, bs.cpus, bs.memoryMB, bs.policy
 	dir := n.sandboxDir(runtimeID)
 	if err := os.Mkdir(dir, 0o700); err != nil {
@@ -418,11 +419,14 @@ func (n *Node) boot(ctx context.Context, bs bootSpec) (_ *sandbox, retErr error)
 			return nil, err
 		}
 	}
+	n.log.Debug("link taken and gate passed", "runtime_id", runtimeID, "took", time.Since(bootStart))
 
+	prepStart := time.Now()
 	root, err := n.opts.RootFS.Prepare(ctx, lowers, dir, Writable{DiskMB: bs.diskMB, From: bs.layer, Copy: bs.copyLayer})
 	if err != nil {
 		return nil, fmt.Errorf("prepare root filesystem: %w", err)
 	}
+	n.log.Debug("root filesystem prepared", "runtime_id", runtimeID, "took", time.Since(prepStart))
 	undo = append(undo, func() { _ = n.releaseRoot(teardownCtx, runtimeID) })
 	if err := writeImageRecord(dir, n.opts.DataDir, bs); err != nil {
 		return nil, err
@@ -493,9 +497,11 @@ func (n *Node) boot(ctx context.Context, bs bootSpec) (_ *sandbox, retErr error)
 	})
 	n.watch(sb)
 
+	n.log.Debug("runtime up", "runtime_id", runtimeID, "took", time.Since(bootStart))
 	if err := attached(); err != nil {
 		return nil, fmt.Errorf("attach egress policy: %w", err)
 	}
+	n.log.Debug("policy attached", "runtime_id", runtimeID, "took", time.Since(bootStart))
 	waitCtx, cancel := context.WithTimeout(ctx, n.opts.BootTimeout)
 	defer cancel()
 	if err := ch.WaitConnected(waitCtx); err != nil {
