@@ -59,9 +59,10 @@ func Run(ctx context.Context, opts Options) error {
 		began := time.Now()
 		connected, err := serveOnce(ctx, opts.Socket, handler, log)
 		switch {
-		case connected && time.Since(began) > time.Second:
-			// A session that lasted ended because the node went away for a moment (a restore, a
-			// node restart): it is usually listening again already, so redial at once.
+		case connected && time.Since(began) > 100*time.Millisecond:
+			// A session ended because the node went away for a moment (a restore, a node
+			// restart): it is usually listening again already, so redial at once. A node that
+			// closes sessions as soon as they open meets the backoff below instead.
 			backoff, failures = opts.MinBackoff, 0
 			log.Info("agent session ended; redialling", "err", err)
 			continue
