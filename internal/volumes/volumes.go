@@ -135,7 +135,21 @@ func (d *Dir) open(id string) (*os.Root, error) {
 	return r, err
 }
 
-// notFound maps a missing path to E2B's 404 and anything a path can do wrong to 400.
+// at opens volume id's root and resolves client path p inside it. The caller closes the root.
+func (d *Dir) at(id, p string) (*os.Root, string, error) {
+	r, err := d.open(id)
+	if err != nil {
+		return nil, "", err
+	}
+	rel, err := clean(p)
+	if err != nil {
+		r.Close()
+		return nil, "", err
+	}
+	return r, rel, nil
+}
+
+// pathErr maps a missing path to E2B's 404 and anything a path can do wrong to 400.
 func pathErr(p string, err error) error {
 	switch {
 	case err == nil:
@@ -185,15 +199,11 @@ func entryOf(r *os.Root, rel string, fi fs.FileInfo) Entry {
 
 // Stat describes path in volume id (a symlink itself, not its target).
 func (d *Dir) Stat(id, p string) (Entry, error) {
-	r, err := d.open(id)
+	r, rel, err := d.at(id, p)
 	if err != nil {
 		return Entry{}, err
 	}
 	defer r.Close()
-	rel, err := clean(p)
-	if err != nil {
-		return Entry{}, err
-	}
 	fi, err := r.Lstat(rel)
 	if err != nil {
 		return Entry{}, pathErr(p, err)
@@ -209,15 +219,11 @@ func (d *Dir) List(id, p string, depth int) ([]Entry, error) {
 	if depth < 1 || depth > MaxDepth {
 		return nil, errdefs.InvalidArgument("depth must be between 1 and %d", MaxDepth)
 	}
-	r, err := d.open(id)
+	r, rel, err := d.at(id, p)
 	if err != nil {
 		return nil, err
 	}
 	defer r.Close()
-	rel, err := clean(p)
-	if err != nil {
-		return nil, err
-	}
 	fi, err := r.Lstat(rel)
 	if err != nil {
 		return nil, pathErr(p, err)
@@ -258,15 +264,11 @@ func (d *Dir) List(id, p string, depth int) ([]Entry, error) {
 
 // Mkdir creates directory p (with its parents when force) and returns it.
 func (d *Dir) Mkdir(id, p string, a Attrs, force bool) (Entry, error) {
-	r, err := d.open(id)
+	r, rel, err := d.at(id, p)
 	if err != nil {
 		return Entry{}, err
 	}
 	defer r.Close()
-	rel, err := clean(p)
-	if err != nil {
-		return Entry{}, err
-	}
 	mode := os.FileMode(0o755)
 	if a.Mode != nil {
 		mode = os.FileMode(*a.Mode & 0o7777)
@@ -331,15 +333,11 @@ func modeBits(m uint32) os.FileMode {
 
 // Chattr changes ownership and mode of p.
 func (d *Dir) Chattr(id, p string, a Attrs) (Entry, error) {
-	r, err := d.open(id)
+	r, rel, err := d.at(id, p)
 	if err != nil {
 		return Entry{}, err
 	}
 	defer r.Close()
-	rel, err := clean(p)
-	if err != nil {
-		return Entry{}, err
-	}
 	if _, err := r.Lstat(rel); err != nil {
 		return Entry{}, pathErr(p, err)
 	}
@@ -351,15 +349,11 @@ func (d *Dir) Chattr(id, p string, a Attrs) (Entry, error) {
 
 // Open returns regular file p for reading, with its size.
 func (d *Dir) Open(id, p string) (io.ReadCloser, int64, error) {
-	r, err := d.open(id)
+	r, rel, err := d.at(id, p)
 	if err != nil {
 		return nil, 0, err
 	}
 	defer r.Close()
-	rel, err := clean(p)
-	if err != nil {
-		return nil, 0, err
-	}
 	// O_NONBLOCK: a FIFO planted in the volume must not pin the request.
 	f, err := r.OpenFile(rel, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
@@ -379,15 +373,11 @@ func (d *Dir) Open(id, p string) (io.ReadCloser, int64, error) {
 // Write writes body to file p (creating its parents when force) and returns it. The content goes
 // to a temporary file first, so a failed upload leaves the old content.
 func (d *Dir) Write(id, p string, body io.Reader, a Attrs, force bool) (Entry, error) {
-	r, err := d.open(id)
+	r, rel, err := d.at(id, p)
 	if err != nil {
 		return Entry{}, err
 	}
 	defer r.Close()
-	rel, err := clean(p)
-	if err != nil {
-		return Entry{}, err
-	}
 	if rel == "." {
 		return Entry{}, errdefs.InvalidArgument("path %s is a directory", errdefs.Quote(p))
 	}
@@ -428,15 +418,11 @@ func (d *Dir) Write(id, p string, body io.Reader, a Attrs, force bool) (Entry, e
 
 // Remove deletes p, with everything under it for a directory. The root itself stays.
 func (d *Dir) Remove(id, p string) error {
-	r, err := d.open(id)
+	r, rel, err := d.at(id, p)
 	if err != nil {
 		return err
 	}
 	defer r.Close()
-	rel, err := clean(p)
-	if err != nil {
-		return err
-	}
 	if rel == "." {
 		return errdefs.InvalidArgument("the volume's root cannot be removed")
 	}
