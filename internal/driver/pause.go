@@ -118,6 +118,7 @@ func (d *Driver) resumeLocked(ctx context.Context, sb Sandbox, t time.Duration, 
 	if err != nil {
 		return Sandbox{}, err
 	}
+	began := time.Now()
 	policy, err := policyOf(sb)
 	if err != nil {
 		return Sandbox{}, err
@@ -133,6 +134,7 @@ func (d *Driver) resumeLocked(ctx context.Context, sb Sandbox, t time.Duration, 
 	user, workdir := d.templateUser(ctx, sb.TemplateID)
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), pauseTimeout)
 	defer cancel()
+	prepared := time.Since(began)
 	info, err := p.ResumeSandbox(rctx, node.CreateSpec{
 		ID: sb.ID, TemplateID: sb.TemplateID, CPUs: sb.CPU, MemoryMB: sb.MemoryMB, DiskMB: sb.DiskMB,
 		EnvVars: sb.EnvVars, AccessToken: sb.EnvdAccessToken, DefaultUser: user, DefaultWorkdir: workdir,
@@ -164,7 +166,8 @@ func (d *Driver) resumeLocked(ctx context.Context, sb Sandbox, t time.Duration, 
 		sb.EnvdVersion = info.EnvdVersion
 	}
 	d.track(sb)
-	d.log.Info("sandbox resumed", "sandbox", sb.ID, "timeout", t)
+	d.log.Info("sandbox resumed", "sandbox", sb.ID, "timeout", t, "prepared", prepared.Round(time.Millisecond),
+		"took", time.Since(began).Round(time.Millisecond))
 	return sb, nil
 }
 
