@@ -11,7 +11,8 @@ import { describe } from 'node:test';
 import { Sandbox, SandboxNotFoundError, InvalidArgumentError } from 'e2b';
 import { useServer, killQuietly, waitFor, sleep, runtimeIdOf, runVmon, apiFetch, pgrep, listAll } from '../lib/harness.js';
 
-const COUNTER = 'i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done';
+// Written through a rename: a read never sees the file truncated and empty.
+const COUNTER = 'i=0; while true; do i=$((i+1)); echo $i > /tmp/count.new; mv -f /tmp/count.new /tmp/count; sleep 0.05; done';
 // A python process holding a variable only in its memory, publishing it and its pid.
 const PY_HOLDER = `python3 -c "
 import os, time

@@ -13,7 +13,8 @@ import { useServer, killQuietly, sleep, apiFetch, pgrep, listAll } from '../lib/
 
 // Unique per run: snapshot names are unique, and the test data dir outlives a run.
 const NAME = `e2e-snap-${process.pid}`;
-const COUNTER = 'i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done';
+// Written through a rename: a read never sees the file truncated and empty.
+const COUNTER = 'i=0; while true; do i=$((i+1)); echo $i > /tmp/count.new; mv -f /tmp/count.new /tmp/count; sleep 0.05; done';
 const HOLDER = `python3 -c "
 import os, time
 secret = os.urandom(8).hex()
