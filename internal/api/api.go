@@ -114,10 +114,12 @@ func New(opts Options) (*Server, error) {
 		"DELETE /templates/tags":                  notSupported("template tags"),
 	}
 	if s.builds != nil {
-		for p, h := range s.templateBuildRoutes() {
+		build := s.templateBuildRoutes()
+		for p, h := range build {
 			routes[p] = h
 		}
-		routes["DELETE /templates/{id}"] = s.deleteTemplateOrSnapshot(s.templateBuildRoutes()["DELETE /templates/{id}"])
+		// The SDK deletes snapshots through the template route.
+		routes["DELETE /templates/{id}"] = s.deleteTemplateOrSnapshot(build["DELETE /templates/{id}"])
 	}
 	if opts.Volumes != nil {
 		for p, h := range s.volumeRoutes() {

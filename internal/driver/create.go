@@ -214,21 +214,32 @@ func (d *Driver) startRecord(ctx context.Context, sb Sandbox, timeout time.Durat
 func (d *Driver) reserve(ctx context.Context, sb Sandbox) error {
 	d.createMu.Lock()
 	defer d.createMu.Unlock()
-	if limit := d.opts.MaxSandboxes; limit > 0 {
-		n, err := d.store.CountSandboxes(ctx, store.SandboxQuery{
-			States: []store.SandboxState{store.StateCreating, store.StateRunning},
-			NodeID: d.opts.NodeID,
-		})
-		if err != nil {
-			return err
-		}
-		if n >= limit {
-			return errdefs.WithCode(errdefs.ResourceExhausted(
-				"no capacity for another sandbox: %d of %d sandboxes are running or starting on this host; kill one or raise the limit",
-				n, limit), CapacityErrorCode)
-		}
+	if err := d.capacityLeft(ctx, "for another sandbox"); err != nil {
+		return err
 	}
 	return d.store.InsertSandbox(ctx, sb)
+}
+
+// capacityLeft refuses (429, E2B's capacity code) when the node already holds MaxSandboxes
+// sandboxes that are running or starting. The caller holds createMu.
+func (d *Driver) capacityLeft(ctx context.Context, what string) error {
+	limit := d.opts.MaxSandboxes
+	if limit <= 0 {
+		return nil
+	}
+	n, err := d.store.CountSandboxes(ctx, store.SandboxQuery{
+		States: []store.SandboxState{store.StateCreating, store.StateRunning},
+		NodeID: d.opts.NodeID,
+	})
+	if err != nil {
+		return err
+	}
+	if n >= limit {
+		return errdefs.WithCode(errdefs.ResourceExhausted(
+			"no capacity %s: %d of %d sandboxes are running or starting on this host; kill one or raise the limit",
+			what, n, limit), CapacityErrorCode)
+	}
+	return nil
 }
 
 // acquireBootSlot waits for one of the BootConcurrency slots, at most BootQueueTimeout.

@@ -173,25 +173,9 @@ func (d *Driver) resumeLocked(ctx context.Context, sb Sandbox, t time.Duration, 
 
 // checkCapacity refuses a resume when the node already runs as many sandboxes as it may.
 func (d *Driver) checkCapacity(ctx context.Context) error {
-	limit := d.opts.MaxSandboxes
-	if limit <= 0 {
-		return nil
-	}
 	d.createMu.Lock()
 	defer d.createMu.Unlock()
-	n, err := d.store.CountSandboxes(ctx, store.SandboxQuery{
-		States: []store.SandboxState{store.StateCreating, store.StateRunning},
-		NodeID: d.opts.NodeID,
-	})
-	if err != nil {
-		return err
-	}
-	if n >= limit {
-		return errdefs.WithCode(errdefs.ResourceExhausted(
-			"no capacity to resume the sandbox: %d of %d sandboxes are running or starting on this host; kill one or raise the limit",
-			n, limit), CapacityErrorCode)
-	}
-	return nil
+	return d.capacityLeft(ctx, "to resume the sandbox")
 }
 
 func (d *Driver) timeoutOrDefault(timeout *time.Duration) (time.Duration, error) {

@@ -100,9 +100,6 @@ func (d *Driver) DeleteVolume(ctx context.Context, id string) error {
 // CheckVolumeToken authorises a content API call on volume id.
 func (d *Driver) CheckVolumeToken(ctx context.Context, id, token string) error {
 	v, err := d.GetVolume(ctx, id)
-	if errdefs.Is(err, errdefs.KindNotFound) {
-		return err
-	}
 	if err != nil {
 		return err
 	}

@@ -117,7 +117,7 @@ func (b *BuildSandbox) CheckpointStart(ctx context.Context, dir string) (err err
 		return errdefs.Unavailable("this node's runtime cannot checkpoint")
 	}
 	sdir := n.sandboxDir(b.sb.runtimeID)
-	rec, err := readImageRecord(sdir)
+	rec, err := readBootRecord(sdir)
 	if err != nil {
 		return fmt.Errorf("checkpoint the started template: %w", err)
 	}

@@ -285,9 +285,7 @@ func (n *Node) handOut(ctx context.Context, sb *sandbox, spec CreateSpec, img Im
 		}
 		attached := n.attachAsync(ctx, link, spec.Egress)
 		bootCtx, cancel := context.WithTimeout(ctx, n.opts.BootTimeout)
-		t := time.Now()
 		err = n.initEnvd(bootCtx, sb, spec)
-		n.log.Debug("envd initialised", "runtime_id", sb.runtimeID, "restored", sb.restored, "took", time.Since(t))
 		cancel()
 		err = errors.Join(err, <-attached)
 		sb.attached = sb.link != nil
@@ -419,18 +417,12 @@ func (n *Node) boot(ctx context.Context, bs bootSpec) (_ *sandbox, retErr error)
 			return nil, err
 		}
 	}
-	n.log.Debug("link taken and gate passed", "runtime_id", runtimeID, "took", time.Since(bootStart))
 
-	prepStart := time.Now()
 	root, err := n.opts.RootFS.Prepare(ctx, lowers, dir, Writable{DiskMB: bs.diskMB, From: bs.layer, Copy: bs.copyLayer})
 	if err != nil {
 		return nil, fmt.Errorf("prepare root filesystem: %w", err)
 	}
-	n.log.Debug("root filesystem prepared", "runtime_id", runtimeID, "took", time.Since(prepStart))
 	undo = append(undo, func() { _ = n.releaseRoot(teardownCtx, runtimeID) })
-	if err := writeImageRecord(dir, n.opts.DataDir, bs); err != nil {
-		return nil, err
-	}
 
 	ch, err := agent.Listen(agentDir, n.log.With("runtime_id", runtimeID))
 	if err != nil {
@@ -471,7 +463,7 @@ func (n *Node) boot(ctx context.Context, bs bootSpec) (_ *sandbox, retErr error)
 		}
 		rspec.Mounts = append(rspec.Mounts, runtime.Mount{HostPath: host, GuestPath: v.Path})
 	}
-	if err := writeRuntimeSpec(dir, rspec); err != nil {
+	if err := writeBootRecord(dir, n.opts.DataDir, bs, rspec); err != nil {
 		return nil, err
 	}
 	sb := &sandbox{runtimeID: runtimeID, template: templateID, cpus: cpus, memoryMB: memoryMB,
@@ -497,16 +489,15 @@ func (n *Node) boot(ctx context.Context, bs bootSpec) (_ *sandbox, retErr error)
 	})
 	n.watch(sb)
 
-	n.log.Debug("runtime up", "runtime_id", runtimeID, "took", time.Since(bootStart))
 	if err := attached(); err != nil {
 		return nil, fmt.Errorf("attach egress policy: %w", err)
 	}
-	n.log.Debug("policy attached", "runtime_id", runtimeID, "took", time.Since(bootStart))
 	waitCtx, cancel := context.WithTimeout(ctx, n.opts.BootTimeout)
 	defer cancel()
 	if err := ch.WaitConnected(waitCtx); err != nil {
 		return nil, errdefs.Wrap(errdefs.KindUnavailable, err, "sandbox did not start")
 	}
+	n.log.Debug("sandbox booted", "runtime_id", runtimeID, "restored", bs.checkpoint != "", "took", time.Since(bootStart))
 	return sb, nil
 }
 

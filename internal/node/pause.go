@@ -22,9 +22,9 @@ var ErrSandboxLost = errors.New("the sandbox stopped and its state could not be 
 
 // Files in a sandbox directory that make pause and resume crash-safe.
 const (
-	// imageFile records what the sandbox was built from, so a pause after a node restart still
-	// knows its template layers and resources.
-	imageFile = "image.json"
+	// bootFile records what the sandbox was booted from (template layers, resources, the runtime
+	// spec), so a pause or a snapshot after a node restart still knows them.
+	bootFile = "boot.json"
 	// pausingFile marks a pause in progress: recovery finishes it or calls it off.
 	pausingFile = "pausing"
 	// resumingFile marks a resume in progress: recovery either keeps the resumed sandbox (its
@@ -34,18 +34,22 @@ const (
 	checkpointDone = "complete"
 )
 
-// imageRecord is imageFile's content.
-type imageRecord struct {
+// bootRecord is bootFile's content.
+type bootRecord struct {
 	TemplateID string `json:"templateID"`
 	// Lowers are relative to the data directory.
 	Lowers   []string `json:"lowers"`
 	CPUs     int      `json:"cpus"`
 	MemoryMB int      `json:"memoryMB"`
 	DiskMB   int      `json:"diskMB"`
+	// Runtime is the spec the runtime started with: a snapshot restores the sandbox in place
+	// with it.
+	Runtime runtime.Spec `json:"runtime"`
 }
 
-func writeImageRecord(dir, dataDir string, bs bootSpec) error {
-	rec := imageRecord{TemplateID: bs.templateID, CPUs: bs.cpus, MemoryMB: bs.memoryMB, DiskMB: bs.diskMB}
+// writeBootRecord is one small file written on every boot (the create path).
+func writeBootRecord(dir, dataDir string, bs bootSpec, rspec runtime.Spec) error {
+	rec := bootRecord{TemplateID: bs.templateID, CPUs: bs.cpus, MemoryMB: bs.memoryMB, DiskMB: bs.diskMB, Runtime: rspec}
 	for _, l := range bs.lowers {
 		rel, err := filepath.Rel(dataDir, l)
 		if err != nil || !filepath.IsLocal(rel) {
@@ -59,15 +63,15 @@ func writeImageRecord(dir, dataDir string, bs bootSpec) error {
 	if err != nil {
 		return err
 	}
-	if err := writeFileAtomic(filepath.Join(dir, imageFile), b); err != nil {
-		return fmt.Errorf("record sandbox image: %w", err)
+	if err := writeFileAtomic(filepath.Join(dir, bootFile), b); err != nil {
+		return fmt.Errorf("record what the sandbox booted from: %w", err)
 	}
 	return nil
 }
 
-func readImageRecord(dir string) (imageRecord, error) {
-	var rec imageRecord
-	b, err := os.ReadFile(filepath.Join(dir, imageFile))
+func readBootRecord(dir string) (bootRecord, error) {
+	var rec bootRecord
+	b, err := os.ReadFile(filepath.Join(dir, bootFile))
 	if err == nil {
 		err = json.Unmarshal(b, &rec)
 	}
@@ -115,7 +119,7 @@ func (n *Node) PauseSandbox(ctx context.Context, id string, memory bool) (PauseI
 		return PauseInfo{}, errdefs.Unavailable("this node's runtime cannot keep a sandbox's memory; pause it with memory:false")
 	}
 	dir := n.sandboxDir(sb.runtimeID)
-	rec, err := readImageRecord(dir)
+	rec, err := readBootRecord(dir)
 	if err != nil {
 		return PauseInfo{}, errdefs.Wrap(errdefs.KindUnavailable, err, "sandbox %q cannot be paused", id)
 	}
@@ -251,7 +255,7 @@ func (n *Node) flushGuest(ctx context.Context, sb *sandbox) {
 // finishPause moves the stopped sandbox's writable layer into the snapshot, seals and publishes
 // it and removes what is left of the sandbox directory. Recovery calls it to finish a pause a
 // crash interrupted.
-func (n *Node) finishPause(ctx context.Context, id, dir, tmp string, rec imageRecord, memory bool) (PauseInfo, error) {
+func (n *Node) finishPause(ctx context.Context, id, dir, tmp string, rec bootRecord, memory bool) (PauseInfo, error) {
 	layer := filepath.Join(tmp, snapshot.LayerDir)
 	if err := os.MkdirAll(layer, 0o700); err != nil {
 		return PauseInfo{}, err
@@ -423,15 +427,6 @@ func (n *Node) DeletePaused(ctx context.Context, id string) error {
 	return nil
 }
 
-// PausedBytes returns the disk space paused sandbox id takes (0 if it is not paused here).
-func (n *Node) PausedBytes(id string) int64 {
-	if !idRe.MatchString(id) {
-		return 0
-	}
-	_ = n.waitFinished(context.Background(), id)
-	return snapshot.Bytes(n.pausedDir(id))
-}
-
 // Paused lists the sandboxes paused on this node.
 func (n *Node) Paused() ([]string, error) {
 	return dirsMatching(filepath.Join(n.opts.DataDir, "paused"), idRe)
@@ -490,7 +485,7 @@ func (n *Node) finishInterruptedPause(ctx context.Context, rid string) bool {
 		}
 		return true
 	}
-	rec, err := readImageRecord(dir)
+	rec, err := readBootRecord(dir)
 	if err != nil {
 		n.log.Error("cannot finish an interrupted pause", "sandbox", id, "err", err)
 		return false

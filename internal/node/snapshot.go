@@ -2,7 +2,6 @@ package node
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -14,30 +13,6 @@ import (
 	"github.com/vibemon/vmon/internal/runtime"
 	"github.com/vibemon/vmon/internal/snapshot"
 )
-
-// runtimeSpecFile keeps the runtime spec a sandbox was started with, so it can be restored in
-// place (a snapshot's brief stop) even after a node restart.
-const runtimeSpecFile = "runtime-spec.json"
-
-func writeRuntimeSpec(dir string, spec runtime.Spec) error {
-	b, err := json.Marshal(spec)
-	if err != nil {
-		return err
-	}
-	if err := writeFileAtomic(filepath.Join(dir, runtimeSpecFile), b); err != nil {
-		return fmt.Errorf("record runtime spec: %w", err)
-	}
-	return nil
-}
-
-func readRuntimeSpec(dir string) (runtime.Spec, error) {
-	var spec runtime.Spec
-	b, err := os.ReadFile(filepath.Join(dir, runtimeSpecFile))
-	if err == nil {
-		err = json.Unmarshal(b, &spec)
-	}
-	return spec, err
-}
 
 // snapshotIDRe is what snapshot directory names look like (the driver's snapshot ids).
 var snapshotIDRe = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,63}$`)
@@ -72,14 +47,11 @@ func (n *Node) SnapshotSandbox(ctx context.Context, id, snapID string) (PauseInf
 		return PauseInfo{}, errdefs.Conflict("snapshot %q already exists", snapID)
 	}
 	dir := n.sandboxDir(sb.runtimeID)
-	rec, err := readImageRecord(dir)
+	rec, err := readBootRecord(dir)
 	if err != nil {
 		return PauseInfo{}, errdefs.Wrap(errdefs.KindUnavailable, err, "sandbox %q cannot be snapshotted", id)
 	}
-	rspec, err := readRuntimeSpec(dir)
-	if err != nil {
-		return PauseInfo{}, errdefs.Wrap(errdefs.KindUnavailable, err, "sandbox %q cannot be snapshotted", id)
-	}
+	rspec := rec.Runtime
 	if err := n.checkSnapshotBudget(ctx, sb, true); err != nil {
 		return PauseInfo{}, err
 	}
@@ -177,7 +149,7 @@ func (n *Node) restartFrom(ctx context.Context, cp runtime.Checkpointer, sb *san
 
 // keepAsPaused turns a sandbox that stopped for a snapshot and cannot run again into a paused one
 // (its files are whole; its memory too when the checkpoint completed), and says so in the error.
-func (n *Node) keepAsPaused(ctx context.Context, sb *sandbox, dir string, rec imageRecord, cause error) error {
+func (n *Node) keepAsPaused(ctx context.Context, sb *sandbox, dir string, rec bootRecord, cause error) error {
 	ctx = context.WithoutCancel(ctx)
 	n.mu.Lock()
 	if n.sandboxes[sb.id] == sb {

@@ -228,11 +228,6 @@ func releaseDisk(sandboxDir string) error {
 	if err := unmount(mnt); err != nil {
 		return err
 	}
-	if mounted, err := Mounted(mnt); err != nil {
-		return err
-	} else if mounted {
-		return fmt.Errorf("unmount %s: still mounted", mnt)
-	}
 	if err := os.Remove(mnt); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("remove %s: %w", mnt, err)
 	}
@@ -242,7 +237,9 @@ func releaseDisk(sandboxDir string) error {
 	return nil
 }
 
-// unmount unmounts path, lazily if it is busy, looping over stacked mounts; not mounted is success.
+// unmount unmounts path, lazily if it is busy, looping over stacked mounts; not mounted is
+// success, and still mounted afterwards is an error (never remove files through a live mount:
+// that would only write whiteouts).
 func unmount(path string) error {
 	for range 8 {
 		mounted, err := Mounted(path)
@@ -259,6 +256,11 @@ func unmount(path string) error {
 		if err != nil && !errors.Is(err, syscall.EINVAL) && !errors.Is(err, syscall.ENOENT) {
 			return fmt.Errorf("unmount %s: %w", path, err)
 		}
+	}
+	if mounted, err := Mounted(path); err != nil {
+		return err
+	} else if mounted {
+		return fmt.Errorf("unmount %s: still mounted", path)
 	}
 	return nil
 }

@@ -140,12 +140,6 @@ func Release(ctx context.Context, sandboxDir string) error {
 	if err := unmount(root); err != nil {
 		return err
 	}
-	if mounted, err := Mounted(root); err != nil {
-		return err
-	} else if mounted {
-		// Never remove files through a live mount: that would only write whiteouts.
-		return fmt.Errorf("unmount %s: still mounted", root)
-	}
 	for _, d := range []string{root, workDir(sandboxDir), UpperDir(sandboxDir)} {
 		if err := os.RemoveAll(d); err != nil {
 			return fmt.Errorf("remove %s: %w", d, err)
@@ -164,22 +158,11 @@ func Stash(ctx context.Context, sandboxDir, dst string) error {
 	if err := unmount(root); err != nil {
 		return err
 	}
-	if mounted, err := Mounted(root); err != nil {
-		return err
-	} else if mounted {
-		return fmt.Errorf("unmount %s: still mounted", root)
-	}
 	name := upperName
 	if _, err := os.Stat(diskImage(sandboxDir)); err == nil {
 		name = diskImageName
-		mnt := diskDir(sandboxDir)
-		if err := unmount(mnt); err != nil {
+		if err := unmount(diskDir(sandboxDir)); err != nil {
 			return err
-		}
-		if mounted, err := Mounted(mnt); err != nil {
-			return err
-		} else if mounted {
-			return fmt.Errorf("unmount %s: still mounted", mnt)
 		}
 	}
 	if err := os.Rename(filepath.Join(sandboxDir, name), filepath.Join(dst, name)); err != nil {
