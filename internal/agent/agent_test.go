@@ -38,14 +38,19 @@ func fakeEnvd(t *testing.T, sock string, handler http.Handler) (stop func()) {
 			http.Error(w, err.Error(), http.StatusBadGateway)
 			return
 		}
-		w.WriteHeader(http.StatusOK)
+		// Hijack before answering, as envd does: once the 200 is on the wire the node may send
+		// at once, and bytes the server already buffered are only in buf.
 		c, buf, err := http.NewResponseController(w).Hijack()
 		if err != nil {
 			up.Close()
 			return
 		}
-		_ = buf.Writer.Flush()
-		go func() { _, _ = io.Copy(up, c); up.Close() }()
+		if _, err := io.WriteString(c, "HTTP/1.1 200 OK\r\n\r\n"); err != nil {
+			c.Close()
+			up.Close()
+			return
+		}
+		go func() { _, _ = io.Copy(up, buf); up.Close() }()
 		_, _ = io.Copy(c, up)
 		c.Close()
 	})}
