@@ -75,5 +75,10 @@ if ! grep -q '^READY$' "$netdir/nettopo.log"; then
   cat "$netdir/nettopo.log" >&2
   exit 1
 fi
+# The node resolves names (the egress proxy dials allowOut domains by name) through the fake
+# internet's DNS server, never the machine's: a private /etc/resolv.conf in the same mount
+# namespace.
+printf 'nameserver 203.0.113.53\noptions timeout:2 attempts:1\n' >"$netdir/resolv.conf"
 nsenter --net="/run/netns/$topo-node" unshare --mount --propagation private \
-  sh -c 'mount -t tmpfs -o mode=0755 vmon-e2e-netns /run/netns && exec npm run test:net'
+  sh -c 'mount -t tmpfs -o mode=0755 vmon-e2e-netns /run/netns &&
+    mount --bind "$1" /etc/resolv.conf && exec npm run test:net' sh "$netdir/resolv.conf"

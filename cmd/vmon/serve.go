@@ -29,6 +29,7 @@ import (
 	"github.com/vibemon/vmon/internal/config"
 	"github.com/vibemon/vmon/internal/driver"
 	"github.com/vibemon/vmon/internal/egress"
+	"github.com/vibemon/vmon/internal/egressproxy"
 	"github.com/vibemon/vmon/internal/errdefs"
 	"github.com/vibemon/vmon/internal/httpguard"
 	"github.com/vibemon/vmon/internal/ingress"
@@ -118,7 +119,7 @@ func serve(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("runtime: %w (run `vmon doctor`)", err)
 	}
-	network, closeNetwork, err := setupNetwork(ctx, c, log.With("component", "netpool"))
+	network, proxyOn, closeNetwork, err := setupNetwork(ctx, c, log)
 	if err != nil {
 		return err
 	}
@@ -144,6 +145,7 @@ func serve(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 	if network != nil {
 		// Set only when non-nil: a nil *netpool.Pool in the interface would look networked.
 		nopts.Network = network
+		nopts.EgressProxy = proxyOn
 	} else {
 		// Without networking, sandboxes get loopback-only namespaces (creates are refused anyway).
 		nopts.NetNS = netnsAdapter{}
@@ -414,40 +416,82 @@ func lockDataDir(dir string) (func(), error) {
 const noNetAdmin = "no CAP_NET_ADMIN: this node cannot network sandboxes and will reject creates"
 
 // setupNetwork makes the link pool per --net: auto without CAP_NET_ADMIN starts without one
-// (creates then fail with a clear error), tap without it refuses to start. The returned close
+// (creates then fail with a clear error), tap without it refuses to start. With a pool it starts
+// the transparent egress proxy on --egress-proxy-port (reported by proxyOn). The returned close
 // runs after the node's own shutdown so links in use stay for the next start to recover.
-func setupNetwork(ctx context.Context, c *config.Serve, log *slog.Logger) (*netpool.Pool, func(), error) {
+func setupNetwork(ctx context.Context, c *config.Serve, log *slog.Logger) (_ *netpool.Pool, proxyOn bool, _ func(), _ error) {
 	nop := func() {}
 	if !capability.Has(capability.NetAdmin) {
 		if c.Net == "tap" {
-			return nil, nop, errors.New("--net tap needs CAP_NET_ADMIN (run vmon serve as root)")
+			return nil, false, nop, errors.New("--net tap needs CAP_NET_ADMIN (run vmon serve as root)")
 		}
 		log.Warn(noNetAdmin)
-		return nil, nop, nil
+		return nil, false, nop, nil
 	}
 	prefix, err := netpool.ParsePrefix(c.NetPool)
 	if err != nil {
-		return nil, nop, fmt.Errorf("--net-pool: %w", err)
+		return nil, false, nop, fmt.Errorf("--net-pool: %w", err)
 	}
 	internal, err := egress.ParseInternalAllow(c.EgressInternal)
 	if err != nil {
-		return nil, nop, fmt.Errorf("--egress-internal-allow: %w", err)
+		return nil, false, nop, fmt.Errorf("--egress-internal-allow: %w", err)
 	}
 	uid, gid, err := lookupVMMUser(c.VMMUser)
 	if err != nil {
-		return nil, nop, err
+		return nil, false, nop, err
 	}
-	pool, err := netpool.New(ctx, netpool.Config{
-		Prefix: prefix, Target: c.ReadyLinks(), Kind: netpool.Veth, NetNSScope: dataDirScope(c.DataDir),
-		VMMUser: uid, VMMGroup: gid, Env: egress.NewEnv(internal), Log: log,
-	})
+	env := egress.NewEnv(internal)
+	proxy, proxyPort, stopProxy, err := startEgressProxy(c.EgressProxyPort, env, log.With("component", "egressproxy"))
 	if err != nil {
-		return nil, nop, fmt.Errorf("network pool: %w", err)
+		return nil, false, nop, err
 	}
-	return pool, func() {
+	cfg := netpool.Config{
+		Prefix: prefix, Target: c.ReadyLinks(), Kind: netpool.Veth, NetNSScope: dataDirScope(c.DataDir),
+		VMMUser: uid, VMMGroup: gid, Env: env, Log: log.With("component", "netpool"), ProxyPort: proxyPort,
+	}
+	if proxy != nil {
+		cfg.Proxy = proxy
+	}
+	pool, err := netpool.New(ctx, cfg)
+	if err != nil {
+		stopProxy()
+		return nil, false, nop, fmt.Errorf("network pool: %w", err)
+	}
+	return pool, proxy != nil, func() {
 		if err := pool.Close(context.WithoutCancel(ctx)); err != nil {
 			log.Warn("closing the network pool", "err", err)
 		}
+		stopProxy()
+	}, nil
+}
+
+// startEgressProxy listens on every address at port (0: no proxy). Only flows a link's nat
+// chain redirected reach it from guests (INPUT accepts ctstate DNAT alone); anything else that
+// connects is reset at once, since its addresses match no guest's link.
+func startEgressProxy(port int, env egress.Env, log *slog.Logger) (*egressproxy.Proxy, uint16, func(), error) {
+	if port == 0 {
+		log.Info("egress proxy disabled (--egress-proxy-port 0): allowOut domains are refused with 503")
+		return nil, 0, func() {}, nil
+	}
+	if port < 0 || port > 65535 {
+		return nil, 0, nil, fmt.Errorf("--egress-proxy-port %d: must be 1-65535, or 0 to disable", port)
+	}
+	ln, err := net.Listen("tcp4", fmt.Sprintf("0.0.0.0:%d", port))
+	if err != nil {
+		return nil, 0, nil, fmt.Errorf("egress proxy: %w (choose another --egress-proxy-port, or 0 to run without allowOut domains)", err)
+	}
+	p := egressproxy.New(egressproxy.Config{Env: env, Log: log})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := p.Serve(ln); err != nil {
+			log.Error("egress proxy stopped", "err", err)
+		}
+	}()
+	return p, uint16(port), func() {
+		p.Close()
+		ln.Close()
+		<-done
 	}, nil
 }
 

@@ -12,25 +12,13 @@ import "net/netip"
 //
 // TCP, UDP and ICMP are judged alike. The seed's first TCP step (a flow to an allowed domain on
 // port 80/443 is allowed) is not decided here: it needs the Host header or TLS SNI, which only the
-// transparent proxy sees, so Decide answers for a flow that matched no domain, and a backend must
-// hand ports 80/443 of a policy with AllowDomains to the proxy before these rules deny them. proto
-// and port are part of the signature so that backends are tested with the full tuple they match on.
+// transparent proxy sees (Judge takes it), so Decide answers for a flow that carries no name, and
+// a backend must hand ports 80/443 of a policy with AllowDomains to the proxy before these rules
+// deny them. proto and port are part of the signature so that backends are tested with the full
+// tuple they match on.
 //
 // An IPv4-mapped IPv6 destination is judged as its IPv4 address; IPv4 prefixes never match IPv6
 // destinations and vice versa. An invalid dst is denied.
 func Decide(p Policy, env Env, proto Proto, dst netip.Addr, port uint16) Verdict {
-	if !dst.IsValid() {
-		return Deny
-	}
-	dst = dst.Unmap().WithZone("")
-	if covers(env.alwaysDenied(), dst) && !covers(env.InternalAllow, dst) {
-		return Deny
-	}
-	if covers(p.AllowOut, dst) {
-		return Allow
-	}
-	if covers(p.DenyOut, dst) {
-		return Deny
-	}
-	return Allow
+	return Judge(p, env, proto, dst, port, "").Verdict
 }

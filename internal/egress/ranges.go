@@ -121,10 +121,6 @@ func appendPrefix(out []netip.Prefix, p netip.Prefix) []netip.Prefix {
 // covers reports whether any prefix contains a. Prefixes are unmapped and masked first so that a
 // hand-built Policy cannot smuggle in a form that never matches.
 func covers(ps []netip.Prefix, a netip.Addr) bool {
-	for _, p := range ps {
-		if unmapPrefix(p).Masked().Contains(a) {
-			return true
-		}
-	}
-	return false
+	_, ok := covering(ps, a)
+	return ok
 }

@@ -13,13 +13,17 @@
 //	                jumps to VMON-DENIED first and ends in a verdict
 //	mangle PREROUTING -i vmon<N> -j CONNMARK --set-mark N+1  tags every guest flow for conntrack flushes
 //	nat POSTROUTING -s guest ! -d pool -j VMON-M<N>         MASQUERADE, never towards another lease
-//	nat PREROUTING  -i vmon<N> tcp 80,443 -j VMON-T<N>      empty slot for the transparent proxy
+//	nat PREROUTING  -i vmon<N> tcp 80,443 -j VMON-T<N>      the transparent proxy: empty (RETURN)
+//	                until a policy with domains is attached, then a REDIRECT to the node's proxy
+//	                port for flows no allowOut CIDR already allows
 //
 // plus node-wide rules on the wildcard vmon+, the same for every link (EnsureGlobal):
 //
 //	filter FORWARD  -o vmon+ ESTABLISHED,RELATED -j ACCEPT   return traffic only
 //	                -o vmon+ ! -i vmon+ -j DROP              nothing new reaches a guest from outside
-//	filter INPUT    -i vmon+ -j REJECT                      a guest reaches no address of the node
+//	filter INPUT    -i vmon+ tcp --dport P ctstate DNAT -j ACCEPT   only redirected flows reach
+//	                                                        the proxy port P (Config.ProxyPort)
+//	                -i vmon+ -j REJECT                      a guest reaches no other address of the node
 //	VMON-DENIED     the always-denied ranges minus --egress-internal-allow, refused
 //
 // Refusals fail fast: TCP gets a reset, everything else ICMP admin-prohibited; only the closed
@@ -113,7 +117,12 @@ type Config struct {
 	NetNS string
 	// Tools overrides the binaries; zero fields take DefaultTools.
 	Tools Tools
-	Log   *slog.Logger
+	// ProxyPort is the node's transparent egress proxy port (egressproxy): links whose policy
+	// has allowOut domains redirect guest TCP to ports 80/443 there. 0 leaves the slot empty,
+	// and such policies are then enforced by their CIDR rules alone (the node must not
+	// advertise egress-domains).
+	ProxyPort uint16
+	Log       *slog.Logger
 }
 
 var prefixRe = regexp.MustCompile(`^[a-z]{1,8}$`)

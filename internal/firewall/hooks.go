@@ -22,10 +22,11 @@ type runner interface {
 // Firewall installs and removes link rules in one namespace. It is safe for concurrent use;
 // operations on one link are serialised by its Hooks.
 type Firewall struct {
-	names names
-	env   egress.Env
-	run   runner
-	log   *slog.Logger
+	names     names
+	env       egress.Env
+	proxyPort uint16
+	run       runner
+	log       *slog.Logger
 
 	// globalMu serialises EnsureGlobal and RemoveGlobal; globalDone skips EnsureGlobal after
 	// the first success.
@@ -53,7 +54,9 @@ func New(cfg Config) (*Firewall, error) {
 	if err != nil {
 		return nil, err
 	}
-	return newFirewall(n, cfg.Env, run, log), nil
+	fw := newFirewall(n, cfg.Env, run, log)
+	fw.proxyPort = cfg.ProxyPort
+	return fw, nil
 }
 
 func newFirewall(n names, env egress.Env, run runner, log *slog.Logger) *Firewall {
@@ -119,7 +122,7 @@ func (fw *Firewall) EnsureGlobal(ctx context.Context) error {
 		}
 		saved := parseSave(out)
 		return fw.run.restore(ctx, f, renderGlobal(fw.names, f, globalDeletes(fw.names, saved),
-			hasChain(saved, "filter", fw.names.deniedChain()), fw.env))
+			hasChain(saved, "filter", fw.names.deniedChain()), fw.env, fw.proxyPort))
 	})
 	if err != nil {
 		return fmt.Errorf("install node-wide link rules: %w", err)
@@ -264,6 +267,9 @@ type Hooks struct {
 	// block holds the live policy rules per family, for compaction.
 	// +checklocks:mu
 	block [len(families)][]string
+	// proxy holds the live rules of the proxy slot per family (nil: the chain is empty).
+	// +checklocks:mu
+	proxy [len(families)][]string
 	// dirty means shadowed blocks sit below the live one.
 	// +checklocks:mu
 	dirty bool
@@ -300,12 +306,19 @@ func (h *Hooks) apply(ctx context.Context, p egress.Policy) error {
 	if err := h.usable(); err != nil {
 		return err
 	}
-	var blocks [len(families)][]string
+	var blocks, proxy [len(families)][]string
 	for i, f := range families {
 		blocks[i] = policyRules(h.fw.names, h.link, f, p, h.fw.env)
+		proxy[i] = proxyRules(h.link, f, p, h.fw.proxyPort)
+		if proxy[i] == nil && h.state != unknown && h.proxy[i] == nil {
+			continue // the slot is empty and stays empty
+		}
+		if proxy[i] == nil {
+			proxy[i] = []string{"-j RETURN"} // shadows what the slot held
+		}
 	}
 	err := perFamily(func(f family) error {
-		return h.fw.run.restore(ctx, f, renderAttach(h.fw.names, h.link, blocks[f]))
+		return h.fw.run.restore(ctx, f, renderAttach(h.fw.names, h.link, blocks[f], proxy[f]))
 	})
 	h.gen++
 	if err != nil {
@@ -317,7 +330,12 @@ func (h *Hooks) apply(ctx context.Context, p egress.Policy) error {
 	if h.state != closed {
 		h.dirty = true
 	}
-	h.state, h.block = attached, blocks
+	for i := range proxy {
+		if proxy[i] != nil && h.proxy[i] != nil {
+			h.dirty = true
+		}
+	}
+	h.state, h.block, h.proxy = attached, blocks, proxy
 	if h.dirty {
 		h.compactLater(h.gen)
 	}
@@ -333,14 +351,19 @@ func (h *Hooks) Detach(ctx context.Context) error {
 		return err
 	}
 	h.gen++
+	flushProxy := h.state == unknown
+	for i := range h.proxy {
+		flushProxy = flushProxy || h.proxy[i] != nil
+	}
 	err := perFamily(func(f family) error {
-		return h.fw.run.restore(ctx, f, renderReplace(h.fw.names, h.link, nil))
+		return h.fw.run.restore(ctx, f, renderReplace(h.fw.names, h.link, nil, flushProxy, nil))
 	})
 	if err != nil {
 		h.state, h.dirty = unknown, true
 		return fmt.Errorf("close egress chains of %s: %w", h.link, err)
 	}
-	h.state, h.dirty, h.block = closed, false, [len(families)][]string{}
+	h.state, h.dirty = closed, false
+	h.block, h.proxy = [len(families)][]string{}, [len(families)][]string{}
 	return nil
 }
 
@@ -382,7 +405,7 @@ func (h *Hooks) compactLater(gen uint64) {
 			return // superseded: a later update queued its own, or a detach rewrote the chain
 		}
 		err := perFamily(func(f family) error {
-			return h.fw.run.restore(h.fw.bg, f, renderReplace(h.fw.names, h.link, h.block[f]))
+			return h.fw.run.restore(h.fw.bg, f, renderReplace(h.fw.names, h.link, h.block[f], h.proxy[f] != nil, h.proxy[f]))
 		})
 		if err != nil {
 			h.fw.log.Warn("compacting egress chain", "link", h.link.Index, "err", err)

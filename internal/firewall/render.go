@@ -159,7 +159,7 @@ func renderInstall(n names, l Link, f family) string {
 // globalRules are the node-wide rules every link relies on, keyed on the link prefix wildcard
 // (vmon+) so their cost does not grow with the number of links. Their order relative to the
 // per-link jumps does not matter: none of them can match what a guard would judge.
-func globalRules(n names, f family) map[string][]string {
+func globalRules(n names, f family, proxyPort uint16) map[string][]string {
 	all := n.prefix + "+"
 	forward := []string{
 		// Return traffic of the guests' flows.
@@ -176,7 +176,13 @@ func globalRules(n names, f family) map[string][]string {
 			tagged(fmt.Sprintf("-i %s -p ipv6-icmp -m icmp6 --icmpv6-type neighbour-solicitation -j ACCEPT", all)),
 			tagged(fmt.Sprintf("-i %s -p ipv6-icmp -m icmp6 --icmpv6-type neighbour-advertisement -j ACCEPT", all)))
 	}
-	// The node serves nothing on the guest network: every address of the host is refused.
+	if proxyPort != 0 && f == v4 {
+		// Flows a link's proxy slot redirected (ctstate DNAT) reach the proxy; a guest that
+		// connects to the port itself is refused below like any other.
+		input = append(input, tagged(fmt.Sprintf(
+			"-i %s -p tcp -m tcp --dport %d -m conntrack --ctstate DNAT -j ACCEPT", all, proxyPort)))
+	}
+	// The node serves nothing else on the guest network: every address of the host is refused.
 	input = append(input,
 		tagged(fmt.Sprintf("-i %s -p tcp -j REJECT --reject-with tcp-reset", all)),
 		tagged(fmt.Sprintf("-i %s -j REJECT --reject-with %s", all, f.rejectOther())))
@@ -213,7 +219,7 @@ func deniedPrefixes(f family, env egress.Env) []netip.Prefix {
 // (stale lines from saved output), and (re)writes the DENIED chain for env, in one
 // transaction: links already attached see the old ranges until the commit and the new ones
 // after it, never an empty chain.
-func renderGlobal(n names, f family, stale []string, deniedExists bool, env egress.Env) string {
+func renderGlobal(n names, f family, stale []string, deniedExists bool, env egress.Env, proxyPort uint16) string {
 	var s script
 	s.begin("filter")
 	denied := n.deniedChain()
@@ -228,7 +234,7 @@ func renderGlobal(n names, f family, stale []string, deniedExists bool, env egre
 	for _, l := range stale {
 		s.line("%s", l)
 	}
-	g := globalRules(n, f)
+	g := globalRules(n, f, proxyPort)
 	s.insertTop("FORWARD", g["FORWARD"]...)
 	s.insertTop("INPUT", g["INPUT"]...)
 	return s.String()
@@ -270,18 +276,48 @@ func policyRules(n names, l Link, f family, p egress.Policy, env egress.Env) []s
 	return append(rules, "-j ACCEPT")
 }
 
+// proxyRules renders the proxy slot of a link for policy p: nil (the slot stays empty) unless p
+// has allowOut domains and the node runs the proxy. Only IPv4 guests exist today; an IPv6 flow
+// to 80/443 is judged by the CIDR rules of its family alone. Rules, first match wins:
+//
+//  1. a source other than the guest → RETURN (the guard drops it: the proxy must never see a
+//     spoofed address, which it would take for another sandbox);
+//  2. a destination an allowOut CIDR covers → RETURN (the filter chain allows it, unproxied);
+//  3. everything else → REDIRECT to the proxy, which allows it only by Host or SNI.
+//
+// The block ends in a verdict, so an update can stack a new block on top atomically.
+func proxyRules(l Link, f family, p egress.Policy, port uint16) []string {
+	if port == 0 || len(p.AllowDomains) == 0 || f != v4 || !f.has(l.guest(f)) {
+		return nil
+	}
+	rules := []string{fmt.Sprintf("! -s %s -j RETURN", hostPrefix(l.guest(f), f))}
+	for _, pfx := range forFamily(p.AllowOut, f) {
+		if pfx.Bits() == 0 {
+			return nil // every address is allowed by CIDR: a name adds nothing
+		}
+		rules = append(rules, fmt.Sprintf("-d %s -j RETURN", pfx))
+	}
+	return append(rules, fmt.Sprintf("-p tcp -j REDIRECT --to-ports %d", port))
+}
+
 // renderAttach inserts a policy block above whatever the egress chain holds: the closed DROP on
-// attach, the previous block on a live update. Add-only, one transaction.
-func renderAttach(n names, l Link, rules []string) string {
+// attach, the previous block on a live update, and a proxy block (when not nil) above what the
+// proxy slot holds. Add-only, one transaction per table.
+func renderAttach(n names, l Link, rules, proxy []string) string {
 	var s script
 	s.begin("filter")
 	s.insertTop(n.chainName(chainEgress, l.Index), rules...)
+	if proxy != nil {
+		s.begin("nat")
+		s.insertTop(n.chainName(chainProxy, l.Index), proxy...)
+	}
 	return s.String()
 }
 
-// renderReplace rewrites the egress chain as rules followed by the closed DROP, in one
-// transaction: compaction after an update (rules = the live block) and detach (no rules).
-func renderReplace(n names, l Link, rules []string) string {
+// renderReplace rewrites the egress chain as rules followed by the closed DROP, and with
+// flushProxy the proxy slot as proxy, in one transaction per table: compaction after an update
+// (the live blocks) and detach (no rules).
+func renderReplace(n names, l Link, rules []string, flushProxy bool, proxy []string) string {
 	egr := n.chainName(chainEgress, l.Index)
 	var s script
 	s.begin("filter")
@@ -290,5 +326,15 @@ func renderReplace(n names, l Link, rules []string) string {
 		s.line("-A %s %s", egr, r)
 	}
 	s.line("-A %s -j DROP", egr)
+	if flushProxy {
+		t := n.chainName(chainProxy, l.Index)
+		s.begin("nat")
+		s.line("-F %s", t)
+		for _, r := range proxy {
+			if r != "-j RETURN" {
+				s.line("-A %s %s", t, r)
+			}
+		}
+	}
 	return s.String()
 }

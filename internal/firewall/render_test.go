@@ -41,6 +41,9 @@ var link7 = Link{
 
 var defaultEnv = egress.NewEnv(nil)
 
+// testProxyPort is the proxy port of the render states that have one.
+const testProxyPort = 15380
+
 // renderStates are the policies whose rendered rules are kept in testdata/<name>.golden, the way
 // Tailscale's TestRouterStates keeps the OS state per router config: a diff in review shows
 // exactly which rules a change adds or drops.
@@ -49,6 +52,8 @@ var renderStates = []struct {
 	link   Link
 	env    egress.Env
 	policy *egress.Policy // nil: install only (closed chains)
+	// proxyPort, when set, is the node's egress proxy port.
+	proxyPort uint16
 }{
 	{name: "closed", link: link7, env: defaultEnv},
 	{name: "default", link: link7, env: defaultEnv, policy: &egress.Policy{}},
@@ -69,6 +74,11 @@ var renderStates = []struct {
 		}},
 	{name: "domains", link: link7, env: defaultEnv, policy: &egress.Policy{
 		AllowOut:     pfx("8.8.8.8/32"),
+		DenyOut:      pfx("0.0.0.0/0", "::/0"),
+		AllowDomains: []string{"pypi.org", "*.pythonhosted.org"},
+	}},
+	{name: "domains-proxy", link: link7, env: defaultEnv, proxyPort: testProxyPort, policy: &egress.Policy{
+		AllowOut:     pfx("8.8.8.8/32", "198.51.100.0/24"),
 		DenyOut:      pfx("0.0.0.0/0", "::/0"),
 		AllowDomains: []string{"pypi.org", "*.pythonhosted.org"},
 	}},
@@ -97,32 +107,37 @@ func renderNodeWide(n names) string {
 	for _, f := range families {
 		tool := map[family]string{v4: "iptables-restore", v6: "ip6tables-restore"}[f]
 		fmt.Fprintf(&b, "\n## %s --noflush\n", tool)
-		b.WriteString(renderGlobal(n, f, nil, false, defaultEnv))
+		b.WriteString(renderGlobal(n, f, nil, false, defaultEnv, 0))
+	}
+	for _, f := range families {
+		tool := map[family]string{v4: "iptables-restore", v6: "ip6tables-restore"}[f]
+		fmt.Fprintf(&b, "\n## %s --noflush, on a node running the egress proxy on port %d\n", tool, testProxyPort)
+		b.WriteString(renderGlobal(n, f, nil, false, defaultEnv, testProxyPort))
 	}
 	return b.String()
 }
 
-func renderState(n names, l Link, env egress.Env, p *egress.Policy) string {
+func renderState(n names, l Link, env egress.Env, p *egress.Policy, port uint16) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# %s, policy %s\n", l, describe(p, env))
 	for _, f := range families {
 		tool := map[family]string{v4: "iptables-restore", v6: "ip6tables-restore"}[f]
 		if len(env.InternalAllow) > 0 {
 			fmt.Fprintf(&b, "\n## %s --noflush: node-wide rules for this node's exemptions (EnsureGlobal)\n", tool)
-			b.WriteString(renderGlobal(n, f, nil, true, env))
+			b.WriteString(renderGlobal(n, f, nil, true, env, port))
 		}
 		fmt.Fprintf(&b, "\n## %s --noflush: install (from creation, in the pool)\n", tool)
 		b.WriteString(renderInstall(n, l, f))
 		if p == nil {
 			fmt.Fprintf(&b, "\n## %s --noflush: detach (reset to closed)\n", tool)
-			b.WriteString(renderReplace(n, l, nil))
+			b.WriteString(renderReplace(n, l, nil, false, nil))
 			continue
 		}
-		rules := policyRules(n, l, f, *p, env)
+		rules, proxy := policyRules(n, l, f, *p, env), proxyRules(l, f, *p, port)
 		fmt.Fprintf(&b, "\n## %s --noflush: attach or live update (add-only)\n", tool)
-		b.WriteString(renderAttach(n, l, rules))
+		b.WriteString(renderAttach(n, l, rules, proxy))
 		fmt.Fprintf(&b, "\n## %s --noflush: background compaction after a live update\n", tool)
-		b.WriteString(renderReplace(n, l, rules))
+		b.WriteString(renderReplace(n, l, rules, proxy != nil, proxy))
 	}
 	return b.String()
 }
@@ -131,7 +146,7 @@ func TestRenderStates(t *testing.T) {
 	n := testNames(t)
 	states := []struct{ name, got string }{{"node-wide", renderNodeWide(n)}}
 	for _, st := range renderStates {
-		states = append(states, struct{ name, got string }{st.name, renderState(n, st.link, st.env, st.policy)})
+		states = append(states, struct{ name, got string }{st.name, renderState(n, st.link, st.env, st.policy, st.proxyPort)})
 	}
 	for _, st := range states {
 		t.Run(st.name, func(t *testing.T) {
@@ -185,7 +200,8 @@ func TestAttachIsAddOnly(t *testing.T) {
 			continue
 		}
 		for _, f := range families {
-			s := renderAttach(n, st.link, policyRules(n, st.link, f, *st.policy, st.env))
+			s := renderAttach(n, st.link, policyRules(n, st.link, f, *st.policy, st.env),
+				proxyRules(st.link, f, *st.policy, st.proxyPort))
 			for line := range strings.Lines(s) {
 				if !strings.HasPrefix(line, "-I ") && !strings.HasPrefix(line, "*") && line != "COMMIT\n" {
 					t.Errorf("%s/%s: attach is not add-only: %q", st.name, f, line)

@@ -44,7 +44,19 @@ type Config struct {
 	Env egress.Env
 	// Tools overrides the iptables binaries (zero fields: firewall.DefaultTools).
 	Tools firewall.Tools
-	Log   *slog.Logger
+	// Proxy, when set, is the node's transparent egress proxy listening on ProxyPort: links
+	// whose policy has allowOut domains redirect guest TCP to 80/443 to it, and the pool keeps
+	// its view of each link's policy in step with the chains.
+	Proxy     Proxy
+	ProxyPort uint16
+	Log       *slog.Logger
+}
+
+// Proxy is the pool's view of the transparent egress proxy (*egressproxy.Proxy): which policy
+// judges the flows of which guest address.
+type Proxy interface {
+	Set(guest, host netip.Addr, p egress.Policy)
+	Remove(guest netip.Addr)
 }
 
 // LinkID identifies a link across node restarts: what the node records with a sandbox so that
@@ -129,6 +141,7 @@ type Pool struct {
 	pool   netip.Prefix
 	target int
 	sys    system
+	proxy  Proxy
 	log    *slog.Logger
 
 	mu sync.Mutex
@@ -164,7 +177,7 @@ func newPool(cfg Config, sys system) *Pool {
 	}
 	bg, cancel := context.WithCancel(context.Background())
 	return &Pool{
-		pool: cfg.Prefix, target: target, sys: sys, log: log,
+		pool: cfg.Prefix, target: target, sys: sys, proxy: cfg.Proxy, log: log,
 		alloc: newAllocator(Leases(cfg.Prefix)), inUse: map[LinkID]*Link{},
 		kick: make(chan struct{}, 1), bg: bg, cancel: cancel, releaseDone: make(chan struct{}),
 	}
@@ -342,7 +355,22 @@ func (p *Pool) Attach(ctx context.Context, l *Link, pol egress.Policy) error {
 	if err := checkHooks(l); err != nil {
 		return err
 	}
+	p.proxySet(l, pol)
 	return l.hooks.Attach(ctx, pol)
+}
+
+// proxySet gives the proxy the policy before the chains redirect anything to it under that
+// policy, so a redirected flow never finds the proxy without its guest.
+func (p *Pool) proxySet(l *Link, pol egress.Policy) {
+	if p.proxy != nil {
+		p.proxy.Set(l.lease.Guest, l.lease.Host, pol)
+	}
+}
+
+func (p *Pool) proxyRemove(l *Link) {
+	if p.proxy != nil {
+		p.proxy.Remove(l.lease.Guest)
+	}
 }
 
 // Update replaces the policy of an attached link atomically; established TCP connections
@@ -351,6 +379,7 @@ func (p *Pool) Update(ctx context.Context, l *Link, pol egress.Policy) error {
 	if err := checkHooks(l); err != nil {
 		return err
 	}
+	p.proxySet(l, pol)
 	return l.hooks.Update(ctx, pol)
 }
 
@@ -359,6 +388,7 @@ func (p *Pool) Detach(ctx context.Context, l *Link) error {
 	if err := checkHooks(l); err != nil {
 		return err
 	}
+	p.proxyRemove(l)
 	return l.hooks.Detach(ctx)
 }
 
@@ -390,6 +420,7 @@ func (p *Pool) Release(ctx context.Context, l *Link) error {
 	delete(p.inUse, l.ID())
 	closed := p.closed
 	p.mu.Unlock()
+	p.proxyRemove(l)
 
 	if !l.unrestricted && !closed {
 		err := p.sys.reset(ctx, l)

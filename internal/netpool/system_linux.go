@@ -34,6 +34,7 @@ func New(ctx context.Context, cfg Config) (*Pool, error) {
 	}
 	fw, err := firewall.New(firewall.Config{
 		Prefix: cfg.LinkPrefix, Env: cfg.Env, NetNS: cfg.HostNetNS, Tools: cfg.Tools, Log: cfg.Log,
+		ProxyPort: cfg.ProxyPort,
 	})
 	if err != nil {
 		return nil, err

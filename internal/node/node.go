@@ -107,8 +107,11 @@ type Options struct {
 	// NetNS makes loopback-only namespaces when Network is nil (a node that cannot network).
 	NetNS NetNS
 	// Network gives sandboxes their uplink and egress policy; nil leaves them loopback only.
-	Network   Network
-	Templates Templates
+	Network Network
+	// EgressProxy reports that Network's links redirect to a running transparent egress proxy,
+	// so allowOut domains are enforced (the egress-domains feature).
+	EgressProxy bool
+	Templates   Templates
 	// EnvdPath is the envd binary bind-mounted into every sandbox.
 	EnvdPath string
 	// BootTimeout bounds how long a boot waits for envd to come up.
@@ -138,6 +141,9 @@ const (
 	accessTokenFile = "access-token"
 	// linkFile records the sandbox's link, for recovery to hand it back.
 	linkFile = "link"
+	// policyFile records the sandbox's egress policy: the kernel keeps the chains across a node
+	// restart, but the egress proxy's view of the sandbox must be rebuilt from it.
+	policyFile = "egress.json"
 )
 
 var idRe = regexp.MustCompile(`^[a-z0-9]+$`)
@@ -273,6 +279,9 @@ func (n *Node) handOut(ctx context.Context, sb *sandbox, spec CreateSpec, img Im
 	dir := n.sandboxDir(sb.runtimeID)
 	// The token goes first: a sandbox-id file marks a handed-out sandbox, which recovery adopts.
 	err := writeFileAtomic(filepath.Join(dir, accessTokenFile), []byte(spec.AccessToken))
+	if err == nil {
+		err = n.recordPolicy(sb, spec.Egress)
+	}
 	if err == nil {
 		err = writeFileAtomic(filepath.Join(dir, sandboxIDFile), []byte(spec.ID))
 	}

@@ -136,6 +136,14 @@ func (n *Node) recoverLinks(ctx context.Context, adopted map[string]*sandbox) er
 			n.log.Warn("removing sandbox whose network link is gone", "sandbox", sb.id)
 			errs = append(errs, n.teardown(ctx, sb))
 			delete(adopted, rid)
+			continue
+		}
+		if err := n.restorePolicy(ctx, sb); err != nil {
+			// Without its policy the proxy would refuse the sandbox's domain flows, and the
+			// chains may be half-written: not a sandbox to hand back.
+			n.log.Warn("removing sandbox whose egress policy cannot be restored", "sandbox", sb.id, "err", err)
+			errs = append(errs, n.teardown(ctx, sb))
+			delete(adopted, rid)
 		}
 	}
 	return errors.Join(errs...)

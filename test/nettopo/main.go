@@ -18,13 +18,18 @@
 //
 // Hosts (on the inet namespace's loopback): 203.0.113.10, 203.0.113.11, 198.51.100.7,
 // 198.51.100.8, 2001:db8::10, and the always-denied 10.1.2.3, 192.168.7.7, 100.64.1.1,
-// 172.16.5.5, 169.254.169.254. On each: HTTP :80 answering "hello from <dst ip>\n" (header X-Client: the source
-// address it saw), TCP echo :7, UDP echo :7, UDP :9 (echo, and remembers its last client for the
-// late sender). The control API is HTTP on 192.0.2.1:8080, reachable from the node namespace:
+// 172.16.5.5, 169.254.169.254. On each: HTTP :80 answering "hello from <dst ip>\n" (headers
+// X-Client: the source address it saw, X-Host: the Host it got), HTTPS :443 answering the same
+// (plus X-SNI) with a certificate from the topology's own CA, TCP echo :7, UDP echo :7, UDP :9
+// (echo, and remembers its last client for the late sender). DNS for egress.TestZone on
+// 203.0.113.53 and 8.8.8.8 (names.go). The control API is HTTP on 192.0.2.1:8080, reachable from
+// the node namespace:
 //
 //	GET  /stats                    counters per host: {"203.0.113.10":{"http":1,"tcp7":0,...}}
 //	POST /reset                    zero the counters
 //	GET  /last?host=H              the last client of H:9 ("" when none)
+//	GET  /ca                       the CA of the HTTPS origins (PEM)
+//	GET  /dns                      the names the DNS servers were asked, in order; POST /dns/reset
 //	POST /late?host=H&count=C&payload=P
 //	                               send C datagrams "P-<i>" from H:9 to its last client
 //
@@ -47,6 +52,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -141,6 +147,8 @@ type topo struct {
 	closers []io.Closer
 	wg      sync.WaitGroup
 	stats   *stats
+	dns     dnsLog
+	ca      *testCA
 }
 
 func (t *topo) nodeNS() string { return t.name + "-node" }
@@ -224,7 +232,7 @@ func (t *topo) build() error {
 			return err
 		}
 	}
-	for _, h := range hosts {
+	for _, h := range append(slices.Clone(hosts), dnsHosts...) {
 		if err := addAddr(inetH, "lo", netip.PrefixFrom(h, h.BitLen())); err != nil {
 			return err
 		}
@@ -285,8 +293,19 @@ func (t *topo) serve(inetPath string) error {
 		control  net.Listener
 		openErr  error
 		register = func(c io.Closer) { t.closers = append(t.closers, c) }
+		dnsUDP   []net.PacketConn
+		dnsTCP   []net.Listener
+		tlsLns   []net.Listener
 	)
+	var err error
+	if t.ca, err = newTestCA(); err != nil {
+		return fmt.Errorf("test CA: %w", err)
+	}
 	openErr = inNS(inetPath, func() error {
+		var err error
+		if dnsUDP, dnsTCP, tlsLns, err = t.openNames(register); err != nil {
+			return err
+		}
 		for _, h := range hosts {
 			for _, port := range []int{80, 7} {
 				ln, err := net.Listen("tcp", netip.AddrPortFrom(h, uint16(port)).String())
@@ -309,7 +328,6 @@ func (t *topo) serve(inetPath string) error {
 				udps = append(udps, udpSock{h, port, pc})
 			}
 		}
-		var err error
 		control, err = net.Listen("tcp", controlAddr.String())
 		if err == nil {
 			register(control)
@@ -335,6 +353,7 @@ func (t *topo) serve(inetPath string) error {
 		}
 		t.spawn(func() { t.udpEcho(u.host, u.port, u.pc) })
 	}
+	t.serveNames(dnsUDP, dnsTCP, tlsLns, register)
 	ctl := &http.Server{Handler: t.controlHandler(late), ReadHeaderTimeout: 10 * time.Second}
 	register(ctl)
 	t.spawn(func() { _ = ctl.Serve(control) })
@@ -358,6 +377,10 @@ func (t *topo) helloHandler() http.Handler {
 			ip = ap.Addr().Unmap().String()
 		}
 		w.Header().Set("X-Client", r.RemoteAddr)
+		w.Header().Set("X-Host", r.Host)
+		if r.TLS != nil {
+			w.Header().Set("X-SNI", r.TLS.ServerName)
+		}
 		w.Header().Set("Content-Type", "text/plain")
 		fmt.Fprintf(w, "hello from %s\n", ip)
 	})
@@ -403,11 +426,13 @@ func (t *topo) controlHandler(late map[netip.Addr]*net.UDPConn) http.Handler {
 		}
 		return h, true
 	}
+	t.namesControl(mux)
 	mux.HandleFunc("GET /stats", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, t.stats.snapshot())
 	})
 	mux.HandleFunc("POST /reset", func(w http.ResponseWriter, r *http.Request) {
 		t.stats.reset()
+		t.dns.reset()
 		writeJSON(w, map[string]bool{"ok": true})
 	})
 	mux.HandleFunc("GET /last", func(w http.ResponseWriter, r *http.Request) {

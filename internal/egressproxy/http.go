@@ -1,0 +1,209 @@
+package egressproxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/netip"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/vibemon/vmon/internal/egress"
+)
+
+// flowConn is a redirected port-80 connection handed to the HTTP server, with what the proxy
+// knows about it.
+type flowConn struct {
+	net.Conn
+	flow flow
+	done func()
+
+	once sync.Once
+	mu   sync.Mutex
+	// pinned is the Host of the connection's first allowed request: every later request on it
+	// must name the same host, so a kept-alive connection cannot be reused for another name.
+	// +checklocks:mu
+	pinned string
+	// +checklocks:mu
+	rp *httputil.ReverseProxy
+	// +checklocks:mu
+	transport *http.Transport
+}
+
+func (c *flowConn) finish() {
+	c.once.Do(func() {
+		c.mu.Lock()
+		t := c.transport
+		c.mu.Unlock()
+		if t != nil {
+			t.CloseIdleConnections()
+		}
+		c.done()
+	})
+}
+
+type flowKey struct{}
+
+type targetKey struct{}
+
+// target is where one request goes.
+type target struct {
+	addrs []netip.Addr
+	port  uint16
+}
+
+func (p *Proxy) newHTTPServer() *http.Server {
+	return &http.Server{
+		Handler:           http.HandlerFunc(p.serveHTTP),
+		ReadHeaderTimeout: p.cfg.HandshakeTimeout,
+		IdleTimeout:       5 * time.Minute,
+		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+			return context.WithValue(ctx, flowKey{}, c)
+		},
+		ConnState: func(c net.Conn, s http.ConnState) {
+			if fc, ok := c.(*flowConn); ok && (s == http.StateClosed || s == http.StateHijacked) {
+				fc.finish()
+			}
+		},
+		ErrorLog: nil,
+	}
+}
+
+// serveHTTP judges one request by its Host (the URL's host for an absolute-form request, as Go's
+// server sets r.Host) and forwards an allowed one to the origin over the connection's own
+// transport.
+func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
+	fc, ok := r.Context().Value(flowKey{}).(*flowConn)
+	if !ok {
+		http.Error(w, "vmon: egress proxy: no flow", http.StatusInternalServerError)
+		return
+	}
+	name := r.Host
+	d, targets := p.judge(r.Context(), fc.flow, name)
+	if d.Verdict != egress.Allow {
+		p.refuse(fc.flow, name, d)
+		p.deny(w, reason(d, name, fc.flow.dst))
+		return
+	}
+	key := strings.ToLower(name)
+	if h, ok := egress.HostName(name); ok {
+		key = h
+	}
+	fc.mu.Lock()
+	if fc.pinned == "" {
+		fc.pinned = key
+	}
+	pinned := fc.pinned
+	rp := fc.reverseProxy(p)
+	fc.mu.Unlock()
+	if key != pinned {
+		d := egress.Decision{Verdict: egress.Deny, Stage: egress.StageDomain,
+			Rule: fmt.Sprintf("Host %q differs from this connection's first request (%q)", key, pinned)}
+		p.refuse(fc.flow, name, d)
+		p.deny(w, reason(d, name, fc.flow.dst))
+		return
+	}
+	ctx := context.WithValue(r.Context(), targetKey{}, target{addrs: targets, port: fc.flow.dst.Port()})
+	rp.ServeHTTP(w, r.WithContext(ctx))
+}
+
+// deny answers a refused request with a 403 naming the rule, and closes the connection.
+func (p *Proxy) deny(w http.ResponseWriter, msg string) {
+	w.Header().Set("Connection", "close")
+	w.Header().Set("X-Vmon-Egress", "denied")
+	http.Error(w, "vmon: "+msg, http.StatusForbidden)
+}
+
+// reverseProxy returns the connection's forwarder, made on first use: one transport per guest
+// connection keeps upstream keep-alive 1:1 with the guest's and never shares an origin connection
+// between sandboxes.
+//
+// +checklocks:c.mu
+func (c *flowConn) reverseProxy(p *Proxy) *httputil.ReverseProxy {
+	if c.rp != nil {
+		return c.rp
+	}
+	c.transport = &http.Transport{
+		DialContext:        p.dialTarget,
+		DisableCompression: true, // pass Accept-Encoding through as the guest sent it
+		MaxIdleConns:       4,
+		IdleConnTimeout:    time.Minute,
+	}
+	c.rp = &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			t, _ := pr.In.Context().Value(targetKey{}).(target)
+			pr.Out.URL.Scheme = "http"
+			// The pool key is what is dialed, so a connection to one address never serves a
+			// request meant for another.
+			pr.Out.URL.Host = t.key()
+			pr.Out.Host = pr.In.Host
+		},
+		Transport:     c.transport,
+		FlushInterval: -1,
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			p.log.Debug("egress proxy: origin request failed", "guest", c.flow.guest, "host", r.Host, "err", err)
+			if errors.Is(err, context.Canceled) {
+				return
+			}
+			w.Header().Set("Connection", "close")
+			http.Error(w, "vmon: egress proxy: origin unreachable: "+r.Host, http.StatusBadGateway)
+		},
+	}
+	return c.rp
+}
+
+func (t target) key() string {
+	if len(t.addrs) == 0 {
+		return "invalid"
+	}
+	return netip.AddrPortFrom(t.addrs[0], t.port).String()
+}
+
+// dialTarget dials the addresses judge chose for the request in flight.
+func (p *Proxy) dialTarget(ctx context.Context, _, _ string) (net.Conn, error) {
+	t, ok := ctx.Value(targetKey{}).(target)
+	if !ok || len(t.addrs) == 0 {
+		return nil, errors.New("no dial target")
+	}
+	return p.dial(ctx, t.addrs, t.port)
+}
+
+// connListener hands accepted port-80 flows to the HTTP server.
+type connListener struct {
+	ch     chan net.Conn
+	closed chan struct{}
+	once   sync.Once
+}
+
+func newConnListener() *connListener {
+	return &connListener{ch: make(chan net.Conn), closed: make(chan struct{})}
+}
+
+func (l *connListener) push(c *flowConn) {
+	select {
+	case l.ch <- c:
+	case <-l.closed:
+		c.finish()
+		reset(c.Conn)
+	}
+}
+
+func (l *connListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.ch:
+		return c, nil
+	case <-l.closed:
+		return nil, net.ErrClosed
+	}
+}
+
+func (l *connListener) Close() error {
+	l.once.Do(func() { close(l.closed) })
+	return nil
+}
+
+func (l *connListener) Addr() net.Addr { return &net.TCPAddr{} }

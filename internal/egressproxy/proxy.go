@@ -1,0 +1,346 @@
+// Package egressproxy owns the node's transparent egress proxy: guest TCP flows to ports 80 and
+// 443 that a link's nat chain redirects to it are judged by the HTTP Host header or the TLS
+// ClientHello's server name against the sandbox's egress policy (egress.Judge), and an allowed
+// flow is re-dialed from the node, by name for a domain (never to an always-denied address) or to
+// the address the guest chose for an address rule. Refusals are fast and say why: a 403 naming
+// the rule for HTTP, an access_denied alert for TLS, a reset otherwise.
+//
+// The proxy knows sandboxes only as guest addresses with their policies (Set, Remove); it must
+// never touch iptables, links or addresses (firewall and netpool own those), and it never
+// terminates TLS here: the ClientHello is read, then replayed to the origin byte for byte.
+package egressproxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/vibemon/vmon/internal/egress"
+)
+
+// Resolver looks up the addresses of a name (*net.Resolver).
+type Resolver interface {
+	LookupNetIP(ctx context.Context, network, host string) ([]netip.Addr, error)
+}
+
+// Dialer opens the node's connection to an origin (*net.Dialer).
+type Dialer interface {
+	DialContext(ctx context.Context, network, address string) (net.Conn, error)
+}
+
+// Refusal is one refused flow, for the operator (seed 002, "Seeing what was blocked").
+type Refusal struct {
+	Time time.Time
+	// Guest is the sandbox's address; the node maps it to a sandbox.
+	Guest netip.Addr
+	Proto egress.Proto
+	Dst   netip.Addr
+	Port  uint16
+	// Name is the Host or SNI the guest sent ("" for none).
+	Name  string
+	Stage egress.Stage
+	Rule  string
+}
+
+// Config configures a Proxy.
+type Config struct {
+	Env egress.Env
+	// Resolver resolves names of domain-allowed flows; nil is net.DefaultResolver.
+	Resolver Resolver
+	// Dialer reaches origins; nil is a net.Dialer with DialTimeout.
+	Dialer Dialer
+	// OriginalDst returns where a redirected connection was going; nil reads SO_ORIGINAL_DST.
+	OriginalDst func(net.Conn) (netip.AddrPort, error)
+	// OnRefuse, when set, is called for every refused flow (synchronously: keep it cheap).
+	OnRefuse func(Refusal)
+	// HandshakeTimeout bounds waiting for a ClientHello or a request header (default 10 s).
+	HandshakeTimeout time.Duration
+	// DialTimeout bounds resolving and connecting to an origin (default 10 s).
+	DialTimeout time.Duration
+	Log         *slog.Logger
+}
+
+// Proxy is the node's transparent egress proxy.
+type Proxy struct {
+	cfg Config
+	log *slog.Logger
+
+	mu sync.RWMutex
+	// +checklocks:mu
+	guests map[netip.Addr]entry
+	// +checklocks:mu
+	closed bool
+	// +checklocks:mu
+	conns map[net.Conn]struct{}
+
+	http   *http.Server
+	httpLn *connListener
+	wg     sync.WaitGroup
+}
+
+// entry is what the proxy knows about one guest.
+type entry struct {
+	// host is the node's end of the guest's link: the address a REDIRECT delivers its flows to.
+	// A connection arriving elsewhere from the guest's address is spoofed.
+	host   netip.Addr
+	policy egress.Policy
+}
+
+// New returns a proxy; Serve starts it.
+func New(cfg Config) *Proxy {
+	if cfg.HandshakeTimeout <= 0 {
+		cfg.HandshakeTimeout = 10 * time.Second
+	}
+	if cfg.DialTimeout <= 0 {
+		cfg.DialTimeout = 10 * time.Second
+	}
+	if cfg.Resolver == nil {
+		cfg.Resolver = net.DefaultResolver
+	}
+	if cfg.Dialer == nil {
+		cfg.Dialer = &net.Dialer{Timeout: cfg.DialTimeout}
+	}
+	if cfg.OriginalDst == nil {
+		cfg.OriginalDst = originalDst
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	p := &Proxy{cfg: cfg, log: cfg.Log, guests: map[netip.Addr]entry{}, conns: map[net.Conn]struct{}{}}
+	p.httpLn = newConnListener()
+	p.http = p.newHTTPServer()
+	return p
+}
+
+// Set puts policy in force for new flows (and, on port 80, new requests) from guest, whose link's
+// node end is host. It replaces what was there: the proxy's half of a live update.
+func (p *Proxy) Set(guest, host netip.Addr, policy egress.Policy) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.guests[guest.Unmap()] = entry{host: host.Unmap(), policy: policy}
+}
+
+// Remove forgets guest: its further flows are refused.
+func (p *Proxy) Remove(guest netip.Addr) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.guests, guest.Unmap())
+}
+
+func (p *Proxy) lookup(guest netip.Addr) (entry, bool) {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	e, ok := p.guests[guest.Unmap()]
+	return e, ok
+}
+
+// Serve accepts redirected flows on ln until Close. It returns nil after Close.
+func (p *Proxy) Serve(ln net.Listener) error {
+	p.wg.Go(func() { _ = p.http.Serve(p.httpLn) })
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			p.mu.RLock()
+			closed := p.closed
+			p.mu.RUnlock()
+			if closed {
+				return nil
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				time.Sleep(10 * time.Millisecond)
+				continue
+			}
+			return fmt.Errorf("egress proxy accept: %w", err)
+		}
+		if !p.start() {
+			c.Close()
+			return nil
+		}
+		p.track(c)
+		go func() {
+			defer p.wg.Done()
+			p.handle(c)
+		}()
+	}
+}
+
+// Close stops the proxy: every flow it carries is closed.
+func (p *Proxy) Close() error {
+	p.mu.Lock()
+	p.closed = true
+	conns := p.conns
+	p.conns = map[net.Conn]struct{}{}
+	p.mu.Unlock()
+	for c := range conns {
+		c.Close()
+	}
+	_ = p.http.Close()
+	p.wg.Wait()
+	return nil
+}
+
+// start counts a flow handler in, unless the proxy is closing (Close waits for those counted).
+func (p *Proxy) start() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return false
+	}
+	p.wg.Add(1)
+	return true
+}
+
+func (p *Proxy) track(c net.Conn) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return false
+	}
+	p.conns[c] = struct{}{}
+	return true
+}
+
+func (p *Proxy) untrack(c net.Conn) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.conns, c)
+}
+
+// flow is one redirected guest connection.
+type flow struct {
+	guest netip.Addr
+	dst   netip.AddrPort
+}
+
+// handle identifies the guest and the original destination and hands the flow to the HTTP or
+// TLS path. Anything that does not add up is reset.
+func (p *Proxy) handle(c net.Conn) {
+	remote, local := addrPortOf(c.RemoteAddr()), addrPortOf(c.LocalAddr())
+	e, ok := p.lookup(remote.Addr())
+	if !ok || e.host != local.Addr().Unmap() {
+		// Not a guest of this node, or a guest's address arriving on another link (spoofed).
+		p.log.Debug("egress proxy: connection from an unknown guest", "remote", remote, "local", local)
+		p.untrack(c)
+		reset(c)
+		return
+	}
+	dst, err := p.cfg.OriginalDst(c)
+	if err != nil {
+		p.log.Warn("egress proxy: original destination", "guest", remote.Addr(), "err", err)
+		p.untrack(c)
+		reset(c)
+		return
+	}
+	fl := flow{guest: remote.Addr().Unmap(), dst: netip.AddrPortFrom(dst.Addr().Unmap(), dst.Port())}
+	switch dst.Port() {
+	case egress.PortHTTP:
+		// The HTTP server owns the connection from here (and untracks it when it ends).
+		p.httpLn.push(&flowConn{Conn: c, flow: fl, done: func() { p.untrack(c) }})
+	case egress.PortHTTPS:
+		defer p.untrack(c)
+		p.serveTLS(c, fl)
+	default:
+		// The nat chain only redirects 80 and 443; anything else is a misconfiguration.
+		defer p.untrack(c)
+		p.refuse(fl, "", egress.Decision{Verdict: egress.Deny, Stage: egress.StageDenyOut, Rule: "port not proxied"})
+		reset(c)
+	}
+}
+
+// judge decides a flow with the guest's current policy. For a domain-allowed flow it resolves the
+// name and returns the addresses the node may dial; for an address-allowed one, the original
+// destination.
+func (p *Proxy) judge(ctx context.Context, fl flow, name string) (egress.Decision, []netip.Addr) {
+	e, ok := p.lookup(fl.guest)
+	if !ok {
+		return egress.Decision{Verdict: egress.Deny, Stage: egress.StageDenyOut, Rule: "sandbox gone"}, nil
+	}
+	d := egress.Judge(e.policy, p.cfg.Env, egress.TCP, fl.dst.Addr(), fl.dst.Port(), name)
+	if d.Verdict != egress.Allow {
+		return d, nil
+	}
+	if d.Stage != egress.StageDomain {
+		return d, []netip.Addr{fl.dst.Addr()}
+	}
+	host, _ := egress.HostName(name)
+	rctx, cancel := context.WithTimeout(ctx, p.cfg.DialTimeout)
+	defer cancel()
+	addrs, err := p.cfg.Resolver.LookupNetIP(rctx, "ip", host)
+	if err != nil {
+		return egress.Decision{Verdict: egress.Deny, Stage: egress.StageDomain, Rule: "cannot resolve " + host}, nil
+	}
+	targets := p.cfg.Env.DialTargets(addrs)
+	if len(targets) == 0 {
+		return egress.Decision{Verdict: egress.Deny, Stage: egress.StageAlwaysDenied,
+			Rule: fmt.Sprintf("%s resolves only to always-denied addresses (%s)", host, addrs[0])}, nil
+	}
+	return d, targets
+}
+
+// dial connects to the first target that answers, on port.
+func (p *Proxy) dial(ctx context.Context, targets []netip.Addr, port uint16) (net.Conn, error) {
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.DialTimeout)
+	defer cancel()
+	var errs []error
+	for _, a := range targets {
+		c, err := p.cfg.Dialer.DialContext(ctx, "tcp", netip.AddrPortFrom(a, port).String())
+		if err == nil {
+			return c, nil
+		}
+		errs = append(errs, err)
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return nil, errors.Join(errs...)
+}
+
+func (p *Proxy) refuse(fl flow, name string, d egress.Decision) {
+	p.log.Debug("egress refused", "guest", fl.guest, "dst", fl.dst, "name", name, "stage", d.Stage, "rule", d.Rule)
+	if p.cfg.OnRefuse != nil {
+		p.cfg.OnRefuse(Refusal{Time: time.Now(), Guest: fl.guest, Proto: egress.TCP, Dst: fl.dst.Addr(),
+			Port: fl.dst.Port(), Name: name, Stage: d.Stage, Rule: d.Rule})
+	}
+}
+
+// reason is the one-line explanation a refusal carries to the guest.
+func reason(d egress.Decision, name string, dst netip.AddrPort) string {
+	target := dst.String()
+	if name != "" {
+		target = fmt.Sprintf("%s (%s)", name, dst)
+	}
+	switch d.Stage {
+	case egress.StageDenyOut:
+		if d.Rule == "" {
+			return fmt.Sprintf("egress to %s refused by the sandbox's network policy", target)
+		}
+		return fmt.Sprintf("egress to %s refused: no allowOut domain or address matches, denyOut %s", target, d.Rule)
+	case egress.StageAlwaysDenied:
+		return fmt.Sprintf("egress to %s refused: always-denied range (%s)", target, d.Rule)
+	default:
+		return fmt.Sprintf("egress to %s refused: %s", target, d.Rule)
+	}
+}
+
+// reset closes c with a TCP RST, so the guest fails at once instead of waiting.
+func reset(c net.Conn) {
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.SetLinger(0)
+	}
+	_ = c.Close()
+}
+
+func addrPortOf(a net.Addr) netip.AddrPort {
+	if ta, ok := a.(*net.TCPAddr); ok {
+		return ta.AddrPort()
+	}
+	ap, _ := netip.ParseAddrPort(a.String())
+	return ap
+}

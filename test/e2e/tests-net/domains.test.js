@@ -1,0 +1,217 @@
+// allowOut domains (seed 000 "Matching", issue 12 items 1–3 and 7): guest TCP to ports 80 and 443
+// judged by the HTTP Host header and the TLS SNI at the node's transparent egress proxy, re-dialed
+// by name from the node, through the official SDK against a real `vmon serve --net tap`, with real
+// traffic into the fake internet of test/nettopo (its DNS serves egress.TestZone: a.test →
+// 203.0.113.10, x.b.test → 203.0.113.11, deep.x.b.test → 198.51.100.7, b.test and other.test →
+// 198.51.100.8, private.test → 10.1.2.3, meta.test → 169.254.169.254; HTTPS origins use the
+// topology's own CA, which the guests here trust explicitly and the node never does).
+//
+// The whole name table (every precedence step, wildcard edges, IP literals, names resolving into
+// always-denied ranges) runs against the proxy in Go (internal/egressproxy); the redirect and
+// SO_ORIGINAL_DST path in real namespaces too. These tests show the assembled product.
+
+import assert from 'node:assert/strict';
+import { before, describe } from 'node:test';
+import { ALL_TRAFFIC, Sandbox } from 'e2b';
+import { useServer, runId, killQuietly, apiFetch, waitFor } from '../lib/harness.js';
+import { INET, CONTROL_URL, FAST_REFUSAL_MS, assertNodeTopology, probe1, assertRefused, assertAnswered, inetStats, statsDelta } from '../lib/net.js';
+
+const { A, B } = INET; // 203.0.113.10 (a.test), 203.0.113.11 (x.b.test)
+const OTHER = '198.51.100.8'; // b.test, other.test
+const RUN = runId('dom');
+const EXTRA = (process.env.VMON_E2E_NET_SERVER_ARGS || '').split(/\s+/).filter(Boolean);
+const CA_PATH = '/tmp/fake-internet-ca.pem';
+
+const DOMAINS = { allowOut: ['a.test', '*.b.test', 'private.test', 'meta.test'], denyOut: [ALL_TRAFFIC] };
+
+/**
+ * curl inside the sandbox; never throws on curl's own failure. Returns
+ * { rc, status, ms, body, headers } with headers lower-cased.
+ */
+async function curl(sbx, args) {
+  const cmd =
+    `rm -f /tmp/c.body /tmp/c.hdr; curl -sS -m 8 -o /tmp/c.body -D /tmp/c.hdr -w '%{http_code} %{time_total}' ${args}; ` +
+    `echo " rc=$?"; echo ---; cat /tmp/c.body 2>/dev/null; echo; echo ---; cat /tmp/c.hdr 2>/dev/null`;
+  const res = await sbx.commands.run(cmd, { timeoutMs: 30_000 });
+  const [head, body, hdr] = res.stdout.split('\n---\n');
+  const m = /^(\d{3}) ([\d.]+) rc=(\d+)/.exec(head.trim());
+  assert.ok(m, `curl output: ${res.stdout} ${res.stderr}`);
+  const headers = {};
+  for (const line of (hdr || '').split(/\r?\n/)) {
+    const i = line.indexOf(':');
+    if (i > 0) headers[line.slice(0, i).trim().toLowerCase()] = line.slice(i + 1).trim();
+  }
+  return { rc: Number(m[3]), status: Number(m[1]), ms: Math.round(Number(m[2]) * 1000), body: (body || '').trim(), headers, stderr: res.stderr };
+}
+
+const show = (r) => JSON.stringify({ rc: r.rc, status: r.status, ms: r.ms, body: r.body.slice(0, 200), stderr: r.stderr });
+
+function assertServedBy(r, host, what) {
+  assert.equal(r.rc, 0, `${what}: ${show(r)}`);
+  assert.equal(r.status, 200, `${what}: ${show(r)}`);
+  assert.equal(r.body, `hello from ${host}`, `${what}: answered by the wrong origin: ${show(r)}`);
+}
+
+function assertDenied403(r, what, rule) {
+  assert.equal(r.status, 403, `${what}: ${show(r)}`);
+  assert.equal(r.headers['x-vmon-egress'], 'denied', `${what}: ${show(r)}`);
+  if (rule) assert.ok(r.body.includes(rule), `${what}: the 403 should name ${rule}: ${show(r)}`);
+  assert.ok(r.ms < FAST_REFUSAL_MS, `${what}: refusal took ${r.ms} ms`);
+}
+
+function assertTLSRefused(r, what) {
+  assert.notEqual(r.rc, 0, `${what}: ${show(r)}`);
+  assert.equal(r.status, 0, `${what}: ${show(r)}`);
+  assert.ok(r.ms < FAST_REFUSAL_MS, `${what}: refusal took ${r.ms} ms: ${show(r)}`);
+}
+
+describe('allowOut domains on a --net tap node (egress-domains)', () => {
+  let caPem;
+  before(async () => {
+    await assertNodeTopology();
+    const res = await fetch(`${CONTROL_URL}/ca`);
+    assert.equal(res.status, 200);
+    caPem = await res.text();
+  });
+  const srv = useServer({ name: 'net-domains', args: ['--net', 'tap', ...EXTRA] });
+  const all = [];
+  srv.after(async () => {
+    await killQuietly(srv.sdkOpts, ...all);
+  });
+  const create = async (network) => {
+    const sbx = await Sandbox.create({ ...srv.sdkOpts, metadata: { run: RUN }, network });
+    all.push(sbx);
+    await sbx.files.write(CA_PATH, caPem);
+    return sbx;
+  };
+
+  srv.test('port 80: the Host header decides and the node re-dials the name, not the address the guest chose', async () => {
+    const sbx = await create(DOMAINS);
+    const before = await inetStats();
+    assertServedBy(await curl(sbx, `-H 'Host: a.test' http://${OTHER}/`), A, 'a.test via another address');
+    assertServedBy(await curl(sbx, `-H 'Host: A.Test.' http://${OTHER}/`), A, 'case and trailing dot');
+    assertServedBy(await curl(sbx, `-H 'Host: x.b.test' http://${A}/`), B, 'wildcard subdomain');
+    assertServedBy(await curl(sbx, `-H 'Host: deep.x.b.test' http://${A}/`), '198.51.100.7', 'deep subdomain');
+    const r = await curl(sbx, `-H 'Host: a.test' http://${OTHER}/`);
+    assert.equal(r.headers['x-host'], 'a.test', 'the origin sees the Host the guest sent');
+    // The origin sees the node, and the address the guest dialed got nothing.
+    assert.equal(statsDelta(before, await inetStats())[OTHER]?.http, undefined, 'the guest-chosen address was dialed');
+
+    assertDenied403(await curl(sbx, `-H 'Host: b.test' http://${A}/`), 'apex of a wildcard', 'denyOut 0.0.0.0/0');
+    assertDenied403(await curl(sbx, `-H 'Host: other.test' http://${A}/`), 'unlisted name', 'denyOut 0.0.0.0/0');
+    assertDenied403(await curl(sbx, `-H 'Host: ${A}' http://${A}/`), 'IP literal Host', 'denyOut 0.0.0.0/0');
+    assertDenied403(await curl(sbx, `http://${A}/`), 'no Host but the address');
+    // Guest DNS goes to 8.8.8.8 (implicitly allowed with domains); a name works end to end.
+    assertServedBy(await curl(sbx, 'http://a.test/'), A, 'by name through the guest resolver');
+  });
+
+  srv.test('port 80: a kept-alive connection cannot switch to another Host, even an allowed one', async () => {
+    const sbx = await create(DOMAINS);
+    // Two requests on one TCP connection, the second for another allowed name.
+    await sbx.files.write(
+      '/tmp/twohosts.py',
+      [
+        'import socket',
+        `s = socket.create_connection(('${A}', 80), timeout=10)`,
+        'f = s.makefile("rb")',
+        'def get(host):',
+        "    s.sendall(('GET / HTTP/1.1\\r\\nHost: %s\\r\\n\\r\\n' % host).encode())",
+        '    status = f.readline().split()[1].decode()',
+        '    n = 0',
+        '    while True:',
+        '        line = f.readline().strip()',
+        '        if not line: break',
+        "        if line.lower().startswith(b'content-length:'): n = int(line.split(b':')[1])",
+        '    return status, f.read(n).decode().strip()',
+        "print(*get('a.test'))",
+        "print(*get('x.b.test'))",
+      ].join('\n'),
+    );
+    const res = await sbx.commands.run('python3 /tmp/twohosts.py', { timeoutMs: 30_000 });
+    const lines = res.stdout.trim().split('\n');
+    assert.equal(lines[0], `200 hello from ${A}`, `first request: ${res.stdout}`);
+    assert.match(lines[1], /^403 /, `second request on the same connection: ${res.stdout}`);
+    assert.match(res.stdout, /differs from this connection's first request/);
+  });
+
+  srv.test('port 443: the SNI decides, TLS is not terminated, the name is re-dialed', async () => {
+    const sbx = await create(DOMAINS);
+    // The guest verifies the origin's own certificate: the proxy did not terminate TLS.
+    const ok = await curl(sbx, `--cacert ${CA_PATH} --resolve a.test:443:${OTHER} https://a.test/`);
+    assertServedBy(ok, A, 'a.test over TLS via another address');
+    assert.equal(ok.headers['x-sni'], 'a.test');
+    assertServedBy(await curl(sbx, `--cacert ${CA_PATH} --resolve deep.x.b.test:443:${A} https://deep.x.b.test/`), '198.51.100.7', 'deep subdomain over TLS');
+    // Fronting: an allowed SNI with another Host reaches only the allowed name's origin.
+    const fronted = await curl(sbx, `--cacert ${CA_PATH} --resolve a.test:443:${OTHER} -H 'Host: other.test' https://a.test/`);
+    assertServedBy(fronted, A, 'domain fronting reaches only the SNI name');
+    assertTLSRefused(await curl(sbx, `--cacert ${CA_PATH} --resolve other.test:443:${A} https://other.test/`), 'unlisted SNI');
+    assertTLSRefused(await curl(sbx, `--cacert ${CA_PATH} --resolve b.test:443:${A} https://b.test/`), 'apex SNI');
+    assertTLSRefused(await curl(sbx, `-k https://${A}/`), 'no SNI (an address)');
+  });
+
+  srv.test('a name resolving into an always-denied range is never dialed; other ports follow CIDR rules', async () => {
+    const sbx = await create(DOMAINS);
+    assertDenied403(await curl(sbx, `-H 'Host: private.test' http://${A}/`), 'name → 10.1.2.3', 'always-denied');
+    assertTLSRefused(await curl(sbx, `-k --resolve meta.test:443:${A} https://meta.test/`), 'name → 169.254.169.254');
+    // Port 7 carries no name: denyOut 0.0.0.0/0 refuses it at once, as a reset.
+    assertRefused(await probe1(sbx, `tcp://${A}:7`), 'TCP to another port of an allowed name’s address');
+    // Address rules still allow by CIDR, unproxied.
+    const mixed = await create({ allowOut: ['a.test', `${OTHER}/32`], denyOut: [ALL_TRAFFIC] });
+    assertAnswered(await probe1(mixed, `tcp://${OTHER}:7`), 'allowOut CIDR on another port');
+    const direct = await curl(mixed, `-H 'Host: other.test' http://${OTHER}/`);
+    assert.equal(direct.status, 200, show(direct));
+    assert.equal(direct.headers['x-vmon-egress'], undefined, 'an allowOut CIDR flow is not proxied');
+  });
+
+  srv.test('live update swaps the domains for new flows; an established TLS flow survives', async () => {
+    const sbx = await create(DOMAINS);
+    // A TLS connection to a.test that sends one request, waits for a file, then sends another.
+    await sbx.files.write(
+      '/tmp/hold.py',
+      [
+        'import socket, ssl, sys, os, time',
+        `ctx = ssl.create_default_context(cafile='${CA_PATH}')`,
+        `s = ctx.wrap_socket(socket.create_connection(('${OTHER}', 443), timeout=10), server_hostname='a.test')`,
+        'def get(p):',
+        "    s.sendall(('GET /%s HTTP/1.1\\r\\nHost: a.test\\r\\n\\r\\n' % p).encode())",
+        "    d = b''",
+        "    while b'hello from' not in d: d += s.recv(4096)",
+        "    return d.decode().split('\\r\\n\\r\\n', 1)[1].strip()",
+        "print(get('one'), flush=True)",
+        "while not os.path.exists('/tmp/go'): time.sleep(0.05)",
+        "print(get('two'), flush=True)",
+      ].join('\n'),
+    );
+    const out = [];
+    const held = await sbx.commands.run('python3 /tmp/hold.py', { background: true, timeoutMs: 60_000, onStdout: (d) => out.push(d) });
+    await waitFor(() => out.join('').includes('hello from'), { timeoutMs: 15_000, what: 'the first request on the held connection' });
+
+    await sbx.updateNetwork({ allowOut: ['x.b.test'], denyOut: [ALL_TRAFFIC] });
+    assertDenied403(await curl(sbx, `-H 'Host: a.test' http://${OTHER}/`), 'the removed domain, new flow');
+    assertTLSRefused(await curl(sbx, `--cacert ${CA_PATH} --resolve a.test:443:${OTHER} https://a.test/`), 'the removed domain over TLS');
+    assertServedBy(await curl(sbx, `-H 'Host: x.b.test' http://${OTHER}/`), B, 'the added domain');
+
+    await sbx.files.write('/tmp/go', '');
+    const res = await held.wait();
+    assert.equal(res.stdout.trim().split('\n').at(-1), `hello from ${A}`, `the established flow: ${res.stdout} ${res.stderr}`);
+
+    const info = await sbx.getInfo();
+    assert.deepEqual(info.network.allowOut, ['x.b.test']);
+    // Dropping the domains altogether: port 80 falls back to the CIDR rules (a reset, no 403).
+    await sbx.updateNetwork({ denyOut: [ALL_TRAFFIC] });
+    assertRefused(await probe1(sbx, `http://${A}`), 'port 80 without domains');
+  });
+
+  srv.test('the domain policy survives kill -9 and restart of the server', async () => {
+    const sbx = await create(DOMAINS);
+    assertServedBy(await curl(sbx, `-H 'Host: a.test' http://${OTHER}/`), A, 'before the restart');
+    await srv.kill9();
+    await srv.restart();
+    await waitFor(async () => (await apiFetch(srv, `/sandboxes/${sbx.sandboxId}`)).status === 200, {
+      timeoutMs: 20_000,
+      what: 'the sandbox to be recovered',
+    });
+    assertServedBy(await curl(sbx, `-H 'Host: a.test' http://${OTHER}/`), A, 'after the restart');
+    assertDenied403(await curl(sbx, `-H 'Host: other.test' http://${A}/`), 'after the restart', 'denyOut 0.0.0.0/0');
+  });
+});
