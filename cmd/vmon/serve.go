@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/tls"
+	"crypto/x509"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -119,7 +120,7 @@ func serve(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("runtime: %w (run `vmon doctor`)", err)
 	}
-	network, proxyOn, closeNetwork, err := setupNetwork(ctx, c, log)
+	network, egressProxy, closeNetwork, err := setupNetwork(ctx, c, log)
 	if err != nil {
 		return err
 	}
@@ -145,7 +146,10 @@ func serve(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 	if network != nil {
 		// Set only when non-nil: a nil *netpool.Pool in the interface would look networked.
 		nopts.Network = network
-		nopts.EgressProxy = proxyOn
+		if egressProxy != nil {
+			nopts.EgressProxy = true
+			nopts.CABundle = egressProxy.CABundle()
+		}
 	} else {
 		// Without networking, sandboxes get loopback-only namespaces (creates are refused anyway).
 		nopts.NetNS = netnsAdapter{}
@@ -417,33 +421,33 @@ const noNetAdmin = "no CAP_NET_ADMIN: this node cannot network sandboxes and wil
 
 // setupNetwork makes the link pool per --net: auto without CAP_NET_ADMIN starts without one
 // (creates then fail with a clear error), tap without it refuses to start. With a pool it starts
-// the transparent egress proxy on --egress-proxy-port (reported by proxyOn). The returned close
+// the transparent egress proxy on --egress-proxy-port (nil when off). The returned close
 // runs after the node's own shutdown so links in use stay for the next start to recover.
-func setupNetwork(ctx context.Context, c *config.Serve, log *slog.Logger) (_ *netpool.Pool, proxyOn bool, _ func(), _ error) {
+func setupNetwork(ctx context.Context, c *config.Serve, log *slog.Logger) (_ *netpool.Pool, _ *egressproxy.Proxy, _ func(), _ error) {
 	nop := func() {}
 	if !capability.Has(capability.NetAdmin) {
 		if c.Net == "tap" {
-			return nil, false, nop, errors.New("--net tap needs CAP_NET_ADMIN (run vmon serve as root)")
+			return nil, nil, nop, errors.New("--net tap needs CAP_NET_ADMIN (run vmon serve as root)")
 		}
 		log.Warn(noNetAdmin)
-		return nil, false, nop, nil
+		return nil, nil, nop, nil
 	}
 	prefix, err := netpool.ParsePrefix(c.NetPool)
 	if err != nil {
-		return nil, false, nop, fmt.Errorf("--net-pool: %w", err)
+		return nil, nil, nop, fmt.Errorf("--net-pool: %w", err)
 	}
 	internal, err := egress.ParseInternalAllow(c.EgressInternal)
 	if err != nil {
-		return nil, false, nop, fmt.Errorf("--egress-internal-allow: %w", err)
+		return nil, nil, nop, fmt.Errorf("--egress-internal-allow: %w", err)
 	}
 	uid, gid, err := lookupVMMUser(c.VMMUser)
 	if err != nil {
-		return nil, false, nop, err
+		return nil, nil, nop, err
 	}
 	env := egress.NewEnv(internal)
-	proxy, proxyPort, stopProxy, err := startEgressProxy(c.EgressProxyPort, env, log.With("component", "egressproxy"))
+	proxy, proxyPort, stopProxy, err := startEgressProxy(c.EgressProxyPort, c.DataDir, env, log.With("component", "egressproxy"))
 	if err != nil {
-		return nil, false, nop, err
+		return nil, nil, nop, err
 	}
 	cfg := netpool.Config{
 		Prefix: prefix, Target: c.ReadyLinks(), Kind: netpool.Veth, NetNSScope: dataDirScope(c.DataDir),
@@ -455,9 +459,9 @@ func setupNetwork(ctx context.Context, c *config.Serve, log *slog.Logger) (_ *ne
 	pool, err := netpool.New(ctx, cfg)
 	if err != nil {
 		stopProxy()
-		return nil, false, nop, fmt.Errorf("network pool: %w", err)
+		return nil, nil, nop, fmt.Errorf("network pool: %w", err)
 	}
-	return pool, proxy != nil, func() {
+	return pool, proxy, func() {
 		if err := pool.Close(context.WithoutCancel(ctx)); err != nil {
 			log.Warn("closing the network pool", "err", err)
 		}
@@ -467,20 +471,29 @@ func setupNetwork(ctx context.Context, c *config.Serve, log *slog.Logger) (_ *ne
 
 // startEgressProxy listens on every address at port (0: no proxy). Only flows a link's nat
 // chain redirected reach it from guests (INPUT accepts ctstate DNAT alone); anything else that
-// connects is reset at once, since its addresses match no guest's link.
-func startEgressProxy(port int, env egress.Env, log *slog.Logger) (*egressproxy.Proxy, uint16, func(), error) {
+// connects is reset at once, since its addresses match no guest's link. Its CA (header rules) is
+// created once in <data-dir>/egress.
+func startEgressProxy(port int, dataDir string, env egress.Env, log *slog.Logger) (*egressproxy.Proxy, uint16, func(), error) {
 	if port == 0 {
-		log.Info("egress proxy disabled (--egress-proxy-port 0): allowOut domains are refused with 503")
+		log.Info("egress proxy disabled (--egress-proxy-port 0): allowOut domains, header rules and egressProxy are refused with 503")
 		return nil, 0, func() {}, nil
 	}
 	if port < 0 || port > 65535 {
 		return nil, 0, nil, fmt.Errorf("--egress-proxy-port %d: must be 1-65535, or 0 to disable", port)
 	}
+	ca, err := egressproxy.LoadOrCreateCA(filepath.Join(dataDir, "egress"))
+	if err != nil {
+		return nil, 0, nil, err
+	}
+	roots, err := originRoots()
+	if err != nil {
+		return nil, 0, nil, err
+	}
 	ln, err := net.Listen("tcp4", fmt.Sprintf("0.0.0.0:%d", port))
 	if err != nil {
 		return nil, 0, nil, fmt.Errorf("egress proxy: %w (choose another --egress-proxy-port, or 0 to run without allowOut domains)", err)
 	}
-	p := egressproxy.New(egressproxy.Config{Env: env, Log: log})
+	p := egressproxy.New(egressproxy.Config{Env: env, Log: log, CA: ca, OriginRoots: roots})
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -493,6 +506,30 @@ func startEgressProxy(port int, env egress.Env, log *slog.Logger) (*egressproxy.
 		ln.Close()
 		<-done
 	}, nil
+}
+
+// testOriginCAEnv names a PEM file of extra roots the egress proxy trusts for the origins of
+// intercepted HTTPS flows, beside the host's own. It exists for the networking tests, whose fake
+// internet has its own CA; production nodes trust the host's roots only.
+const testOriginCAEnv = "VMON_TEST_EGRESS_ORIGIN_CA"
+
+func originRoots() (*x509.CertPool, error) {
+	path := os.Getenv(testOriginCAEnv)
+	if path == "" {
+		return nil, nil
+	}
+	pool, err := x509.SystemCertPool()
+	if err != nil {
+		pool = x509.NewCertPool()
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", testOriginCAEnv, err)
+	}
+	if !pool.AppendCertsFromPEM(b) {
+		return nil, fmt.Errorf("%s: %s holds no PEM certificate", testOriginCAEnv, path)
+	}
+	return pool, nil
 }
 
 // lookupVMMUser resolves --vmm-user (a user name or uid) to the owner of TAP links.

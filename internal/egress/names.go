@@ -157,3 +157,28 @@ func (e Env) DialTargets(addrs []netip.Addr) []netip.Addr {
 	}
 	return out
 }
+
+// MatchRule returns the header rule for host (normalised by HostName): the most specific key
+// wins — an exact name over any wildcard, a longer wildcard suffix over a shorter one — and
+// rules of several matching keys are never merged (seed "HTTPS header rules").
+func (p Policy) MatchRule(host string) (HeaderRule, bool) {
+	best, found := HeaderRule{}, false
+	for _, r := range p.Rules {
+		if !domainCovers(r.Domain, host) {
+			continue
+		}
+		if !found || moreSpecific(r.Domain, best.Domain) {
+			best, found = r, true
+		}
+	}
+	return best, found
+}
+
+// moreSpecific reports whether rule key a beats b for a name both cover.
+func moreSpecific(a, b string) bool {
+	aw, bw := strings.HasPrefix(a, "*."), strings.HasPrefix(b, "*.")
+	if aw != bw {
+		return !aw
+	}
+	return len(a) > len(b)
+}

@@ -72,3 +72,26 @@ func TestJudgeAgreesWithDecide(t *testing.T) {
 		}
 	}
 }
+
+func TestMatchRule(t *testing.T) {
+	p := Policy{Rules: []HeaderRule{
+		{Domain: "*.example.com", Headers: map[string]string{"A": "wild"}},
+		{Domain: "*.api.example.com", Headers: map[string]string{"A": "deeper"}},
+		{Domain: "api.example.com", Headers: map[string]string{"A": "exact"}},
+		{Domain: "empty.example.com"},
+	}}
+	for host, want := range map[string]string{
+		"api.example.com":      "api.example.com",
+		"v1.api.example.com":   "*.api.example.com",
+		"x.v1.api.example.com": "*.api.example.com",
+		"www.example.com":      "*.example.com",
+		"empty.example.com":    "empty.example.com",
+		"example.com":          "",
+		"example.org":          "",
+	} {
+		r, ok := p.MatchRule(host)
+		if ok != (want != "") || r.Domain != want {
+			t.Errorf("MatchRule(%q) = %q, %v; want %q", host, r.Domain, ok, want)
+		}
+	}
+}

@@ -2,12 +2,12 @@ package egressproxy
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
 	"net/http/httputil"
-	"net/netip"
 	"strings"
 	"sync"
 	"time"
@@ -20,6 +20,8 @@ import (
 type flowConn struct {
 	net.Conn
 	flow flow
+	// sni is the name of an intercepted HTTPS flow (header rules); "" for plain HTTP.
+	sni  string
 	done func()
 
 	once sync.Once
@@ -50,12 +52,6 @@ type flowKey struct{}
 
 type targetKey struct{}
 
-// target is where one request goes.
-type target struct {
-	addrs []netip.Addr
-	port  uint16
-}
-
 func (p *Proxy) newHTTPServer() *http.Server {
 	return &http.Server{
 		Handler:           http.HandlerFunc(p.serveHTTP),
@@ -83,11 +79,26 @@ func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	name := r.Host
-	d, targets := p.judge(r.Context(), fc.flow, name)
+	if fc.sni != "" {
+		// Inside an intercepted TLS flow the SNI was judged; a Host naming anything else
+		// would be domain fronting.
+		if h, _ := egress.HostName(r.Host); h != fc.sni {
+			d := egress.Decision{Verdict: egress.Deny, Stage: egress.StageDomain,
+				Rule: fmt.Sprintf("Host %q differs from the TLS server name %q", r.Host, fc.sni)}
+			p.refuse(fc.flow, r.Host, d)
+			p.deny(w, reason(d, r.Host, fc.flow.dst))
+			return
+		}
+		name = fc.sni
+	}
+	d, rt := p.judge(r.Context(), fc.flow, name)
 	if d.Verdict != egress.Allow {
 		p.refuse(fc.flow, name, d)
 		p.deny(w, reason(d, name, fc.flow.dst))
 		return
+	}
+	if fc.sni != "" {
+		p.applyRule(r, fc)
 	}
 	key := strings.ToLower(name)
 	if h, ok := egress.HostName(name); ok {
@@ -107,8 +118,24 @@ func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		p.deny(w, reason(d, name, fc.flow.dst))
 		return
 	}
-	ctx := context.WithValue(r.Context(), targetKey{}, target{addrs: targets, port: fc.flow.dst.Port()})
+	ctx := context.WithValue(r.Context(), targetKey{}, rt)
 	rp.ServeHTTP(w, r.WithContext(ctx))
+}
+
+// applyRule sets the headers of the guest's current rule for the flow's name, replacing what the
+// guest sent. A rule removed by a live update stops applying from the next request.
+func (p *Proxy) applyRule(r *http.Request, fc *flowConn) {
+	e, ok := p.lookup(fc.flow.guest)
+	if !ok {
+		return
+	}
+	rule, ok := e.policy.MatchRule(fc.sni)
+	if !ok {
+		return
+	}
+	for k, v := range rule.Headers {
+		r.Header.Set(k, v)
+	}
 }
 
 // deny answers a refused request with a 403 naming the rule, and closes the connection.
@@ -133,10 +160,15 @@ func (c *flowConn) reverseProxy(p *Proxy) *httputil.ReverseProxy {
 		MaxIdleConns:       4,
 		IdleConnTimeout:    time.Minute,
 	}
+	scheme := "http"
+	if c.sni != "" {
+		scheme = "https"
+		c.transport.TLSClientConfig = &tls.Config{ServerName: c.sni, RootCAs: p.cfg.OriginRoots, NextProtos: []string{"http/1.1"}}
+	}
 	c.rp = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
-			t, _ := pr.In.Context().Value(targetKey{}).(target)
-			pr.Out.URL.Scheme = "http"
+			t, _ := pr.In.Context().Value(targetKey{}).(route)
+			pr.Out.URL.Scheme = scheme
 			// The pool key is what is dialed, so a connection to one address never serves a
 			// request meant for another.
 			pr.Out.URL.Host = t.key()
@@ -156,20 +188,13 @@ func (c *flowConn) reverseProxy(p *Proxy) *httputil.ReverseProxy {
 	return c.rp
 }
 
-func (t target) key() string {
-	if len(t.addrs) == 0 {
-		return "invalid"
-	}
-	return netip.AddrPortFrom(t.addrs[0], t.port).String()
-}
-
-// dialTarget dials the addresses judge chose for the request in flight.
+// dialTarget dials the route judge chose for the request in flight.
 func (p *Proxy) dialTarget(ctx context.Context, _, _ string) (net.Conn, error) {
-	t, ok := ctx.Value(targetKey{}).(target)
-	if !ok || len(t.addrs) == 0 {
-		return nil, errors.New("no dial target")
+	rt, ok := ctx.Value(targetKey{}).(route)
+	if !ok {
+		return nil, errors.New("no route for the request")
 	}
-	return p.dial(ctx, t.addrs, t.port)
+	return p.dial(ctx, rt)
 }
 
 // connListener hands accepted port-80 flows to the HTTP server.

@@ -5,12 +5,15 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log"
 	"net"
 	"net/http"
 	"net/netip"
 	"strings"
 	"testing"
 	"time"
+
+	socks5 "github.com/armon/go-socks5"
 
 	"github.com/vibemon/vmon/internal/egress"
 	"github.com/vibemon/vmon/internal/firewall"
@@ -152,6 +155,67 @@ func TestKernelRedirect(t *testing.T) {
 	// The proxy port itself is not reachable from the guest.
 	if got, err := get(guest, netip.AddrPortFrom(host, kernelProxyPort), "a.test"); err == nil || !strings.Contains(err.Error(), "refused") {
 		t.Fatalf("direct connection to the proxy port: %q %v", got, err)
+	}
+
+	// A SOCKS5 egress proxy: every TCP port goes through the proxy, which tunnels allowed flows
+	// by address through the SOCKS server in the fake internet (exempted from the always-denied
+	// check by nothing: it is a public address).
+	socksAddr := netip.MustParseAddrPort("203.0.113.11:1080")
+	s := &socksServer{}
+	var sln net.Listener
+	if err := inet.Do(func() error {
+		var err error
+		sln, err = net.Listen("tcp", socksAddr.String())
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	ssrv, err := socks5.New(&socks5.Config{Resolver: s, Logger: log.New(io.Discard, "", 0),
+		Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			s.mu.Lock()
+			s.dials = append(s.dials, addr)
+			s.mu.Unlock()
+			return nsDialer{inet.NS}.DialContext(ctx, network, addr)
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = ssrv.Serve(sln) }()
+	t.Cleanup(func() { sln.Close() })
+	var eln net.Listener
+	if err := inet.Do(func() error {
+		var err error
+		eln, err = net.Listen("tcp", "198.51.100.8:8080")
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	esrv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "origin=8080 client=%s", r.RemoteAddr)
+	})}
+	go func() { _ = esrv.Serve(eln) }()
+	t.Cleanup(func() { esrv.Close() })
+	socksPol, err := egress.Parse(egress.Config{DenyOut: []string{"203.0.113.10/32"}, EgressProxy: &egress.ProxyConfig{Address: socksAddr.String()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Set(guest, host, socksPol)
+	if err := hooks.Update(context.Background(), socksPol); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := get(guest, netip.MustParseAddrPort("198.51.100.8:8080"), "x"); err != nil || !strings.HasPrefix(got, "200 origin=8080 ") {
+		t.Fatalf("port 8080 through SOCKS5: %q %v", got, err)
+	}
+	if _, dials := s.asked(); len(dials) != 1 || dials[0] != "198.51.100.8:8080" {
+		t.Fatalf("SOCKS server dials %v", dials)
+	}
+	// A flow the address rules deny is refused by the kernel at the SYN, never accepted by the
+	// proxy and then reset.
+	if got, err := get(guest, netip.MustParseAddrPort("203.0.113.10:80"), "a.test"); err == nil || !strings.Contains(err.Error(), "refused") {
+		t.Fatalf("denied address with an egress proxy: %q %v", got, err)
+	}
+	if _, dials := s.asked(); len(dials) != 1 {
+		t.Fatalf("a denied flow reached the SOCKS server: %v", dials)
 	}
 
 	// A live update without domains: the slot no longer redirects, CIDR rules decide alone.

@@ -12,12 +12,14 @@ package egressproxy
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/netip"
+	"strconv"
 	"sync"
 	"time"
 
@@ -63,6 +65,12 @@ type Config struct {
 	HandshakeTimeout time.Duration
 	// DialTimeout bounds resolving and connecting to an origin (default 10 s).
 	DialTimeout time.Duration
+	// CA mints the certificates of intercepted HTTPS flows (header rules); nil refuses flows a
+	// rule would intercept.
+	CA *CA
+	// OriginRoots verify the origins of intercepted flows; nil is the host's roots. Only tests
+	// set it (an origin CA of their own), never production defaults.
+	OriginRoots *x509.CertPool
 	Log         *slog.Logger
 }
 
@@ -116,6 +124,14 @@ func New(cfg Config) *Proxy {
 	p.httpLn = newConnListener()
 	p.http = p.newHTTPServer()
 	return p
+}
+
+// CABundle is the PEM of the CA guests must trust for intercepted flows (nil without a CA).
+func (p *Proxy) CABundle() []byte {
+	if p.cfg.CA == nil {
+		return nil
+	}
+	return p.cfg.CA.CertPEM
 }
 
 // Set puts policy in force for new flows (and, on port 80, new requests) from guest, whose link's
@@ -244,50 +260,88 @@ func (p *Proxy) handle(c net.Conn) {
 		// The HTTP server owns the connection from here (and untracks it when it ends).
 		p.httpLn.push(&flowConn{Conn: c, flow: fl, done: func() { p.untrack(c) }})
 	case egress.PortHTTPS:
-		defer p.untrack(c)
+		// serveTLS untracks c itself, unless it hands an intercepted flow to the HTTP server.
 		p.serveTLS(c, fl)
 	default:
-		// The nat chain only redirects 80 and 443; anything else is a misconfiguration.
+		// Other ports reach the proxy only when the policy has a SOCKS5 egress proxy: judged
+		// by address alone, then tunnelled.
 		defer p.untrack(c)
-		p.refuse(fl, "", egress.Decision{Verdict: egress.Deny, Stage: egress.StageDenyOut, Rule: "port not proxied"})
-		reset(c)
+		p.serveTCP(c, fl)
 	}
 }
 
-// judge decides a flow with the guest's current policy. For a domain-allowed flow it resolves the
-// name and returns the addresses the node may dial; for an address-allowed one, the original
-// destination.
-func (p *Proxy) judge(ctx context.Context, fl flow, name string) (egress.Decision, []netip.Addr) {
+// route is where an allowed flow goes.
+type route struct {
+	// name is the normalised domain of a domain-allowed flow ("" otherwise).
+	name string
+	// addrs are the addresses the node may dial directly, in order (none when a SOCKS5 proxy
+	// resolves name itself).
+	addrs []netip.Addr
+	port  uint16
+	// via, when set, is the sandbox's SOCKS5 egress proxy every allowed TCP flow goes through.
+	via *egress.Proxy
+}
+
+// key identifies the route's destination, for connection pooling.
+func (r route) key() string {
+	if r.name != "" {
+		return net.JoinHostPort(r.name, strconv.Itoa(int(r.port)))
+	}
+	if len(r.addrs) == 0 {
+		return "invalid"
+	}
+	return netip.AddrPortFrom(r.addrs[0], r.port).String()
+}
+
+// judge decides a flow with the guest's current policy and, for an allowed one, where it goes: a
+// domain-allowed flow to the name (resolved here and never to an always-denied address, or by
+// the SOCKS5 proxy), an address-allowed one to the original destination.
+func (p *Proxy) judge(ctx context.Context, fl flow, name string) (egress.Decision, route) {
 	e, ok := p.lookup(fl.guest)
 	if !ok {
-		return egress.Decision{Verdict: egress.Deny, Stage: egress.StageDenyOut, Rule: "sandbox gone"}, nil
+		return egress.Decision{Verdict: egress.Deny, Stage: egress.StageDenyOut, Rule: "sandbox gone"}, route{}
 	}
 	d := egress.Judge(e.policy, p.cfg.Env, egress.TCP, fl.dst.Addr(), fl.dst.Port(), name)
 	if d.Verdict != egress.Allow {
-		return d, nil
+		return d, route{}
 	}
+	rt := route{port: fl.dst.Port(), via: e.policy.Proxy}
 	if d.Stage != egress.StageDomain {
-		return d, []netip.Addr{fl.dst.Addr()}
+		rt.addrs = []netip.Addr{fl.dst.Addr()}
+		return d, rt
 	}
-	host, _ := egress.HostName(name)
+	rt.name, _ = egress.HostName(name)
+	if rt.via != nil {
+		return d, rt // remote DNS: the SOCKS5 server resolves the name
+	}
 	rctx, cancel := context.WithTimeout(ctx, p.cfg.DialTimeout)
 	defer cancel()
-	addrs, err := p.cfg.Resolver.LookupNetIP(rctx, "ip", host)
-	if err != nil {
-		return egress.Decision{Verdict: egress.Deny, Stage: egress.StageDomain, Rule: "cannot resolve " + host}, nil
+	addrs, err := p.cfg.Resolver.LookupNetIP(rctx, "ip", rt.name)
+	if err != nil || len(addrs) == 0 {
+		return egress.Decision{Verdict: egress.Deny, Stage: egress.StageDomain, Rule: "cannot resolve " + rt.name}, route{}
 	}
-	targets := p.cfg.Env.DialTargets(addrs)
-	if len(targets) == 0 {
+	rt.addrs = p.cfg.Env.DialTargets(addrs)
+	if len(rt.addrs) == 0 {
 		return egress.Decision{Verdict: egress.Deny, Stage: egress.StageAlwaysDenied,
-			Rule: fmt.Sprintf("%s resolves only to always-denied addresses (%s)", host, addrs[0])}, nil
+			Rule: fmt.Sprintf("%s resolves only to always-denied addresses (%s)", rt.name, addrs[0])}, route{}
 	}
-	return d, targets
+	return d, rt
 }
 
-// dial connects to the first target that answers, on port.
-func (p *Proxy) dial(ctx context.Context, targets []netip.Addr, port uint16) (net.Conn, error) {
+// dial opens an allowed flow's connection to its origin, through the SOCKS5 proxy when the
+// policy has one.
+func (p *Proxy) dial(ctx context.Context, rt route) (net.Conn, error) {
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.DialTimeout)
 	defer cancel()
+	if rt.via != nil {
+		target := rt.key()
+		return p.socksDial(ctx, rt.via, target)
+	}
+	return p.dialDirect(ctx, rt.addrs, rt.port)
+}
+
+// dialDirect connects to the first target that answers, on port.
+func (p *Proxy) dialDirect(ctx context.Context, targets []netip.Addr, port uint16) (net.Conn, error) {
 	var errs []error
 	for _, a := range targets {
 		c, err := p.cfg.Dialer.DialContext(ctx, "tcp", netip.AddrPortFrom(a, port).String())
@@ -298,6 +352,9 @@ func (p *Proxy) dial(ctx context.Context, targets []netip.Addr, port uint16) (ne
 		if ctx.Err() != nil {
 			break
 		}
+	}
+	if len(errs) == 0 {
+		return nil, errors.New("no address to dial")
 	}
 	return nil, errors.Join(errs...)
 }
@@ -343,4 +400,41 @@ func addrPortOf(a net.Addr) netip.AddrPort {
 	}
 	ap, _ := netip.ParseAddrPort(a.String())
 	return ap
+}
+
+// serveTCP judges a flow that carries no name by its address and tunnels an allowed one.
+func (p *Proxy) serveTCP(c net.Conn, fl flow) {
+	ctx := context.Background()
+	d, rt := p.judge(ctx, fl, "")
+	if d.Verdict != egress.Allow {
+		p.refuse(fl, "", d)
+		reset(c)
+		return
+	}
+	p.splice(ctx, c, fl, "", rt, nil)
+}
+
+// splice dials the route, writes first (bytes already read from the guest) and copies both ways.
+// A failed dial is a reset: the guest sees a refusal, never a half-open flow.
+func (p *Proxy) splice(ctx context.Context, c net.Conn, fl flow, name string, rt route, first []byte) {
+	up, err := p.dial(ctx, rt)
+	if err != nil {
+		p.log.Debug("egress proxy: origin unreachable", "guest", fl.guest, "dst", fl.dst, "name", name, "err", err)
+		reset(c)
+		return
+	}
+	if !p.track(up) {
+		up.Close()
+		reset(c)
+		return
+	}
+	defer p.untrack(up)
+	if len(first) > 0 {
+		if _, err := up.Write(first); err != nil {
+			up.Close()
+			reset(c)
+			return
+		}
+	}
+	splice(c, up)
 }

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"io"
 	"net"
@@ -32,8 +33,17 @@ func (z zoneResolver) LookupNetIP(_ context.Context, _, host string) ([]netip.Ad
 // HTTP server, on 443 one TLS server; both answer with the address that was dialed.
 type origins struct {
 	http, tls *httptest.Server
+	echo      net.Listener
+	roots     *x509.CertPool
 	mu        sync.Mutex
 	dialed    map[string]string // origin-side remote address → address the proxy asked for
+	dials     int
+}
+
+func (o *origins) count() int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.dials
 }
 
 func newOrigins(t *testing.T) *origins {
@@ -46,28 +56,83 @@ func newOrigins(t *testing.T) *origins {
 		if r.TLS != nil {
 			sni = r.TLS.ServerName
 		}
-		fmt.Fprintf(w, "dialed=%s host=%s sni=%s", to, r.Host, sni)
+		if r.Header.Get("Upgrade") == "echo" {
+			// A minimal upgrade: 101, then echo bytes, as a WebSocket would carry frames.
+			w.Header().Set("Connection", "Upgrade")
+			w.Header().Set("Upgrade", "echo")
+			w.WriteHeader(http.StatusSwitchingProtocols)
+			c, buf, err := http.NewResponseController(w).Hijack()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+			_, _ = io.Copy(c, buf)
+			return
+		}
+		fmt.Fprintf(w, "dialed=%s host=%s sni=%s auth=%s extra=%s", to, r.Host, sni,
+			r.Header.Get("Authorization"), r.Header.Get("X-Extra"))
 	})
 	o.http = httptest.NewServer(h)
-	o.tls = httptest.NewTLSServer(h)
+	// The TLS origin shows a certificate for whatever name it is asked, from its own CA, which
+	// the proxy trusts through OriginRoots (as the e2e node does through a test-only setting).
+	originCA, err := LoadOrCreateCA(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.roots = x509.NewCertPool()
+	o.roots.AppendCertsFromPEM(originCA.CertPEM)
+	o.tls = httptest.NewUnstartedServer(h)
+	o.tls.TLS = &tls.Config{GetCertificate: func(hi *tls.ClientHelloInfo) (*tls.Certificate, error) {
+		name := hi.ServerName
+		if name == "" {
+			name = "no-sni.invalid"
+		}
+		return originCA.Leaf(name)
+	}}
+	o.tls.StartTLS()
 	t.Cleanup(o.http.Close)
 	t.Cleanup(o.tls.Close)
+	var echo net.Listener
+	echo, err = net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.echo = echo
+	t.Cleanup(func() { echo.Close() })
+	go func() {
+		for {
+			c, err := echo.Accept()
+			if err != nil {
+				return
+			}
+			go func() { _, _ = io.Copy(c, c); c.Close() }()
+		}
+	}()
 	return o
 }
 
 func (o *origins) DialContext(ctx context.Context, network, address string) (net.Conn, error) {
 	ap := netip.MustParseAddrPort(address)
-	srv := o.http
-	if ap.Port() == 443 {
-		srv = o.tls
+	if ap.Addr().IsLoopback() {
+		// The test's own servers (SOCKS5 proxies) live on loopback: reach them as they are.
+		var d net.Dialer
+		return d.DialContext(ctx, network, address)
+	}
+	to := o.echo.Addr().String()
+	switch ap.Port() {
+	case 80:
+		to = o.http.Listener.Addr().String()
+	case 443:
+		to = o.tls.Listener.Addr().String()
 	}
 	var d net.Dialer
-	c, err := d.DialContext(ctx, network, srv.Listener.Addr().String())
+	c, err := d.DialContext(ctx, network, to)
 	if err != nil {
 		return nil, err
 	}
 	o.mu.Lock()
 	o.dialed[c.LocalAddr().String()] = ap.Addr().String()
+	o.dials++
 	o.mu.Unlock()
 	return c, nil
 }
@@ -76,6 +141,8 @@ func (o *origins) DialContext(ctx context.Context, network, address string) (net
 // original destination the test chooses.
 type harness struct {
 	p       *Proxy
+	origins *origins
+	ca      *CA
 	addr    string
 	mu      sync.Mutex
 	dst     map[netip.Addr]netip.AddrPort
@@ -88,10 +155,18 @@ func newHarness(t *testing.T, env egress.Env) *harness {
 	t.Helper()
 	h := &harness{dst: map[netip.Addr]netip.AddrPort{}}
 	o := newOrigins(t)
+	h.origins = o
+	ca, err := LoadOrCreateCA(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.ca = ca
 	h.p = New(Config{
-		Env:      env,
-		Resolver: zoneResolver(egress.TestZone()),
-		Dialer:   o,
+		CA:          ca,
+		OriginRoots: o.roots,
+		Env:         env,
+		Resolver:    zoneResolver(egress.TestZone()),
+		Dialer:      o,
 		OriginalDst: func(c net.Conn) (netip.AddrPort, error) {
 			h.mu.Lock()
 			defer h.mu.Unlock()

@@ -56,9 +56,15 @@ func readClientHello(c net.Conn, timeout time.Duration) (string, []byte, error) 
 // version field is ignored by receivers for alerts sent before a version is negotiated.
 var accessDenied = []byte{0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 49}
 
-// serveTLS judges a port-443 flow by its SNI and splices an allowed one to the origin after
-// replaying the ClientHello.
+// serveTLS judges a port-443 flow by its SNI. An allowed flow whose name a header rule covers is
+// intercepted (intercept); any other is spliced to the origin after replaying the ClientHello.
 func (p *Proxy) serveTLS(c net.Conn, fl flow) {
+	handedOff := false
+	defer func() {
+		if !handedOff {
+			p.untrack(c)
+		}
+	}()
 	name, hello, err := readClientHello(c, p.cfg.HandshakeTimeout)
 	if err != nil {
 		// Not TLS, or the guest never finished its ClientHello: no name, so only addresses
@@ -68,31 +74,56 @@ func (p *Proxy) serveTLS(c net.Conn, fl flow) {
 		return
 	}
 	ctx := context.Background()
-	d, targets := p.judge(ctx, fl, name)
+	d, rt := p.judge(ctx, fl, name)
 	if d.Verdict != egress.Allow {
 		p.refuse(fl, name, d)
 		_, _ = c.Write(accessDenied)
 		_ = c.Close()
 		return
 	}
-	up, err := p.dial(ctx, targets, fl.dst.Port())
-	if err != nil {
-		p.log.Debug("egress proxy: origin unreachable", "guest", fl.guest, "name", name, "err", err)
-		reset(c)
-		return
+	if host, ok := egress.HostName(name); ok {
+		if e, ok := p.lookup(fl.guest); ok {
+			if _, ok := e.policy.MatchRule(host); ok {
+				handedOff = p.intercept(c, fl, host, hello)
+				return
+			}
+		}
 	}
-	if !p.track(up) {
-		up.Close()
-		reset(c)
-		return
+	p.splice(ctx, c, fl, name, rt, hello)
+}
+
+// replayConn reads the bytes already taken from the guest before the rest of its stream.
+type replayConn struct {
+	net.Conn
+	r io.Reader
+}
+
+func (c *replayConn) Read(b []byte) (int, error) { return c.r.Read(b) }
+
+// intercept terminates the guest's TLS with a leaf the node's CA mints for host and hands the
+// decrypted HTTP/1.1 stream to the HTTP server, which applies the rule's headers per request and
+// re-encrypts to the origin with verified TLS. It reports whether the HTTP server took the flow.
+func (p *Proxy) intercept(c net.Conn, fl flow, host string, hello []byte) bool {
+	if p.cfg.CA == nil {
+		p.refuse(fl, host, egress.Decision{Verdict: egress.Deny, Stage: egress.StageDomain, Rule: "header rules are not supported on this node"})
+		_, _ = c.Write(accessDenied)
+		_ = c.Close()
+		return false
 	}
-	defer p.untrack(up)
-	if _, err := up.Write(hello); err != nil {
-		up.Close()
-		reset(c)
-		return
+	tc := tls.Server(&replayConn{Conn: c, r: io.MultiReader(bytes.NewReader(hello), c)}, &tls.Config{
+		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return p.cfg.CA.Leaf(host) },
+		// HTTP/1.1 only: headers are applied per request on one stream.
+		NextProtos: []string{"http/1.1"},
+	})
+	_ = c.SetDeadline(time.Now().Add(p.cfg.HandshakeTimeout))
+	if err := tc.Handshake(); err != nil {
+		p.log.Debug("egress proxy: intercepted handshake failed", "guest", fl.guest, "name", host, "err", err)
+		_ = c.Close()
+		return false
 	}
-	splice(c, up)
+	_ = c.SetDeadline(time.Time{})
+	p.httpLn.push(&flowConn{Conn: tc, flow: fl, sni: host, done: func() { p.untrack(c) }})
+	return true
 }
 
 // splice copies both ways until both directions end; a half-close is passed on so protocols

@@ -210,7 +210,10 @@ func (fw *Firewall) Sweep(ctx context.Context, keep func(index int) bool) ([]int
 		mu.Lock()
 		all = append(all, removed...)
 		mu.Unlock()
-		return err
+		if err != nil {
+			return err
+		}
+		return fw.migrateFamily(ctx, f, keep)
 	})
 	slices.Sort(all)
 	return slices.Compact(all), err
@@ -245,6 +248,22 @@ func (fw *Firewall) removeFamily(ctx context.Context, f family, match func(int) 
 		return nil, fmt.Errorf("remove %s rules of links %v: %w", f, removed, err)
 	}
 	return removed, nil
+}
+
+// migrateFamily brings the kept links' rules of an older vmon up to date (renderMigrate).
+func (fw *Firewall) migrateFamily(ctx context.Context, f family, keep func(int) bool) error {
+	out, err := fw.run.save(ctx, f)
+	if err != nil {
+		return err
+	}
+	s := renderMigrate(fw.names, parseSave(out), keep)
+	if s == "" {
+		return nil
+	}
+	if err := fw.run.restore(ctx, f, s); err != nil {
+		return fmt.Errorf("update %s proxy jumps of kept links: %w", f, err)
+	}
+	return nil
 }
 
 type hookState int
@@ -309,7 +328,7 @@ func (h *Hooks) apply(ctx context.Context, p egress.Policy) error {
 	var blocks, proxy [len(families)][]string
 	for i, f := range families {
 		blocks[i] = policyRules(h.fw.names, h.link, f, p, h.fw.env)
-		proxy[i] = proxyRules(h.link, f, p, h.fw.proxyPort)
+		proxy[i] = proxyRules(h.link, f, p, h.fw.env, h.fw.proxyPort)
 		if proxy[i] == nil && h.state != unknown && h.proxy[i] == nil {
 			continue // the slot is empty and stays empty
 		}

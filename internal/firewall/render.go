@@ -147,11 +147,10 @@ func renderInstall(n names, l Link, f family) string {
 		s.insertTop("POSTROUTING", tagged(fmt.Sprintf("-s %s%s -j %s", hostPrefix(guest, f), notPool, masq)))
 	}
 	if !l.Unrestricted {
-		// The slot the transparent proxy (domain allowOut, header rules, SOCKS5) fills with
-		// a REDIRECT/TPROXY for TCP 80/443 (plus an INPUT accept for its port above the
-		// refusal). Empty: the chain returns and nothing changes.
-		s.insertTop("PREROUTING",
-			tagged(fmt.Sprintf("-i %s -p tcp -m multiport --dports 80,443 -j %s", iface, proxy)))
+		// The slot the transparent proxy (domain allowOut, header rules, SOCKS5) fills with a
+		// REDIRECT (proxyRules). Empty: the chain returns and nothing changes. nat sees only
+		// the first packet of a flow, so the jump costs nothing per packet.
+		s.insertTop("PREROUTING", proxyJump(n, l.Index))
 	}
 	return s.String()
 }
@@ -276,28 +275,71 @@ func policyRules(n names, l Link, f family, p egress.Policy, env egress.Env) []s
 	return append(rules, "-j ACCEPT")
 }
 
-// proxyRules renders the proxy slot of a link for policy p: nil (the slot stays empty) unless p
-// has allowOut domains and the node runs the proxy. Only IPv4 guests exist today; an IPv6 flow
-// to 80/443 is judged by the CIDR rules of its family alone. Rules, first match wins:
+// proxyJump is the per-link jump into the proxy slot: every new TCP flow of the link.
+func proxyJump(n names, i int) string {
+	return tagged(fmt.Sprintf("-i %s -p tcp -j %s", n.iface(i), n.chainName(chainProxy, i)))
+}
+
+// proxyRules renders the proxy slot of a link for policy p: nil (the slot stays empty) unless the
+// node runs the proxy and p needs it. Only IPv4 guests exist today; IPv6 flows are judged by the
+// CIDR rules of their family alone. First match wins:
 //
-//  1. a source other than the guest → RETURN (the guard drops it: the proxy must never see a
-//     spoofed address, which it would take for another sandbox);
-//  2. a destination an allowOut CIDR covers → RETURN (the filter chain allows it, unproxied);
-//  3. everything else → REDIRECT to the proxy, which allows it only by Host or SNI.
+//  1. a source other than the guest, or a destination in the pool → RETURN (the guard drops a
+//     spoofed source, which the proxy would take for another sandbox; leases stay isolated);
+//  2. with domains, TCP to 80/443 → REDIRECT: only the proxy can judge a name;
+//  3. domains alone: any other port → RETURN; allowOut CIDRs → RETURN (allowed unproxied by the
+//     filter chain); the rest → REDIRECT;
+//  4. with header rules (port 443) or an egressProxy (every port): the seed's address precedence
+//     (always-denied → allowOut → denyOut → allow), where a denial RETURNs, so the filter chain
+//     refuses it with a reset at the SYN, and an allowed flow is REDIRECTed, for the proxy to
+//     intercept (rules) or tunnel (SOCKS5) it.
 //
 // The block ends in a verdict, so an update can stack a new block on top atomically.
-func proxyRules(l Link, f family, p egress.Policy, port uint16) []string {
-	if port == 0 || len(p.AllowDomains) == 0 || f != v4 || !f.has(l.guest(f)) {
+func proxyRules(l Link, f family, p egress.Policy, env egress.Env, port uint16) []string {
+	if port == 0 || f != v4 || !f.has(l.guest(f)) {
 		return nil
 	}
-	rules := []string{fmt.Sprintf("! -s %s -j RETURN", hostPrefix(l.guest(f), f))}
-	for _, pfx := range forFamily(p.AllowOut, f) {
-		if pfx.Bits() == 0 {
-			return nil // every address is allowed by CIDR: a name adds nothing
-		}
-		rules = append(rules, fmt.Sprintf("-d %s -j RETURN", pfx))
+	domains, rules, socks := len(p.AllowDomains) > 0, len(p.Rules) > 0, p.Proxy != nil
+	if !domains && !rules && !socks {
+		return nil
 	}
-	return append(rules, fmt.Sprintf("-p tcp -j REDIRECT --to-ports %d", port))
+	redirect := fmt.Sprintf("REDIRECT --to-ports %d", port)
+	dst := func(pfx netip.Prefix, target string) string {
+		if pfx.Bits() == 0 {
+			return "-p tcp -j " + target
+		}
+		return fmt.Sprintf("-d %s -p tcp -j %s", pfx, target)
+	}
+	out := []string{fmt.Sprintf("! -s %s -j RETURN", hostPrefix(l.guest(f), f))}
+	if pool := l.pool(f); pool.IsValid() {
+		out = append(out, dst(pool, "RETURN"))
+	}
+	if !rules && !socks {
+		out = append(out, "-p tcp -m multiport ! --dports 80,443 -j RETURN")
+		for _, pfx := range forFamily(p.AllowOut, f) {
+			if pfx.Bits() == 0 {
+				return nil // every address is allowed by CIDR: a name adds nothing
+			}
+			out = append(out, dst(pfx, "RETURN"))
+		}
+		return append(out, "-p tcp -j "+redirect)
+	}
+	if domains {
+		out = append(out, "-p tcp -m multiport --dports 80,443 -j "+redirect)
+	}
+	if !socks {
+		out = append(out, "-p tcp ! --dport 443 -j RETURN")
+	}
+	for _, pfx := range deniedPrefixes(f, env) {
+		out = append(out, dst(pfx, "RETURN"))
+	}
+	for _, pfx := range forFamily(p.AllowOut, f) {
+		out = append(out, dst(pfx, redirect))
+	}
+	for _, pfx := range forFamily(p.DenyOut, f) {
+		out = append(out, dst(pfx, "RETURN"))
+	}
+	return append(out, "-p tcp -j "+redirect)
 }
 
 // renderAttach inserts a policy block above whatever the egress chain holds: the closed DROP on

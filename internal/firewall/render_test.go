@@ -82,6 +82,16 @@ var renderStates = []struct {
 		DenyOut:      pfx("0.0.0.0/0", "::/0"),
 		AllowDomains: []string{"pypi.org", "*.pythonhosted.org"},
 	}},
+	{name: "socks-proxy", link: link7, env: defaultEnv, proxyPort: testProxyPort, policy: &egress.Policy{
+		DenyOut: pfx("198.51.100.7/32"),
+		Proxy:   &egress.Proxy{Address: "proxy.example:1080"},
+	}},
+	{name: "rules-proxy", link: link7, env: defaultEnv, proxyPort: testProxyPort, policy: &egress.Policy{
+		AllowOut:     pfx("8.8.8.8/32", "198.51.100.0/24"),
+		DenyOut:      pfx("0.0.0.0/0", "::/0"),
+		AllowDomains: []string{"api.example"},
+		Rules:        []egress.HeaderRule{{Domain: "api.example", Headers: map[string]string{"Authorization": "x"}}},
+	}},
 	{name: "guest6", env: defaultEnv, policy: &egress.Policy{DenyOut: pfx("2001:db8:2::/64")},
 		link: Link{
 			Index: 3, Guest: netip.MustParseAddr("172.20.0.14"), Pool: netip.MustParsePrefix("172.20.0.0/16"),
@@ -133,7 +143,7 @@ func renderState(n names, l Link, env egress.Env, p *egress.Policy, port uint16)
 			b.WriteString(renderReplace(n, l, nil, false, nil))
 			continue
 		}
-		rules, proxy := policyRules(n, l, f, *p, env), proxyRules(l, f, *p, port)
+		rules, proxy := policyRules(n, l, f, *p, env), proxyRules(l, f, *p, env, port)
 		fmt.Fprintf(&b, "\n## %s --noflush: attach or live update (add-only)\n", tool)
 		b.WriteString(renderAttach(n, l, rules, proxy))
 		fmt.Fprintf(&b, "\n## %s --noflush: background compaction after a live update\n", tool)
@@ -201,7 +211,7 @@ func TestAttachIsAddOnly(t *testing.T) {
 		}
 		for _, f := range families {
 			s := renderAttach(n, st.link, policyRules(n, st.link, f, *st.policy, st.env),
-				proxyRules(st.link, f, *st.policy, st.proxyPort))
+				proxyRules(st.link, f, *st.policy, st.env, st.proxyPort))
 			for line := range strings.Lines(s) {
 				if !strings.HasPrefix(line, "-I ") && !strings.HasPrefix(line, "*") && line != "COMMIT\n" {
 					t.Errorf("%s/%s: attach is not add-only: %q", st.name, f, line)
@@ -366,5 +376,36 @@ func TestNames(t *testing.T) {
 		if _, err := newNames(bad); err == nil {
 			t.Errorf("prefix %q accepted", bad)
 		}
+	}
+}
+
+// Links installed by an older vmon jumped into the proxy slot for 80/443 only; start-up rewrites
+// the jumps of the links it keeps, and leaves other links' and other software's rules alone.
+func TestRenderMigrate(t *testing.T) {
+	n := testNames(t)
+	saved := parseSave(`*nat
+:PREROUTING ACCEPT [0:0]
+:VMON-T3 - [0:0]
+:VMON-T4 - [0:0]
+-A PREROUTING -i vmon3 -p tcp -m multiport --dports 80,443 -m comment --comment vmon-egress -j VMON-T3
+-A PREROUTING -i vmon4 -p tcp -m multiport --dports 80,443 -m comment --comment vmon-egress -j VMON-T4
+-A PREROUTING -i vmon5 -p tcp -m comment --comment vmon-egress -j VMON-T5
+-A PREROUTING -i eth0 -p tcp -m multiport --dports 80,443 -j REDIRECT --to-ports 3128
+COMMIT
+`)
+	got := renderMigrate(n, saved, func(i int) bool { return i != 4 })
+	want := `*nat
+-D PREROUTING -i vmon3 -p tcp -m multiport --dports 80,443 -m comment --comment vmon-egress -j VMON-T3
+-I PREROUTING 1 -i vmon3 -p tcp -m comment --comment vmon-egress -j VMON-T3
+COMMIT
+`
+	if got != want {
+		t.Fatalf("got:\n%s\nwant:\n%s", got, want)
+	}
+	if s := renderMigrate(n, parseSave(`*nat
+-A PREROUTING -i vmon5 -p tcp -m comment --comment vmon-egress -j VMON-T5
+COMMIT
+`), func(int) bool { return true }); s != "" {
+		t.Fatalf("nothing to migrate, got %q", s)
 	}
 }

@@ -15,14 +15,14 @@ import (
 const FeatureNetTap = "net-tap"
 
 // Features lists what this node can do for placement: net-tap with a network, egress-domains
-// when its transparent egress proxy runs.
+// and egress-proxy when its transparent egress proxy runs.
 func (n *Node) Features() []string {
 	if n.opts.Network == nil {
 		return nil
 	}
 	out := []string{FeatureNetTap}
 	if n.opts.EgressProxy {
-		out = append(out, egress.FeatureDomains)
+		out = append(out, egress.FeatureDomains, egress.FeatureProxy)
 	}
 	return out
 }
@@ -68,8 +68,8 @@ func (n *Node) UpdateEgress(ctx context.Context, id string, p egress.Policy) err
 	if sb.link == nil {
 		return errdefs.Unavailable("this node cannot network sandboxes: no egress policy to update")
 	}
-	if len(p.AllowDomains) > 0 && !n.opts.EgressProxy {
-		return errdefs.InvalidArgument("this node cannot enforce allowOut domains (no %s feature)", egress.FeatureDomains)
+	if len(p.RequiredFeatures()) > 0 && !n.opts.EgressProxy {
+		return errdefs.InvalidArgument("this node cannot enforce this policy (it lacks %v)", p.RequiredFeatures())
 	}
 	if err := n.opts.Network.Update(ctx, sb.link, p); err != nil {
 		return err

@@ -109,9 +109,13 @@ type Options struct {
 	// Network gives sandboxes their uplink and egress policy; nil leaves them loopback only.
 	Network Network
 	// EgressProxy reports that Network's links redirect to a running transparent egress proxy,
-	// so allowOut domains are enforced (the egress-domains feature).
+	// so allowOut domains, header rules and SOCKS5 egress proxies are enforced (the
+	// egress-domains and egress-proxy features).
 	EgressProxy bool
-	Templates   Templates
+	// CABundle is the node's egress CA (PEM), sent to every sandbox's envd in /init so guests
+	// trust the certificates of intercepted HTTPS flows.
+	CABundle  []byte
+	Templates Templates
 	// EnvdPath is the envd binary bind-mounted into every sandbox.
 	EnvdPath string
 	// BootTimeout bounds how long a boot waits for envd to come up.
@@ -524,6 +528,9 @@ func (n *Node) initEnvd(ctx context.Context, sb *sandbox, spec CreateSpec) error
 	}
 	if sb.link != nil {
 		init["vmonNetwork"] = sb.link.GuestNet()
+	}
+	if len(n.opts.CABundle) > 0 {
+		init["caBundle"] = string(n.opts.CABundle)
 	}
 	// envd needs the current token to replace one; after a restore /init is sent again, and a
 	// sandbox restored from another's snapshot holds that one's token.

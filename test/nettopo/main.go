@@ -22,7 +22,7 @@
 // X-Client: the source address it saw, X-Host: the Host it got), HTTPS :443 answering the same
 // (plus X-SNI) with a certificate from the topology's own CA, TCP echo :7, UDP echo :7, UDP :9
 // (echo, and remembers its last client for the late sender). DNS for egress.TestZone on
-// 203.0.113.53 and 8.8.8.8 (names.go). The control API is HTTP on 192.0.2.1:8080, reachable from
+// 203.0.113.53 and 8.8.8.8, SOCKS5 servers on 198.51.100.7:1080-1082 (names.go). The control API is HTTP on 192.0.2.1:8080, reachable from
 // the node namespace:
 //
 //	GET  /stats                    counters per host: {"203.0.113.10":{"http":1,"tcp7":0,...}}
@@ -30,6 +30,7 @@
 //	GET  /last?host=H              the last client of H:9 ("" when none)
 //	GET  /ca                       the CA of the HTTPS origins (PEM)
 //	GET  /dns                      the names the DNS servers were asked, in order; POST /dns/reset
+//	GET  /socks                    what the SOCKS5 servers were asked: {names, dials}
 //	POST /late?host=H&count=C&payload=P
 //	                               send C datagrams "P-<i>" from H:9 to its last client
 //
@@ -148,6 +149,7 @@ type topo struct {
 	wg      sync.WaitGroup
 	stats   *stats
 	dns     dnsLog
+	socks   socksLog
 	ca      *testCA
 }
 
@@ -296,6 +298,7 @@ func (t *topo) serve(inetPath string) error {
 		dnsUDP   []net.PacketConn
 		dnsTCP   []net.Listener
 		tlsLns   []net.Listener
+		socksLns []net.Listener
 	)
 	var err error
 	if t.ca, err = newTestCA(); err != nil {
@@ -304,6 +307,9 @@ func (t *topo) serve(inetPath string) error {
 	openErr = inNS(inetPath, func() error {
 		var err error
 		if dnsUDP, dnsTCP, tlsLns, err = t.openNames(register); err != nil {
+			return err
+		}
+		if socksLns, err = t.openSocks(register); err != nil {
 			return err
 		}
 		for _, h := range hosts {
@@ -354,6 +360,9 @@ func (t *topo) serve(inetPath string) error {
 		t.spawn(func() { t.udpEcho(u.host, u.port, u.pc) })
 	}
 	t.serveNames(dnsUDP, dnsTCP, tlsLns, register)
+	if err := t.serveSocks(inetPath, socksLns); err != nil {
+		return err
+	}
 	ctl := &http.Server{Handler: t.controlHandler(late), ReadHeaderTimeout: 10 * time.Second}
 	register(ctl)
 	t.spawn(func() { _ = ctl.Serve(control) })
@@ -378,6 +387,7 @@ func (t *topo) helloHandler() http.Handler {
 		}
 		w.Header().Set("X-Client", r.RemoteAddr)
 		w.Header().Set("X-Host", r.Host)
+		w.Header().Set("X-Auth", r.Header.Get("Authorization"))
 		if r.TLS != nil {
 			w.Header().Set("X-SNI", r.TLS.ServerName)
 		}
@@ -433,6 +443,7 @@ func (t *topo) controlHandler(late map[netip.Addr]*net.UDPConn) http.Handler {
 	mux.HandleFunc("POST /reset", func(w http.ResponseWriter, r *http.Request) {
 		t.stats.reset()
 		t.dns.reset()
+		t.socks.reset()
 		writeJSON(w, map[string]bool{"ok": true})
 	})
 	mux.HandleFunc("GET /last", func(w http.ResponseWriter, r *http.Request) {

@@ -3,6 +3,7 @@
 package main
 
 import (
+	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -10,7 +11,9 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"fmt"
 	"io"
+	"log"
 	"math/big"
 	"net"
 	"net/http"
@@ -20,6 +23,7 @@ import (
 	"sync"
 	"time"
 
+	socks5 "github.com/armon/go-socks5"
 	"github.com/miekg/dns"
 
 	"github.com/vibemon/vmon/internal/egress"
@@ -130,7 +134,7 @@ func newTestCA() (*testCA, error) {
 	if err != nil {
 		return nil, err
 	}
-	dnsNames := []string{"*.test"}
+	dnsNames := []string{"*.test", "socks.test"}
 	for name := range egress.TestZone() {
 		dnsNames = append(dnsNames, name)
 	}
@@ -228,4 +232,87 @@ func (t *topo) namesControl(mux *http.ServeMux) {
 		t.dns.reset()
 		writeJSON(w, map[string]bool{"ok": true})
 	})
+	mux.HandleFunc("GET /socks", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, t.socks.snapshot())
+	})
+}
+
+// SOCKS5 servers in the fake internet, for egressProxy: on 198.51.100.7, port 1080 without
+// authentication, 1081 with user "vmon" and password "s3cret", 1082 in TLS (the topology CA's
+// leaf, valid for socks.test and the host addresses). Names are resolved from the zone (remote
+// DNS); every request is logged (GET /socks).
+var socksHost = netip.MustParseAddr("198.51.100.7")
+
+type socksLog struct {
+	mu    sync.Mutex
+	names []string
+	dials []string
+}
+
+func (l *socksLog) Resolve(ctx context.Context, name string) (context.Context, net.IP, error) {
+	l.mu.Lock()
+	l.names = append(l.names, name)
+	l.mu.Unlock()
+	a, ok := egress.TestZone()[strings.ToLower(name)]
+	if !ok {
+		return ctx, nil, fmt.Errorf("no such host %s", name)
+	}
+	return ctx, a[0].AsSlice(), nil
+}
+
+func (l *socksLog) snapshot() map[string][]string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return map[string][]string{"names": slices.Clone(l.names), "dials": slices.Clone(l.dials)}
+}
+
+func (l *socksLog) reset() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.names, l.dials = nil, nil
+}
+
+// openSocks opens the SOCKS5 listeners; it runs inside the inet namespace.
+func (t *topo) openSocks(register func(io.Closer)) ([]net.Listener, error) {
+	var lns []net.Listener
+	for _, port := range []uint16{1080, 1081, 1082} {
+		ln, err := net.Listen("tcp", netip.AddrPortFrom(socksHost, port).String())
+		if err != nil {
+			return nil, err
+		}
+		register(ln)
+		lns = append(lns, ln)
+	}
+	return lns, nil
+}
+
+// serveSocks serves what openSocks opened; the servers' own connections are made in inetPath.
+func (t *topo) serveSocks(inetPath string, lns []net.Listener) error {
+	dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
+		t.socks.mu.Lock()
+		t.socks.dials = append(t.socks.dials, addr)
+		t.socks.mu.Unlock()
+		var c net.Conn
+		err := inNS(inetPath, func() error {
+			var err error
+			c, err = (&net.Dialer{Timeout: 5 * time.Second}).DialContext(ctx, network, addr)
+			return err
+		})
+		return c, err
+	}
+	for i, ln := range lns {
+		cfg := &socks5.Config{Resolver: &t.socks, Dial: dial, Logger: log.New(io.Discard, "", 0)}
+		if i == 1 {
+			cfg.Credentials = socks5.StaticCredentials{"vmon": "s3cret"}
+		}
+		if i == 2 {
+			ln = tls.NewListener(ln, &tls.Config{Certificates: []tls.Certificate{t.ca.leaf}})
+		}
+		srv, err := socks5.New(cfg)
+		if err != nil {
+			return err
+		}
+		t.spawn(func() { _ = srv.Serve(ln) })
+	}
+	return nil
 }

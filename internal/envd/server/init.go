@@ -19,8 +19,9 @@ import (
 	"github.com/vibemon/vmon/internal/guestnet"
 )
 
-// initRequest is POST /init's body; every field is optional. volumeMounts, hyperloopIP,
-// lifecycleID and caBundle are E2B infrastructure hooks vmon does not use; they are ignored.
+// initRequest is POST /init's body; every field is optional. volumeMounts, hyperloopIP and
+// lifecycleID are E2B infrastructure hooks vmon does not use; they are ignored. caBundle (PEM) is
+// appended to the guest's trust stores: the node's egress CA, for header rules.
 // vmonNetwork is vmon's own: the node pushes the guest's address with it after every boot, since
 // guests run no DHCP client (seed 000).
 type initRequest struct {
@@ -30,6 +31,7 @@ type initRequest struct {
 	DefaultUser    *string           `json:"defaultUser"`
 	DefaultWorkdir *string           `json:"defaultWorkdir"`
 	VmonNetwork    *guestnet.Config  `json:"vmonNetwork"`
+	CABundle       *string           `json:"caBundle"`
 }
 
 // init applies the control plane's session state. Once a token is set, a later /init must prove
@@ -53,6 +55,12 @@ func (s *Server) init(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	if req.CABundle != nil && *req.CABundle != "" {
+		if err := checkCABundle([]byte(*req.CABundle)); err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+	}
 	s.mu.Lock()
 	if s.token != "" {
 		sameToken := req.AccessToken != nil && tokenEqual(*req.AccessToken, s.token)
@@ -66,6 +74,14 @@ func (s *Server) init(w http.ResponseWriter, r *http.Request) {
 	// env, defaults) untouched, and the node's retry of the same /init finds the same token.
 	if req.VmonNetwork != nil {
 		if err := s.configureNetwork(*req.VmonNetwork); err != nil {
+			s.mu.Unlock()
+			s.writeError(w, r, err)
+			return
+		}
+	}
+	if req.CABundle != nil && *req.CABundle != "" {
+		// Before the token: a failed write is retried by the node with the same /init.
+		if err := installCABundle(s.trustBundles, []byte(*req.CABundle)); err != nil {
 			s.mu.Unlock()
 			s.writeError(w, r, err)
 			return
@@ -92,7 +108,7 @@ func (s *Server) init(w http.ResponseWriter, r *http.Request) {
 	}
 	s.log.Info("initialised", "envVars", len(req.EnvVars), "token", req.AccessToken != nil,
 		"defaultUser", req.DefaultUser != nil, "defaultWorkdir", req.DefaultWorkdir != nil,
-		"network", req.VmonNetwork != nil)
+		"network", req.VmonNetwork != nil, "caBundle", req.CABundle != nil)
 	w.Header().Set("X-Envd-Version", agentproto.EnvdVersion)
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(http.StatusNoContent)

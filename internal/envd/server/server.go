@@ -42,6 +42,9 @@ type Options struct {
 	ConfigureNetwork func(guestnet.Config) error
 	// Starter starts the processes envd runs (see process.Options.Starter).
 	Starter process.Starter
+	// TrustBundles are the trust stores /init's caBundle goes to; nil is the guest's own
+	// (TrustBundles). Tests point them at a temporary directory.
+	TrustBundles []string
 }
 
 // Server is envd's HTTP handler. It is safe for concurrent use.
@@ -50,9 +53,11 @@ type Server struct {
 	users    users.DB
 	setClock bool
 	netConf  func(guestnet.Config) error
-	handler  http.Handler
-	fs       *filesystem.Service
-	metrics  cpuSampler
+	// trustBundles: see Options.TrustBundles.
+	trustBundles []string
+	handler      http.Handler
+	fs           *filesystem.Service
+	metrics      cpuSampler
 
 	mu sync.RWMutex
 	// token is the access token set by /init; empty means every request is allowed. +checklocks:mu
@@ -72,12 +77,16 @@ func New(opts Options) (*Server, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	s := &Server{
-		log:         log,
-		users:       opts.Users,
-		setClock:    opts.SetClock,
-		netConf:     opts.ConfigureNetwork,
-		defaultUser: builtinDefaultUser,
-		envVars:     map[string]string{},
+		log:          log,
+		users:        opts.Users,
+		setClock:     opts.SetClock,
+		netConf:      opts.ConfigureNetwork,
+		defaultUser:  builtinDefaultUser,
+		trustBundles: opts.TrustBundles,
+		envVars:      map[string]string{},
+	}
+	if s.trustBundles == nil {
+		s.trustBundles = TrustBundles
 	}
 	procs, err := process.New(process.Options{Logger: log, Env: s, Starter: opts.Starter})
 	if err != nil {

@@ -11,6 +11,9 @@
 // SO_ORIGINAL_DST path in real namespaces too. These tests show the assembled product.
 
 import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
 import { before, describe } from 'node:test';
 import { ALL_TRAFFIC, Sandbox } from 'e2b';
 import { useServer, runId, killQuietly, apiFetch, waitFor } from '../lib/harness.js';
@@ -72,6 +75,11 @@ describe('allowOut domains on a --net tap node (egress-domains)', () => {
     const res = await fetch(`${CONTROL_URL}/ca`);
     assert.equal(res.status, 200);
     caPem = await res.text();
+    // The node verifies intercepted flows' origins; the fake internet's CA is trusted through
+    // the test-only setting (never by default).
+    const caFile = path.join(fs.mkdtempSync(path.join(os.tmpdir(), 'vmon-dom-')), 'origin-ca.pem');
+    fs.writeFileSync(caFile, caPem);
+    process.env.VMON_TEST_EGRESS_ORIGIN_CA = caFile;
   });
   const srv = useServer({ name: 'net-domains', args: ['--net', 'tap', ...EXTRA] });
   const all = [];
@@ -213,5 +221,80 @@ describe('allowOut domains on a --net tap node (egress-domains)', () => {
     });
     assertServedBy(await curl(sbx, `-H 'Host: a.test' http://${OTHER}/`), A, 'after the restart');
     assertDenied403(await curl(sbx, `-H 'Host: other.test' http://${A}/`), 'after the restart', 'denyOut 0.0.0.0/0');
+  });
+
+  srv.test('header rules: intercepted with the node CA the guest trusts, the most specific rule wins', async () => {
+    const rule = (auth) => [{ transform: { headers: { Authorization: auth } } }];
+    const sbx = await create({
+      allowOut: ['a.test', '*.b.test'],
+      denyOut: [ALL_TRAFFIC],
+      rules: { '*.b.test': rule('Bearer wild'), 'x.b.test': rule('Bearer exact'), 'other.test': rule('Bearer never') },
+    });
+    // envd appended the node's CA to the guest's trust store at /init: no --cacert here.
+    const nodeCA = fs.readFileSync(path.join(srv.dataDir, 'egress', 'ca.pem'), 'utf8').trim();
+    const store = (await sbx.commands.run('cat /etc/ssl/certs/ca-certificates.crt')).stdout;
+    assert.ok(store.includes(nodeCA), 'the node CA is in the guest trust store');
+    const exact = await curl(sbx, `--resolve x.b.test:443:${OTHER} -H 'Authorization: Bearer guest' https://x.b.test/`);
+    assertServedBy(exact, B, 'exact rule');
+    assert.equal(exact.headers['x-auth'], 'Bearer exact', 'the rule replaced the guest header');
+    const wild = await curl(sbx, `--resolve deep.x.b.test:443:${A} https://deep.x.b.test/`);
+    assertServedBy(wild, '198.51.100.7', 'wildcard rule');
+    assert.equal(wild.headers['x-auth'], 'Bearer wild', 'no merge: the wildcard alone');
+    // No rule: not intercepted, the origin's own certificate and the guest's own header.
+    const plain = await curl(sbx, `--cacert ${CA_PATH} --resolve a.test:443:${OTHER} -H 'Authorization: Bearer guest' https://a.test/`);
+    assertServedBy(plain, A, 'no rule');
+    assert.equal(plain.headers['x-auth'], 'Bearer guest');
+    // Rules grant nothing.
+    assertTLSRefused(await curl(sbx, `--resolve other.test:443:${A} https://other.test/`), 'a rule without access');
+  });
+
+  srv.test('egressProxy: allowed TCP goes through the SOCKS5 server, by name or by address; failures fail closed', async () => {
+    const socks = async () => (await fetch(`${CONTROL_URL}/socks`)).json();
+    await fetch(`${CONTROL_URL}/reset`, { method: 'POST' });
+    const network = (egressProxy) => ({ allowOut: ['a.test', `${B}/32`], denyOut: [ALL_TRAFFIC], egressProxy });
+    const sbx = await create(network({ address: '198.51.100.7:1081', username: 'vmon', password: 's3cret' }));
+    assertServedBy(await curl(sbx, `-H 'Host: a.test' http://${OTHER}/`), A, 'domain flow through SOCKS5');
+    assertAnswered(await probe1(sbx, `tcp://${B}:7`), 'address flow on another port through SOCKS5');
+    assertRefused(await probe1(sbx, `tcp://${OTHER}:7`), 'denied flow');
+    const asked = await socks();
+    assert.deepEqual(asked.names, ['a.test'], `remote DNS for the domain flow: ${JSON.stringify(asked)}`);
+    assert.ok(asked.dials.includes(`${B}:7`), `the address flow went by address: ${JSON.stringify(asked)}`);
+    assert.ok(!asked.dials.some((d) => d.startsWith(OTHER)), `a denied flow reached the proxy: ${JSON.stringify(asked)}`);
+    const info = await apiFetch(srv, `/sandboxes/${sbx.sandboxId}`);
+    assert.equal(info.json.network.egressProxy.address, '198.51.100.7:1081');
+    assert.equal(info.json.network.egressProxy.password, undefined, 'GET hides the password');
+
+    // The hop in TLS, verified against caCert for serverName. The JS SDK (2.x) sends only
+    // address, username and password, so this one goes through the API directly.
+    const res = await apiFetch(srv, '/v2/sandboxes', {
+      method: 'POST',
+      body: JSON.stringify({
+        templateID: 'base',
+        metadata: { run: RUN },
+        network: network({ address: '198.51.100.7:1082', tls: { enabled: true, caCert: caPem, serverName: 'socks.test' } }),
+      }),
+    });
+    assert.equal(res.status, 201, res.text);
+    const tlsBox = await Sandbox.connect(res.json.sandboxID, srv.sdkOpts);
+    all.push(tlsBox);
+    assertServedBy(await curl(tlsBox, `-H 'Host: a.test' http://${OTHER}/`), A, 'through SOCKS5 over TLS');
+
+    // Wrong credentials, an unreachable proxy: the guest gets a refusal, the origin nothing.
+    const before = await inetStats();
+    for (const egressProxy of [
+      { address: '198.51.100.7:1081', username: 'vmon', password: 'wrong' },
+      { address: '198.51.100.8:1080' },
+    ]) {
+      const bad = await create(network(egressProxy));
+      const r = await curl(bad, `-H 'Host: a.test' http://${OTHER}/`);
+      assert.equal(r.status, 502, `${JSON.stringify(egressProxy)}: ${show(r)}`);
+      // The guest's connect completes (the proxy accepted it) and is reset once the proxy
+      // fails: a refusal, fast, and never an answer.
+      const p = await probe1(bad, `tcp://${B}:7`);
+      assert.ok(['refused', 'broken'].includes(p.outcome) && p.ms < FAST_REFUSAL_MS, `${JSON.stringify(egressProxy)}: address flow: ${JSON.stringify(p)}`);
+    }
+    const delta = statsDelta(before, await inetStats());
+    assert.equal(delta[A]?.http, undefined, `an origin was reached without the proxy: ${JSON.stringify(delta)}`);
+    assert.equal(delta[B]?.tcp7, undefined, `an origin was reached without the proxy: ${JSON.stringify(delta)}`);
   });
 });
