@@ -41,6 +41,7 @@ import (
 	"github.com/vibemon/vmon/internal/rootfs"
 	"github.com/vibemon/vmon/internal/runtime"
 	"github.com/vibemon/vmon/internal/runtime/gvisor"
+	"github.com/vibemon/vmon/internal/secrets"
 	"github.com/vibemon/vmon/internal/store"
 	"github.com/vibemon/vmon/internal/template"
 	"github.com/vibemon/vmon/internal/templates"
@@ -162,6 +163,12 @@ func serve(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 	if err != nil {
 		log.Warn("recovery left errors", "err", err)
 	}
+	// Secret values are sealed under a key beside the database, so a copy of the database alone
+	// (a backup, a support bundle) holds no value in the clear.
+	sealer, err := secrets.LoadOrCreateKey(filepath.Join(c.DataDir, secrets.KeyFile))
+	if err != nil {
+		return err
+	}
 	maxSandboxes := c.MaxSandboxes
 	if maxSandboxes == 0 {
 		maxSandboxes = capacityFromMemory()
@@ -176,11 +183,15 @@ func serve(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 		DefaultDiskMB:   c.SandboxDiskMB,
 		Features:        n.Features(),
 		Volumes:         vols,
+		Secrets:         sealer,
 	})
 	if err != nil {
 		return err
 	}
 	defer d.Close()
+	if egressProxy != nil {
+		egressProxy.SetSecrets(d)
+	}
 	liveSet := map[string]bool{}
 	for _, id := range live {
 		liveSet[id] = true

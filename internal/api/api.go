@@ -130,6 +130,9 @@ func New(opts Options) (*Server, error) {
 			routes[p] = notSupported("volumes")
 		}
 	}
+	for p, h := range s.secretRoutes() {
+		routes[p] = h
+	}
 	for p, h := range opts.Routes {
 		routes[p] = h
 	}

@@ -8,8 +8,9 @@ import (
 
 // TestDependencies keeps the control plane's layering one-way: api → driver, templates → store →
 // apikey, errdefs. templates reaches the host side only through the build engine. The driver reaches nodes only through its Node interface and node's plain types, so the
-// node package is the only door to the host side; egress is the pure policy model both share.
-// apikey, store and egress are checked transitively (they must stay leaves); driver and api by
+// node package is the only door to the host side; egress is the pure policy model both share, and
+// secrets the pure sealing of secret values. apikey, store, egress and secrets are checked
+// transitively (they must stay leaves); driver and api by
 // their direct imports, since node legitimately pulls in the host side behind it.
 func TestDependencies(t *testing.T) {
 	const mod = "github.com/vibemon/vmon/internal/"
@@ -21,7 +22,8 @@ func TestDependencies(t *testing.T) {
 		{"apikey", true, nil},
 		{"store", true, []string{"apikey", "errdefs"}},
 		{"egress", true, []string{"errdefs"}},
-		{"driver", false, []string{"store", "errdefs", "node", "egress"}},
+		{"secrets", true, []string{"errdefs"}},
+		{"driver", false, []string{"store", "errdefs", "node", "egress", "secrets"}},
 		{"templates", false, []string{"store", "errdefs", "build", "template", "agentproto"}},
 		// volumes for its entry types only: the files come in through the VolumeFiles interface.
 		{"api", false, []string{"driver", "store", "errdefs", "templates", "volumes"}},

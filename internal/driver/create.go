@@ -86,6 +86,9 @@ func (d *Driver) Create(ctx context.Context, req CreateRequest) (Sandbox, error)
 	if err := d.checkPlacement(policy); err != nil {
 		return Sandbox{}, err
 	}
+	if err := d.checkSecrets(ctx, policy); err != nil {
+		return Sandbox{}, err
+	}
 
 	id, err := NewSandboxID()
 	if err != nil {

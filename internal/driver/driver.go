@@ -17,6 +17,7 @@ import (
 
 	"github.com/vibemon/vmon/internal/egress"
 	"github.com/vibemon/vmon/internal/node"
+	"github.com/vibemon/vmon/internal/secrets"
 	"github.com/vibemon/vmon/internal/store"
 )
 
@@ -99,6 +100,9 @@ type Options struct {
 	NetworkStore NetworkStore
 	// Volumes makes and removes volume directories; nil: volumes answer 501.
 	Volumes VolumeDirs
+	// Secrets seals secret values at rest; nil: the secrets API answers 501 and header rules
+	// with secret placeholders are refused.
+	Secrets *secrets.Sealer
 }
 
 // Driver orchestrates sandboxes. Create it with New, call Recover before serving, Close at exit.

@@ -56,6 +56,9 @@ func (d *Driver) UpdateNetwork(ctx context.Context, id string, c NetworkUpdate) 
 		return errdefs.InvalidArgument("the sandbox's node cannot enforce this network policy: %s",
 			d.describeMissing(missing))
 	}
+	if err := d.checkSecrets(ctx, p); err != nil {
+		return err
+	}
 	old, err := decodeNetwork(sb.Network)
 	if err != nil {
 		return err

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/vibemon/vmon/internal/egress"
+	"github.com/vibemon/vmon/internal/secrets"
 )
 
 // flowConn is a redirected port-80 connection handed to the HTTP server, with what the proxy
@@ -134,6 +135,23 @@ func (p *Proxy) applyRule(r *http.Request, fc *flowConn) {
 		return
 	}
 	for k, v := range rule.Headers {
+		if strings.Contains(v, "${") {
+			filled, ok := secrets.Fill(v, func(name string) (string, bool) {
+				s := p.secrets.Load()
+				if s == nil {
+					return "", false
+				}
+				return (*s).SecretValue(r.Context(), name)
+			})
+			if !ok {
+				// A secret deleted since the rule was accepted: the header is not sent at all,
+				// neither the placeholder nor what the guest put there.
+				p.log.Warn("egress rule names a secret that no longer exists; header dropped", "guest", fc.flow.guest, "host", fc.sni, "header", k)
+				r.Header.Del(k)
+				continue
+			}
+			v = filled
+		}
 		r.Header.Set(k, v)
 	}
 }

@@ -21,6 +21,7 @@ import (
 	"net/netip"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/vibemon/vmon/internal/egress"
@@ -34,6 +35,11 @@ type Resolver interface {
 // Dialer opens the node's connection to an origin (*net.Dialer).
 type Dialer interface {
 	DialContext(ctx context.Context, network, address string) (net.Conn, error)
+}
+
+// Secrets opens the values header rules name with ${e2b.secrets.NAME} (*driver.Driver).
+type Secrets interface {
+	SecretValue(ctx context.Context, name string) (string, bool)
 }
 
 // Refusal is one refused flow, for the operator (seed 002, "Seeing what was blocked").
@@ -90,7 +96,13 @@ type Proxy struct {
 	http   *http.Server
 	httpLn *connListener
 	wg     sync.WaitGroup
+	// secrets is set once the driver exists (SetSecrets); nil fills no placeholder.
+	secrets atomic.Pointer[Secrets]
 }
+
+// SetSecrets gives the proxy the store of secret values; until then a header whose value names a
+// secret is not sent.
+func (p *Proxy) SetSecrets(s Secrets) { p.secrets.Store(&s) }
 
 // entry is what the proxy knows about one guest.
 type entry struct {

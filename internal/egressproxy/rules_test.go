@@ -2,6 +2,7 @@ package egressproxy
 
 import (
 	"bufio"
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"net/http"
 	"net/netip"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -134,5 +136,45 @@ func TestHeaderRulesWithoutCA(t *testing.T) {
 		netip.MustParseAddrPort("203.0.113.10:443"))
 	if _, err := h.tlsGet(g, "a.test"); err == nil {
 		t.Fatal("a rule's flow passed without interception")
+	}
+}
+
+type fakeSecrets struct {
+	mu   sync.Mutex
+	vals map[string]string
+}
+
+func (f *fakeSecrets) SecretValue(_ context.Context, name string) (string, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	v, ok := f.vals[name]
+	return v, ok
+}
+
+// ${e2b.secrets.NAME} in a rule is filled in per request on the node; a deleted secret stops
+// being sent from the next request, and the guest's own header is not passed instead.
+func TestSecretPlaceholders(t *testing.T) {
+	h := newHarness(t, egress.NewEnv(nil))
+	sec := &fakeSecrets{vals: map[string]string{"openai": "sk-live"}}
+	h.p.SetSecrets(sec)
+	nodeRoots := x509.NewCertPool()
+	nodeRoots.AppendCertsFromPEM(h.ca.CertPEM)
+	g := h.guest(2, rulesPolicy(t, map[string]map[string]string{"a.test": {"Authorization": "Bearer ${e2b.secrets.OpenAI}"}}, "a.test"),
+		netip.MustParseAddrPort("203.0.113.10:443"))
+	tc, br := h.guestTLS(t, g, "a.test", nodeRoots)
+	if code, body := roundTrip(t, tc, br, "GET / HTTP/1.1\r\nHost: a.test\r\n\r\n"); code != 200 || !strings.Contains(body, "auth=Bearer sk-live ") {
+		t.Fatalf("filled: %d %q", code, body)
+	}
+	sec.mu.Lock()
+	sec.vals["openai"] = "sk-rotated"
+	sec.mu.Unlock()
+	if code, body := roundTrip(t, tc, br, "GET / HTTP/1.1\r\nHost: a.test\r\n\r\n"); code != 200 || !strings.Contains(body, "auth=Bearer sk-rotated ") {
+		t.Fatalf("rotated: %d %q", code, body)
+	}
+	sec.mu.Lock()
+	delete(sec.vals, "openai")
+	sec.mu.Unlock()
+	if code, body := roundTrip(t, tc, br, "GET / HTTP/1.1\r\nHost: a.test\r\nAuthorization: Bearer guest\r\n\r\n"); code != 200 || !strings.Contains(body, "auth= ") {
+		t.Fatalf("deleted: %d %q", code, body)
 	}
 }

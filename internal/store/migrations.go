@@ -132,4 +132,17 @@ CREATE TABLE volumes (
 ALTER TABLE sandboxes ADD COLUMN volume_mounts TEXT NOT NULL DEFAULT '[]';
 ALTER TABLE snapshots ADD COLUMN volume_mounts TEXT NOT NULL DEFAULT '[]';
 `,
+	// 6: secrets; the value of the current version, sealed (internal/secrets).
+	`
+CREATE TABLE secrets (
+	id          TEXT PRIMARY KEY,
+	name        TEXT NOT NULL UNIQUE,
+	metadata    TEXT NOT NULL DEFAULT '{}',
+	version     INTEGER NOT NULL,
+	sealed      BLOB NOT NULL,
+	created_at  INTEGER NOT NULL,
+	updated_at  INTEGER NOT NULL
+);
+CREATE INDEX secrets_created ON secrets(created_at, id);
+`,
 }

@@ -15,7 +15,7 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { before, describe } from 'node:test';
-import { ALL_TRAFFIC, Sandbox } from 'e2b';
+import { ALL_TRAFFIC, Sandbox, Secret, SecretNotFoundError } from 'e2b';
 import { useServer, runId, killQuietly, apiFetch, waitFor } from '../lib/harness.js';
 import { INET, CONTROL_URL, FAST_REFUSAL_MS, assertNodeTopology, probe1, assertRefused, assertAnswered, inetStats, statsDelta } from '../lib/net.js';
 
@@ -296,5 +296,41 @@ describe('allowOut domains on a --net tap node (egress-domains)', () => {
     const delta = statsDelta(before, await inetStats());
     assert.equal(delta[A]?.http, undefined, `an origin was reached without the proxy: ${JSON.stringify(delta)}`);
     assert.equal(delta[B]?.tcp7, undefined, `an origin was reached without the proxy: ${JSON.stringify(delta)}`);
+  });
+
+  srv.test('secrets: ${e2b.secrets.NAME} in a rule is filled in on the node, never in the sandbox', async () => {
+    const name = `tok-${RUN}`.toLowerCase();
+    const created = await Secret.create(name, 'sk-live-1', { ...srv.sdkOpts, metadata: { purpose: 'e2e' } });
+    assert.equal(created.name, name);
+    assert.equal(created.version, 1);
+    assert.deepEqual(created.metadata, { purpose: 'e2e' });
+    const info = await Secret.getInfo(created.secretId, srv.sdkOpts);
+    assert.equal(JSON.stringify(info).includes('sk-live-1'), false, 'the value is never read back');
+
+    const rules = { 'x.b.test': [{ transform: { headers: { Authorization: `Bearer ${Secret.fill(name)}` } } }] };
+    // An unknown secret is refused at create and at a live update.
+    await assert.rejects(
+      Sandbox.create({ ...srv.sdkOpts, network: { allowOut: ['*.b.test'], denyOut: [ALL_TRAFFIC], rules: { 'x.b.test': [{ transform: { headers: { A: Secret.fill('nope') } } }] } } }),
+      /secret "nope" does not exist/,
+    );
+    const sbx = await create({ allowOut: ['*.b.test'], denyOut: [ALL_TRAFFIC], rules });
+    await assert.rejects(
+      sbx.updateNetwork({ allowOut: ['*.b.test'], denyOut: [ALL_TRAFFIC], rules: { 'x.b.test': [{ transform: { headers: { A: Secret.fill('nope') } } }] } }),
+      /secret "nope" does not exist/,
+    );
+    const r = await curl(sbx, `--resolve x.b.test:443:${OTHER} https://x.b.test/`);
+    assertServedBy(r, B, 'with a secret');
+    assert.equal(r.headers['x-auth'], 'Bearer sk-live-1', 'the origin got the value');
+    // Nothing in the sandbox holds it.
+    const grep = await sbx.commands.run(`grep -rl sk-live-1 /etc /home /tmp /proc/self/environ 2>/dev/null || true`);
+    assert.equal(grep.stdout.trim(), '', 'the value is inside the sandbox');
+
+    await Secret.update(name, 'sk-live-2', srv.sdkOpts);
+    assert.equal((await curl(sbx, `--resolve x.b.test:443:${OTHER} https://x.b.test/`)).headers['x-auth'], 'Bearer sk-live-2', 'a new version applies at once');
+    assert.equal(await Secret.destroy(name, srv.sdkOpts), true);
+    await assert.rejects(Secret.getInfo(name, srv.sdkOpts), SecretNotFoundError);
+    const after = await curl(sbx, `--resolve x.b.test:443:${OTHER} -H 'Authorization: Bearer guest' https://x.b.test/`);
+    assert.equal(after.status, 200, show(after));
+    assert.equal(after.headers['x-auth'], '', 'a deleted secret is no longer sent, nor the guest value');
   });
 });
