@@ -7,6 +7,7 @@ require (
 	github.com/armon/go-socks5 v0.0.0-20160902184237-e75332964ef5
 	github.com/creack/pty v1.1.24
 	github.com/docker/cli v29.7.2+incompatible
+	github.com/florianl/go-nflog/v2 v2.3.0
 	github.com/google/go-containerregistry v0.22.1
 	github.com/google/uuid v1.6.0
 	github.com/hashicorp/yamux v0.1.2

@@ -18,6 +18,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -28,6 +29,7 @@ import (
 	"github.com/vibemon/vmon/internal/build"
 	"github.com/vibemon/vmon/internal/capability"
 	"github.com/vibemon/vmon/internal/config"
+	"github.com/vibemon/vmon/internal/denied"
 	"github.com/vibemon/vmon/internal/driver"
 	"github.com/vibemon/vmon/internal/egress"
 	"github.com/vibemon/vmon/internal/egressproxy"
@@ -121,7 +123,8 @@ func serve(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("runtime: %w (run `vmon doctor`)", err)
 	}
-	network, egressProxy, closeNetwork, err := setupNetwork(ctx, c, log)
+	var nodeRef atomic.Pointer[node.Node]
+	network, closeNetwork, err := setupNetwork(ctx, c, log, &nodeRef)
 	if err != nil {
 		return err
 	}
@@ -144,10 +147,12 @@ func serve(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 		Log:              log.With("component", "node"),
 		MaxSnapshotBytes: int64(c.MaxSnapshotDiskMB) << 20,
 	}
+	var egressProxy *egressproxy.Proxy
 	if network != nil {
 		// Set only when non-nil: a nil *netpool.Pool in the interface would look networked.
-		nopts.Network = network
-		if egressProxy != nil {
+		nopts.Network = network.pool
+		nopts.Denied, nopts.Env = network.hub, network.env
+		if egressProxy = network.proxy; egressProxy != nil {
 			nopts.EgressProxy = true
 			nopts.CABundle = egressProxy.CABundle()
 		}
@@ -159,6 +164,7 @@ func serve(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
+	nodeRef.Store(n)
 	live, err := n.Recover(ctx)
 	if err != nil {
 		log.Warn("recovery left errors", "err", err)
@@ -430,53 +436,86 @@ func lockDataDir(dir string) (func(), error) {
 // noNetAdmin is the seed's exact warning for --net auto without CAP_NET_ADMIN.
 const noNetAdmin = "no CAP_NET_ADMIN: this node cannot network sandboxes and will reject creates"
 
+// networkSetup is what a networked node runs beside its pool.
+type networkSetup struct {
+	pool  *netpool.Pool
+	proxy *egressproxy.Proxy // nil with --egress-proxy-port 0
+	hub   *denied.Hub
+	env   egress.Env
+}
+
+// refusalLogGroup is the NFLOG group the node's firewall copies refused packets to.
+const refusalLogGroup = 5380
+
 // setupNetwork makes the link pool per --net: auto without CAP_NET_ADMIN starts without one
 // (creates then fail with a clear error), tap without it refuses to start. With a pool it starts
-// the transparent egress proxy on --egress-proxy-port (nil when off). The returned close
-// runs after the node's own shutdown so links in use stay for the next start to recover.
-func setupNetwork(ctx context.Context, c *config.Serve, log *slog.Logger) (_ *netpool.Pool, _ *egressproxy.Proxy, _ func(), _ error) {
+// the transparent egress proxy on --egress-proxy-port and the reader of the firewall's refusals;
+// both report to the node once refusedTo holds it. The returned close runs after the node's own
+// shutdown so links in use stay for the next start to recover.
+func setupNetwork(ctx context.Context, c *config.Serve, log *slog.Logger, refusedTo *atomic.Pointer[node.Node]) (*networkSetup, func(), error) {
 	nop := func() {}
 	if !capability.Has(capability.NetAdmin) {
 		if c.Net == "tap" {
-			return nil, nil, nop, errors.New("--net tap needs CAP_NET_ADMIN (run vmon serve as root)")
+			return nil, nop, errors.New("--net tap needs CAP_NET_ADMIN (run vmon serve as root)")
 		}
 		log.Warn(noNetAdmin)
-		return nil, nil, nop, nil
+		return nil, nop, nil
 	}
 	prefix, err := netpool.ParsePrefix(c.NetPool)
 	if err != nil {
-		return nil, nil, nop, fmt.Errorf("--net-pool: %w", err)
+		return nil, nop, fmt.Errorf("--net-pool: %w", err)
 	}
 	internal, err := egress.ParseInternalAllow(c.EgressInternal)
 	if err != nil {
-		return nil, nil, nop, fmt.Errorf("--egress-internal-allow: %w", err)
+		return nil, nop, fmt.Errorf("--egress-internal-allow: %w", err)
 	}
 	uid, gid, err := lookupVMMUser(c.VMMUser)
 	if err != nil {
-		return nil, nil, nop, err
+		return nil, nop, err
 	}
-	env := egress.NewEnv(internal)
-	proxy, proxyPort, stopProxy, err := startEgressProxy(c.EgressProxyPort, c.DataDir, env, log.With("component", "egressproxy"))
+	ns := &networkSetup{env: egress.NewEnv(internal), hub: denied.New(0, 0)}
+	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
+	var logGroup uint16 = refusalLogGroup
+	err = denied.Listen(bg, logGroup, log.With("component", "denied"), func(p denied.Packet) {
+		if n := refusedTo.Load(); n != nil {
+			n.KernelRefused(p)
+		}
+	})
 	if err != nil {
-		return nil, nil, nop, err
+		// The policy is enforced all the same; only the report of the kernel's refusals is lost.
+		log.Warn("refusals of the address rules will not be reported", "err", err)
+		logGroup = 0
 	}
+	onRefuse := func(r egressproxy.Refusal) {
+		if n := refusedTo.Load(); n != nil {
+			n.ProxyRefused(r.Guest, r.Dst, r.Port, r.Name, string(r.Stage), r.Rule)
+		}
+	}
+	proxy, proxyPort, stopProxy, err := startEgressProxy(c.EgressProxyPort, c.DataDir, ns.env, onRefuse, log.With("component", "egressproxy"))
+	if err != nil {
+		stopBG()
+		return nil, nop, err
+	}
+	ns.proxy = proxy
 	cfg := netpool.Config{
 		Prefix: prefix, Target: c.ReadyLinks(), Kind: netpool.Veth, NetNSScope: dataDirScope(c.DataDir),
-		VMMUser: uid, VMMGroup: gid, Env: env, Log: log.With("component", "netpool"), ProxyPort: proxyPort,
+		VMMUser: uid, VMMGroup: gid, Env: ns.env, Log: log.With("component", "netpool"),
+		ProxyPort: proxyPort, LogGroup: logGroup,
 	}
 	if proxy != nil {
 		cfg.Proxy = proxy
 	}
-	pool, err := netpool.New(ctx, cfg)
-	if err != nil {
+	if ns.pool, err = netpool.New(ctx, cfg); err != nil {
 		stopProxy()
-		return nil, nil, nop, fmt.Errorf("network pool: %w", err)
+		stopBG()
+		return nil, nop, fmt.Errorf("network pool: %w", err)
 	}
-	return pool, proxy, func() {
-		if err := pool.Close(context.WithoutCancel(ctx)); err != nil {
+	return ns, func() {
+		if err := ns.pool.Close(context.WithoutCancel(ctx)); err != nil {
 			log.Warn("closing the network pool", "err", err)
 		}
 		stopProxy()
+		stopBG()
 	}, nil
 }
 
@@ -484,7 +523,7 @@ func setupNetwork(ctx context.Context, c *config.Serve, log *slog.Logger) (_ *ne
 // chain redirected reach it from guests (INPUT accepts ctstate DNAT alone); anything else that
 // connects is reset at once, since its addresses match no guest's link. Its CA (header rules) is
 // created once in <data-dir>/egress.
-func startEgressProxy(port int, dataDir string, env egress.Env, log *slog.Logger) (*egressproxy.Proxy, uint16, func(), error) {
+func startEgressProxy(port int, dataDir string, env egress.Env, onRefuse func(egressproxy.Refusal), log *slog.Logger) (*egressproxy.Proxy, uint16, func(), error) {
 	if port == 0 {
 		log.Info("egress proxy disabled (--egress-proxy-port 0): allowOut domains, header rules and egressProxy are refused with 503")
 		return nil, 0, func() {}, nil
@@ -504,7 +543,7 @@ func startEgressProxy(port int, dataDir string, env egress.Env, log *slog.Logger
 	if err != nil {
 		return nil, 0, nil, fmt.Errorf("egress proxy: %w (choose another --egress-proxy-port, or 0 to run without allowOut domains)", err)
 	}
-	p := egressproxy.New(egressproxy.Config{Env: env, Log: log, CA: ca, OriginRoots: roots})
+	p := egressproxy.New(egressproxy.Config{Env: env, Log: log, CA: ca, OriginRoots: roots, OnRefuse: onRefuse})
 	done := make(chan struct{})
 	go func() {
 		defer close(done)

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"path/filepath"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -23,17 +22,7 @@ func templateCmd() *cobra.Command {
 	config.BindDataDir(cmd.PersistentFlags(), &dataDir)
 	cmd.PersistentFlags().StringVar(&apiURL, "api-url", "http://127.0.0.1:3000", "API of the running `vmon serve` (for templates other than base)")
 	cmd.PersistentFlags().StringVar(&apiKey, "api-key", "", "API key (default: <data-dir>/api-key)")
-	client := func() (*apiClient, error) {
-		key := apiKey
-		if key == "" {
-			b, err := os.ReadFile(filepath.Join(dataDir, "api-key"))
-			if err != nil {
-				return nil, fmt.Errorf("no --api-key and none in %s: %w", dataDir, err)
-			}
-			key = strings.TrimSpace(string(b))
-		}
-		return &apiClient{base: strings.TrimRight(apiURL, "/"), key: key, http: &http.Client{Timeout: 2 * time.Hour}}, nil
-	}
+	client := func() (*apiClient, error) { return newAPIClient(dataDir, apiURL, apiKey, 2*time.Hour) }
 
 	var (
 		force                    bool

@@ -30,7 +30,41 @@ type apiError struct {
 	Message string
 }
 
+// newAPIClient talks to the running vmon serve at apiURL with key, or the data dir's own key.
+// timeout 0 means none (streams).
+func newAPIClient(dataDir, apiURL, key string, timeout time.Duration) (*apiClient, error) {
+	if key == "" {
+		b, err := os.ReadFile(filepath.Join(dataDir, "api-key"))
+		if err != nil {
+			return nil, fmt.Errorf("no --api-key and none in %s: %w", dataDir, err)
+		}
+		key = strings.TrimSpace(string(b))
+	}
+	return &apiClient{base: strings.TrimRight(apiURL, "/"), key: key, http: &http.Client{Timeout: timeout}}, nil
+}
+
 func (e *apiError) Error() string { return fmt.Sprintf("%d: %s", e.Status, e.Message) }
+
+// send runs req and turns an error status into an *apiError with E2B's message; a 2xx response
+// is returned for the caller to read and close.
+func (c *apiClient) send(req *http.Request) (*http.Response, error) {
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("reach vmon at %s (is `vmon serve` running? see --api-url): %w", c.base, err)
+	}
+	if resp.StatusCode < 300 {
+		return resp, nil
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	var e struct {
+		Message string `json:"message"`
+	}
+	if json.Unmarshal(data, &e) != nil || e.Message == "" {
+		e.Message = strings.TrimSpace(string(data))
+	}
+	return nil, &apiError{Status: resp.StatusCode, Message: e.Message}
+}
 
 func (c *apiClient) do(ctx context.Context, method, path string, body, out any) error {
 	var r io.Reader
@@ -49,23 +83,14 @@ func (c *apiClient) do(ctx context.Context, method, path string, body, out any) 
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
-	resp, err := c.http.Do(req)
+	resp, err := c.send(req)
 	if err != nil {
-		return fmt.Errorf("reach vmon at %s (is `vmon serve` running? see --api-url): %w", c.base, err)
+		return err
 	}
 	defer resp.Body.Close()
 	data, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
 	if err != nil {
 		return err
-	}
-	if resp.StatusCode >= 300 {
-		var e struct {
-			Message string `json:"message"`
-		}
-		if json.Unmarshal(data, &e) != nil || e.Message == "" {
-			e.Message = strings.TrimSpace(string(data))
-		}
-		return &apiError{Status: resp.StatusCode, Message: e.Message}
 	}
 	if out != nil && len(bytes.TrimSpace(data)) > 0 {
 		return json.Unmarshal(data, out)

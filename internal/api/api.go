@@ -98,6 +98,7 @@ func New(opts Options) (*Server, error) {
 		"POST /sandboxes/{id}/pause":              s.handle(s.pause),
 		"POST /sandboxes/{id}/resume":             s.handle(s.resume),
 		"PUT /sandboxes/{id}/network":             s.handle(s.updateNetwork),
+		"GET /sandboxes/{id}/network/denied":      s.handle(s.watchDenied),
 		"POST /sandboxes/{id}/snapshots":          s.handle(s.createSnapshot),
 		"GET /snapshots":                          s.handle(s.listSnapshots),
 		"POST /sandboxes/{id}/fork":               s.handle(s.fork),

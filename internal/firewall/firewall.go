@@ -27,7 +27,8 @@
 //	VMON-DENIED     the always-denied ranges minus --egress-internal-allow, refused
 //
 // Refusals fail fast: TCP gets a reset, everything else ICMP admin-prohibited; only the closed
-// pre-attach chain and anti-spoofing drop silently.
+// pre-attach chain and anti-spoofing drop silently. With Config.LogGroup every refusal is first
+// copied to that NFLOG group.
 //
 // IPv4 rules go to iptables and IPv6 rules to ip6tables; both families get the same chains, so a
 // policy is enforced on IPv6 the day guests get an IPv6 route. Attach and live updates are
@@ -122,7 +123,11 @@ type Config struct {
 	// and such policies are then enforced by their CIDR rules alone (the node must not
 	// advertise egress-domains).
 	ProxyPort uint16
-	Log       *slog.Logger
+	// LogGroup, when not 0, is the NFLOG group every refusal of the CIDR rules is copied to
+	// before it is refused (the guard's refusal tail and the always-denied chain), so the node
+	// can say what was blocked. Only refused packets are logged.
+	LogGroup uint16
+	Log      *slog.Logger
 }
 
 var prefixRe = regexp.MustCompile(`^[a-z]{1,8}$`)

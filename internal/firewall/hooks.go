@@ -25,6 +25,7 @@ type Firewall struct {
 	names     names
 	env       egress.Env
 	proxyPort uint16
+	logGroup  uint16
 	run       runner
 	log       *slog.Logger
 
@@ -55,7 +56,7 @@ func New(cfg Config) (*Firewall, error) {
 		return nil, err
 	}
 	fw := newFirewall(n, cfg.Env, run, log)
-	fw.proxyPort = cfg.ProxyPort
+	fw.proxyPort, fw.logGroup = cfg.ProxyPort, cfg.LogGroup
 	return fw, nil
 }
 
@@ -122,7 +123,7 @@ func (fw *Firewall) EnsureGlobal(ctx context.Context) error {
 		}
 		saved := parseSave(out)
 		return fw.run.restore(ctx, f, renderGlobal(fw.names, f, globalDeletes(fw.names, saved),
-			hasChain(saved, "filter", fw.names.deniedChain()), fw.env, fw.proxyPort))
+			hasChain(saved, "filter", fw.names.deniedChain()), fw.env, fw.proxyPort, fw.logGroup))
 	})
 	if err != nil {
 		return fmt.Errorf("install node-wide link rules: %w", err)
@@ -178,7 +179,7 @@ func (fw *Firewall) Install(ctx context.Context, l Link) (*Hooks, error) {
 		return nil, err
 	}
 	err := perFamily(func(f family) error {
-		return fw.run.restore(ctx, f, renderInstall(fw.names, l, f))
+		return fw.run.restore(ctx, f, renderInstall(fw.names, l, f, fw.logGroup))
 	})
 	if err != nil {
 		if rerr := fw.remove(context.WithoutCancel(ctx), func(i int) bool { return i == l.Index }); rerr != nil {

@@ -78,7 +78,7 @@ func (l Link) pool(f family) netip.Prefix {
 // The layout keeps per-link rule count (and jumps) low: nf_tables re-validates every rule
 // reachable from a base chain on each commit, so that count, times the number of links, is
 // what makes an attach slower as the node fills up.
-func renderInstall(n names, l Link, f family) string {
+func renderInstall(n names, l Link, f family, logGroup uint16) string {
 	iface := n.iface(l.Index)
 	guard, egr := n.chainName(chainGuard, l.Index), n.chainName(chainEgress, l.Index)
 	masq, proxy := n.chainName(chainMasquerade, l.Index), n.chainName(chainProxy, l.Index)
@@ -119,7 +119,11 @@ func renderInstall(n names, l Link, f family) string {
 		s.line("-A %s -p tcp -m conntrack --ctstate ESTABLISHED -j ACCEPT", guard)
 		s.line("-A %s -j %s", guard, egr)
 		// What the policy RETURNs is refused here, fast: a reset for TCP, admin-prohibited
-		// for the rest (a closed policy chain DROPs and never returns).
+		// for the rest (a closed policy chain DROPs and never returns). The refusal is logged
+		// first, for the node's stream of what was blocked.
+		if logGroup != 0 {
+			s.line("-A %s %s", guard, nflog(logGroup))
+		}
 		for _, r := range refuse {
 			s.line("-A %s %s", guard, r)
 		}
@@ -195,9 +199,12 @@ func globalRules(n names, f family, proxyPort uint16) map[string][]string {
 // nf_tables re-validates every rule reachable from a base chain on each commit, but a chain
 // that many links jump to is walked once per commit (measured: the same attach cost with 1 or
 // 100 ranges in it at 1000 links, against twice the cost with eight ranges copied per link).
-func deniedRules(f family, env egress.Env) []string {
+func deniedRules(f family, env egress.Env, logGroup uint16) []string {
 	var rules []string
 	for _, pfx := range deniedPrefixes(f, env) {
+		if logGroup != 0 {
+			rules = append(rules, fmt.Sprintf("-d %s %s", pfx, nflog(logGroup)))
+		}
 		rules = append(rules,
 			fmt.Sprintf("-d %s -p tcp -j REJECT --reject-with tcp-reset", pfx),
 			fmt.Sprintf("-d %s -j REJECT --reject-with %s", pfx, f.rejectOther()))
@@ -218,7 +225,7 @@ func deniedPrefixes(f family, env egress.Env) []netip.Prefix {
 // (stale lines from saved output), and (re)writes the DENIED chain for env, in one
 // transaction: links already attached see the old ranges until the commit and the new ones
 // after it, never an empty chain.
-func renderGlobal(n names, f family, stale []string, deniedExists bool, env egress.Env, proxyPort uint16) string {
+func renderGlobal(n names, f family, stale []string, deniedExists bool, env egress.Env, proxyPort, logGroup uint16) string {
 	var s script
 	s.begin("filter")
 	denied := n.deniedChain()
@@ -227,7 +234,7 @@ func renderGlobal(n names, f family, stale []string, deniedExists bool, env egre
 	} else {
 		s.line(":%s - [0:0]", denied)
 	}
-	for _, r := range deniedRules(f, env) {
+	for _, r := range deniedRules(f, env, logGroup) {
 		s.line("-A %s %s", denied, r)
 	}
 	for _, l := range stale {
@@ -273,6 +280,14 @@ func policyRules(n names, l Link, f family, p egress.Policy, env egress.Env) []s
 		dst(pfx, refuse)
 	}
 	return append(rules, "-j ACCEPT")
+}
+
+// nflog hands a copy of a refused packet's headers to user space (the node's stream of what was
+// blocked, internal/denied); 128 bytes hold an IPv6 header and a TCP header. The copies are rate
+// limited per rule (per link in the guard), so a guest flooding refused packets cannot turn
+// the node's logging into work for it: the stream collapses repeats anyway.
+func nflog(group uint16) string {
+	return fmt.Sprintf("-m limit --limit 50/sec --limit-burst 100 -j NFLOG --nflog-group %d --nflog-size 128", group)
 }
 
 // proxyJump is the per-link jump into the proxy slot: every new TCP flow of the link.

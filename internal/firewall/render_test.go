@@ -41,8 +41,12 @@ var link7 = Link{
 
 var defaultEnv = egress.NewEnv(nil)
 
-// testProxyPort is the proxy port of the render states that have one.
-const testProxyPort = 15380
+// testProxyPort is the proxy port of the render states that have one; those states also log
+// refusals to testLogGroup.
+const (
+	testProxyPort = 15380
+	testLogGroup  = 5380
+)
 
 // renderStates are the policies whose rendered rules are kept in testdata/<name>.golden, the way
 // Tailscale's TestRouterStates keeps the OS state per router config: a diff in review shows
@@ -117,27 +121,32 @@ func renderNodeWide(n names) string {
 	for _, f := range families {
 		tool := map[family]string{v4: "iptables-restore", v6: "ip6tables-restore"}[f]
 		fmt.Fprintf(&b, "\n## %s --noflush\n", tool)
-		b.WriteString(renderGlobal(n, f, nil, false, defaultEnv, 0))
+		b.WriteString(renderGlobal(n, f, nil, false, defaultEnv, 0, 0))
 	}
 	for _, f := range families {
 		tool := map[family]string{v4: "iptables-restore", v6: "ip6tables-restore"}[f]
-		fmt.Fprintf(&b, "\n## %s --noflush, on a node running the egress proxy on port %d\n", tool, testProxyPort)
-		b.WriteString(renderGlobal(n, f, nil, false, defaultEnv, testProxyPort))
+		fmt.Fprintf(&b, "\n## %s --noflush, on a node running the egress proxy on port %d and logging refusals to NFLOG group %d\n", tool, testProxyPort, testLogGroup)
+		b.WriteString(renderGlobal(n, f, nil, false, defaultEnv, testProxyPort, testLogGroup))
 	}
 	return b.String()
 }
 
 func renderState(n names, l Link, env egress.Env, p *egress.Policy, port uint16) string {
+	// The states with a proxy port stand for a fully featured node: they log refusals too.
+	var logGroup uint16
+	if port != 0 {
+		logGroup = testLogGroup
+	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "# %s, policy %s\n", l, describe(p, env))
 	for _, f := range families {
 		tool := map[family]string{v4: "iptables-restore", v6: "ip6tables-restore"}[f]
 		if len(env.InternalAllow) > 0 {
 			fmt.Fprintf(&b, "\n## %s --noflush: node-wide rules for this node's exemptions (EnsureGlobal)\n", tool)
-			b.WriteString(renderGlobal(n, f, nil, true, env, port))
+			b.WriteString(renderGlobal(n, f, nil, true, env, port, logGroup))
 		}
 		fmt.Fprintf(&b, "\n## %s --noflush: install (from creation, in the pool)\n", tool)
-		b.WriteString(renderInstall(n, l, f))
+		b.WriteString(renderInstall(n, l, f, logGroup))
 		if p == nil {
 			fmt.Fprintf(&b, "\n## %s --noflush: detach (reset to closed)\n", tool)
 			b.WriteString(renderReplace(n, l, nil, false, nil))
@@ -246,7 +255,7 @@ func evalBlock(t *testing.T, n names, f family, env egress.Env, rules []string, 
 		case "RETURN": // refused by the guard's tail
 			return egress.Deny
 		case n.deniedChain():
-			for _, d := range deniedRules(f, env) {
+			for _, d := range deniedRules(f, env, 0) {
 				if !strings.Contains(d, "-j REJECT") {
 					t.Fatalf("DENIED rule without a refusal: %q", d)
 				}

@@ -49,7 +49,9 @@ type Config struct {
 	// its view of each link's policy in step with the chains.
 	Proxy     Proxy
 	ProxyPort uint16
-	Log       *slog.Logger
+	// LogGroup is the NFLOG group refusals are copied to (firewall.Config.LogGroup); 0: none.
+	LogGroup uint16
+	Log      *slog.Logger
 }
 
 // Proxy is the pool's view of the transparent egress proxy (*egressproxy.Proxy): which policy

@@ -37,6 +37,7 @@ func (n *Node) recordPolicy(sb *sandbox, p egress.Policy) error {
 	if err := writeFileAtomic(filepath.Join(n.sandboxDir(sb.runtimeID), policyFile), b); err != nil {
 		return fmt.Errorf("record egress policy: %w", err)
 	}
+	sb.policy.Store(&p)
 	return nil
 }
 
@@ -55,6 +56,7 @@ func (n *Node) restorePolicy(ctx context.Context, sb *sandbox) error {
 	if err := json.Unmarshal(b, &p); err != nil {
 		return fmt.Errorf("decode recorded egress policy of %s: %w", sb.id, err)
 	}
+	sb.policy.Store(&p)
 	return n.opts.Network.Update(ctx, sb.link, p)
 }
 

@@ -25,6 +25,7 @@ import (
 
 	"github.com/vibemon/vmon/internal/agent"
 	"github.com/vibemon/vmon/internal/agentproto"
+	"github.com/vibemon/vmon/internal/denied"
 	"github.com/vibemon/vmon/internal/egress"
 	"github.com/vibemon/vmon/internal/errdefs"
 	"github.com/vibemon/vmon/internal/limits"
@@ -114,7 +115,11 @@ type Options struct {
 	EgressProxy bool
 	// CABundle is the node's egress CA (PEM), sent to every sandbox's envd in /init so guests
 	// trust the certificates of intercepted HTTPS flows.
-	CABundle  []byte
+	CABundle []byte
+	// Denied collects what the node refused each sandbox (nil: not reported). Env explains the
+	// kernel's refusals with the node's always-denied ranges.
+	Denied    *denied.Hub
+	Env       egress.Env
 	Templates Templates
 	// EnvdPath is the envd binary bind-mounted into every sandbox.
 	EnvdPath string
@@ -209,6 +214,8 @@ type sandbox struct {
 	// envdToken is the access token envd holds from before a restore (a snapshot's), which /init
 	// must prove to install the sandbox's own.
 	envdToken string
+	// policy is the egress policy in force (recordPolicy), to explain the kernel's refusals.
+	policy atomic.Pointer[egress.Policy]
 }
 
 // New returns a node; call Recover before serving and Close at exit.
@@ -618,6 +625,7 @@ func (n *Node) DestroySandbox(ctx context.Context, id string) error {
 // teardown removes a sandbox's runtime, channel, link or namespace, root and directory.
 func (n *Node) teardown(ctx context.Context, sb *sandbox) error {
 	sb.stopping.Store(true)
+	n.forgetDenied(sb.id)
 	runtimeID := sb.runtimeID
 	var errs []error
 	if err := n.opts.Runtime.Destroy(ctx, runtimeID); err != nil {

@@ -16,7 +16,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { before, describe } from 'node:test';
 import { ALL_TRAFFIC, Sandbox, Secret, SecretNotFoundError } from 'e2b';
-import { useServer, runId, killQuietly, apiFetch, waitFor } from '../lib/harness.js';
+import { useServer, runId, killQuietly, apiFetch, waitFor, runVmon } from '../lib/harness.js';
 import { INET, CONTROL_URL, FAST_REFUSAL_MS, assertNodeTopology, probe1, assertRefused, assertAnswered, inetStats, statsDelta } from '../lib/net.js';
 
 const { A, B } = INET; // 203.0.113.10 (a.test), 203.0.113.11 (x.b.test)
@@ -321,8 +321,8 @@ describe('allowOut domains on a --net tap node (egress-domains)', () => {
     const r = await curl(sbx, `--resolve x.b.test:443:${OTHER} https://x.b.test/`);
     assertServedBy(r, B, 'with a secret');
     assert.equal(r.headers['x-auth'], 'Bearer sk-live-1', 'the origin got the value');
-    // Nothing in the sandbox holds it.
-    const grep = await sbx.commands.run(`grep -rl sk-live-1 /etc /home /tmp /proc/self/environ 2>/dev/null || true`);
+    // Nothing in the sandbox holds it (but what the test origin echoed back, which curl saved).
+    const grep = await sbx.commands.run(`rm -f /tmp/c.body /tmp/c.hdr; grep -rl sk-live-1 /etc /home /tmp /proc/self/environ 2>/dev/null || true`);
     assert.equal(grep.stdout.trim(), '', 'the value is inside the sandbox');
 
     await Secret.update(name, 'sk-live-2', srv.sdkOpts);
@@ -332,5 +332,60 @@ describe('allowOut domains on a --net tap node (egress-domains)', () => {
     const after = await curl(sbx, `--resolve x.b.test:443:${OTHER} -H 'Authorization: Bearer guest' https://x.b.test/`);
     assert.equal(after.status, 200, show(after));
     assert.equal(after.headers['x-auth'], '', 'a deleted secret is no longer sent, nor the guest value');
+  });
+
+  srv.test('what was blocked: a stream of refusals from the kernel and the proxy, repeats counted', async () => {
+    const sbx = await create({ allowOut: ['a.test'], denyOut: [ALL_TRAFFIC] });
+    const unknown = await apiFetch(srv, '/sandboxes/nosuchsandbox0/network/denied?follow=false');
+    assert.equal(unknown.status, 404, unknown.text);
+    const anon = await apiFetch(srv, `/sandboxes/${sbx.sandboxId}/network/denied?follow=false`, { key: null });
+    assert.equal(anon.status, 401, anon.text);
+
+    // Watch the stream while the guest is refused.
+    const events = [];
+    const ac = new AbortController();
+    const res = await fetch(`${srv.apiUrl}/sandboxes/${sbx.sandboxId}/network/denied`, { headers: { 'X-API-KEY': srv.apiKey }, signal: ac.signal });
+    assert.equal(res.status, 200);
+    assert.match(res.headers.get('content-type'), /text\/event-stream/);
+    const reading = (async () => {
+      const dec = new TextDecoder();
+      let buf = '';
+      try {
+        for await (const chunk of res.body) {
+          buf += dec.decode(chunk, { stream: true });
+          let i;
+          while ((i = buf.indexOf('\n\n')) >= 0) {
+            const block = buf.slice(0, i);
+            buf = buf.slice(i + 2);
+            const data = block.split('\n').find((l) => l.startsWith('data: '));
+            if (data) events.push(JSON.parse(data.slice(6)));
+          }
+        }
+      } catch (err) {
+        if (err.name !== 'AbortError') throw err;
+      }
+    })();
+
+    for (let i = 0; i < 3; i++) assertRefused(await probe1(sbx, `tcp://${B}:7`), 'denyOut, kernel');
+    assertDenied403(await curl(sbx, `-H 'Host: other.test' http://${A}/`), 'denyOut, proxy');
+    await probe1(sbx, { proto: 'udp', host: '10.1.2.3', port: 53, timeoutMs: 500 });
+    const has = (f) => events.some(f);
+    await waitFor(
+      () =>
+        has((e) => e.proto === 'tcp' && e.dst === B && e.port === 7 && e.stage === 'denyOut' && e.rule === '0.0.0.0/0' && e.count === 1 && !e.repeats) &&
+        has((e) => e.dst === B && e.port === 7 && e.repeats && e.count === 2) &&
+        has((e) => e.name === 'other.test' && e.port === 80 && e.stage === 'denyOut') &&
+        has((e) => e.proto === 'udp' && e.dst === '10.1.2.3' && e.port === 53 && e.stage === 'always-denied' && e.rule === '10.0.0.0/8'),
+      { timeoutMs: 15_000, what: () => `the refusals on the stream (so far: ${JSON.stringify(events)})` },
+    );
+    assert.ok(events.every((e) => e.sandboxID === sbx.sandboxId));
+    ac.abort();
+    await reading;
+
+    // The CLI prints the backlog.
+    const { stdout } = await runVmon(['sandbox', 'denied', sbx.sandboxId, '--api-url', srv.apiUrl, '--api-key', srv.apiKey]);
+    assert.match(stdout, new RegExp(`blocked tcp ${B.replace(/\./g, '\\.')}:7 +\\[denyOut 0\\.0\\.0\\.0/0\\]`), stdout);
+    assert.match(stdout, /blocked tcp other\.test \(203\.0\.113\.10:80\) +\[denyOut/, stdout);
+    assert.match(stdout, /\(2 more\)/, stdout);
   });
 });
