@@ -715,7 +715,7 @@ func (t ingressTargets) target(r driver.Route) (ingress.Target, error) {
 	}
 	return ingress.Target{
 		ID: r.ID, AccessToken: r.EnvdAccessToken, TrafficToken: r.TrafficAccessToken,
-		Envd: ch.Transport(), Dial: ch.DialPort,
+		MaskHost: r.MaskRequestHost, Envd: ch.Transport(), Dial: ch.DialPort,
 	}, nil
 }
 

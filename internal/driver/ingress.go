@@ -13,11 +13,18 @@ type Route struct {
 	EnvdAccessToken string
 	// TrafficAccessToken must accompany requests to the sandbox's ports when set ("" = public).
 	TrafficAccessToken string
+	// MaskRequestHost, when set, replaces the Host header of requests to the sandbox's ports,
+	// with ${PORT} standing for the port (network.maskRequestHost).
+	MaskRequestHost string
 }
 
 func routeOf(sb Sandbox) Route {
-	return Route{ID: sb.ID, NodeID: sb.NodeID, EnvdAccessToken: sb.EnvdAccessToken,
+	r := Route{ID: sb.ID, NodeID: sb.NodeID, EnvdAccessToken: sb.EnvdAccessToken,
 		TrafficAccessToken: sb.TrafficAccessToken}
+	if n, err := decodeNetwork(sb.Network); err == nil && n.MaskRequestHost != nil {
+		r.MaskRequestHost = *n.MaskRequestHost
+	}
+	return r
 }
 
 // SandboxByID returns the route of a running sandbox, or a NotFound error (ingress answers 502).

@@ -32,6 +32,9 @@ type Target struct {
 	AccessToken string
 	// TrafficToken, when set, must accompany every request to a non-envd port.
 	TrafficToken string
+	// MaskHost, when set, is the Host header requests to non-envd ports carry to the guest,
+	// with ${PORT} replaced by the port (E2B's maskRequestHost).
+	MaskHost string
 	// Envd carries HTTP requests to the sandbox's envd.
 	Envd http.RoundTripper
 	// Dial opens a tunnel to a guest loopback port.
@@ -92,8 +95,12 @@ func New(log *slog.Logger, sandboxes Sandboxes, domain string) *Proxy {
 		rt := pr.In.Context().Value(ctxKey{}).(*route)
 		pr.Out.URL.Scheme = "http"
 		pr.Out.URL.Host = agentproto.TunnelAuthority(rt.port)
-		// Keep the client's Host: guest web servers and envd see what the client asked for.
+		// Keep the client's Host: guest web servers and envd see what the client asked for,
+		// unless the sandbox masks it for its own ports.
 		pr.Out.Host = pr.In.Host
+		if rt.target.MaskHost != "" && rt.port != agentproto.EnvdPort {
+			pr.Out.Host = strings.ReplaceAll(rt.target.MaskHost, "${PORT}", strconv.Itoa(rt.port))
+		}
 		pr.SetXForwarded()
 	}
 	// A client that goes away mid-stream makes ReverseProxy log a copy error; that is routine.

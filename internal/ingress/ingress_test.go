@@ -244,3 +244,20 @@ func TestBufferRPCBody(t *testing.T) {
 type zeroReader struct{}
 
 func (zeroReader) Read(p []byte) (int, error) { clear(p); return len(p), nil }
+
+// maskRequestHost: requests to the sandbox's ports carry the mask (with ${PORT} filled in) as
+// their Host; envd's port keeps the client's.
+func TestMaskRequestHost(t *testing.T) {
+	tg := upstream(t, "abc123", "tok", "", echoHandler("a"))
+	tg.MaskHost = "app-${PORT}.internal:${PORT}"
+	p := New(slog.New(slog.DiscardHandler), fakeSandboxes{"abc123": tg}, "localhost")
+	if rec := do(t, p, "GET", "/", "8000-abc123.localhost", nil); rec.Header().Get("X-Host") != "app-8000.internal:8000" {
+		t.Fatalf("guest port Host %q", rec.Header().Get("X-Host"))
+	}
+	if rec := do(t, p, "GET", "/", "127.0.0.1:3000", map[string]string{HeaderSandboxID: "abc123", HeaderSandboxPort: "3001"}); rec.Header().Get("X-Host") != "app-3001.internal:3001" {
+		t.Fatalf("header-addressed Host %q", rec.Header().Get("X-Host"))
+	}
+	if rec := do(t, p, "GET", "/health", "49983-abc123.localhost", nil); rec.Header().Get("X-Host") != "49983-abc123.localhost" {
+		t.Fatalf("envd Host %q", rec.Header().Get("X-Host"))
+	}
+}

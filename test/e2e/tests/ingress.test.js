@@ -112,6 +112,38 @@ describe('header mode (E2b-Sandbox-Id / E2b-Sandbox-Port)', () => {
     }
   });
 
+  srv.test('maskRequestHost: the guest service sees the masked Host, kept by a network update', async () => {
+    const masked = await Sandbox.create({ ...srv.sdkOpts, metadata: { run: RUN }, network: { maskRequestHost: 'internal-${PORT}.example' } });
+    try {
+      // A server that answers with the Host it was sent.
+      await masked.files.write(
+        '/tmp/host.py',
+        [
+          'from http.server import BaseHTTPRequestHandler, HTTPServer',
+          'class H(BaseHTTPRequestHandler):',
+          '    def do_GET(self):',
+          "        b = self.headers.get('Host', '').encode()",
+          '        self.send_response(200); self.send_header("Content-Length", str(len(b))); self.end_headers(); self.wfile.write(b)',
+          "HTTPServer(('127.0.0.1', 8002), H).serve_forever()",
+        ].join('\n'),
+      );
+      await masked.commands.run('python3 /tmp/host.py', { background: true, timeoutMs: 0 });
+      await waitFor(
+        async () => (await masked.commands.run('curl -s -o /dev/null -w %{http_code} http://127.0.0.1:8002/')).stdout === '200',
+        { timeoutMs: 20_000, what: 'the Host echo server' },
+      );
+      const res = await get(masked.sandboxId, 8002, '/');
+      assert.equal(res.status, 200);
+      assert.equal(await res.text(), 'internal-8002.example');
+      assert.equal((await masked.getInfo()).network?.maskRequestHost, 'internal-${PORT}.example');
+      await masked.updateNetwork({ denyOut: ['198.51.100.7'] });
+      const again = await get(masked.sandboxId, 8002, '/');
+      assert.equal(await again.text(), 'internal-8002.example', 'an egress update keeps the ingress settings');
+    } finally {
+      await killQuietly(srv.sdkOpts, masked);
+    }
+  });
+
   srv.test('after kill the same address answers 502', async () => {
     const id = sbx.sandboxId;
     assert.equal(await sbx.kill(), true);
