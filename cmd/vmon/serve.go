@@ -32,6 +32,7 @@ import (
 	"github.com/vibemon/vmon/internal/denied"
 	"github.com/vibemon/vmon/internal/driver"
 	"github.com/vibemon/vmon/internal/egress"
+	"github.com/vibemon/vmon/internal/egressdns"
 	"github.com/vibemon/vmon/internal/egressproxy"
 	"github.com/vibemon/vmon/internal/errdefs"
 	"github.com/vibemon/vmon/internal/httpguard"
@@ -152,6 +153,9 @@ func serve(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 		// Set only when non-nil: a nil *netpool.Pool in the interface would look networked.
 		nopts.Network = network.pool
 		nopts.Denied, nopts.Env = network.hub, network.env
+		if network.names != nil {
+			nopts.Names = network.names
+		}
 		if egressProxy = network.proxy; egressProxy != nil {
 			nopts.EgressProxy = true
 			nopts.CABundle = egressProxy.CABundle()
@@ -442,10 +446,33 @@ type networkSetup struct {
 	proxy *egressproxy.Proxy // nil with --egress-proxy-port 0
 	hub   *denied.Hub
 	env   egress.Env
+	names *egressdns.Resolver // nil without --egress-dns filter
 }
 
-// refusalLogGroup is the NFLOG group the node's firewall copies refused packets to.
-const refusalLogGroup = 5380
+// refusalLogGroup is the NFLOG group the node's firewall copies refused packets to;
+// egressDNSPort is where the filtering resolver listens (--egress-dns filter).
+const (
+	refusalLogGroup = 5380
+	egressDNSPort   = 15353
+)
+
+// startEgressResolver starts the filtering resolver on every address at egressDNSPort; like the
+// proxy it only answers guests whose links redirected their DNS to it.
+func startEgressResolver(ctx context.Context, refusedTo *atomic.Pointer[node.Node], log *slog.Logger) (*egressdns.Resolver, func(), error) {
+	res, err := egressdns.New(egressdns.Config{Log: log, OnRefuse: func(r egressdns.Refusal) {
+		if n := refusedTo.Load(); n != nil {
+			n.DNSRefused(r.Guest, r.Name, r.Type)
+		}
+	}})
+	if err != nil {
+		return nil, nil, err
+	}
+	stop, err := res.ListenAndServe(ctx, fmt.Sprintf("0.0.0.0:%d", egressDNSPort))
+	if err != nil {
+		return nil, nil, err
+	}
+	return res, stop, nil
+}
 
 // setupNetwork makes the link pool per --net: auto without CAP_NET_ADMIN starts without one
 // (creates then fail with a clear error), tap without it refuses to start. With a pool it starts
@@ -503,7 +530,26 @@ func setupNetwork(ctx context.Context, c *config.Serve, log *slog.Logger, refuse
 		ProxyPort: proxyPort, LogGroup: logGroup,
 	}
 	if proxy != nil {
-		cfg.Proxy = proxy
+		cfg.Proxies = append(cfg.Proxies, proxy)
+	}
+	switch c.EgressDNS {
+	case "off", "":
+	case "filter":
+		res, stopRes, err := startEgressResolver(ctx, refusedTo, log.With("component", "egressdns"))
+		if err != nil {
+			stopProxy()
+			stopBG()
+			return nil, nop, err
+		}
+		ns.names = res
+		cfg.Proxies = append(cfg.Proxies, res)
+		cfg.DNSPort = egressDNSPort
+		prevStop := stopProxy
+		stopProxy = func() { prevStop(); stopRes() }
+	default:
+		stopProxy()
+		stopBG()
+		return nil, nop, fmt.Errorf("--egress-dns %q: must be off or filter", c.EgressDNS)
 	}
 	if ns.pool, err = netpool.New(ctx, cfg); err != nil {
 		stopProxy()

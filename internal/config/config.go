@@ -33,6 +33,7 @@ type Serve struct {
 	NetPool           string
 	EgressInternal    string
 	EgressProxyPort   int
+	EgressDNS         string
 	VMMUser           string
 	TLS               string
 	TLSCert           string
@@ -100,6 +101,7 @@ func BindServe(fs *pflag.FlagSet, c *Serve) {
 	fs.IntVar(&c.NetReadyLinks, "net-ready-links", -1, "sandbox links kept pre-created (-1: one per --boot-concurrency slot, at most 32; 0: none, creates build their link)")
 	fs.StringVar(&c.NetPool, "net-pool", "172.20.0.0/16", "IPv4 prefix (/8-/30) the per-sandbox /30 leases are carved from")
 	fs.StringVar(&c.EgressInternal, "egress-internal-allow", "", "comma-separated CIDRs exempted from the always-denied ranges on this node")
+	fs.StringVar(&c.EgressDNS, "egress-dns", "off", "guest DNS: off (guests resolve as their policy lets them, 8.8.8.8 is allowed with domains) or filter (the node answers guest DNS and resolves only names the sandbox's allowOut domains cover, unless its policy reaches any address anyway)")
 	fs.IntVar(&c.EgressProxyPort, "egress-proxy-port", 15380, "port of the node's transparent egress proxy, which enforces allowOut domains (bound on every address; only redirected guest flows are let in; 0 disables it and the egress-domains feature)")
 	fs.StringVar(&c.VMMUser, "vmm-user", "", "uid that owns sandbox links when VMMs drop privileges")
 	fs.StringVar(&c.TLS, "tls", "", `"self-signed" to serve HTTPS with a CA and wildcard certificate made in the data dir`)

@@ -182,3 +182,18 @@ func moreSpecific(a, b string) bool {
 	}
 	return len(a) > len(b)
 }
+
+// ReachesAnyAddress reports whether the policy lets a sandbox reach addresses it never named: no
+// denyOut covers the whole IPv4 space, or an allowOut does. A filtering resolver gains nothing by
+// refusing names to such a sandbox (seed 002, "Names").
+func (p Policy) ReachesAnyAddress() bool {
+	all := func(ps []netip.Prefix) bool {
+		for _, q := range ps {
+			if q.Bits() == 0 && q.Addr().Is4() {
+				return true
+			}
+		}
+		return false
+	}
+	return all(p.AllowOut) || !all(p.DenyOut)
+}

@@ -25,6 +25,7 @@ type Firewall struct {
 	names     names
 	env       egress.Env
 	proxyPort uint16
+	dnsPort   uint16
 	logGroup  uint16
 	run       runner
 	log       *slog.Logger
@@ -56,7 +57,7 @@ func New(cfg Config) (*Firewall, error) {
 		return nil, err
 	}
 	fw := newFirewall(n, cfg.Env, run, log)
-	fw.proxyPort, fw.logGroup = cfg.ProxyPort, cfg.LogGroup
+	fw.proxyPort, fw.dnsPort, fw.logGroup = cfg.ProxyPort, cfg.DNSPort, cfg.LogGroup
 	return fw, nil
 }
 
@@ -86,6 +87,10 @@ func (t Tools) withDefaults() Tools {
 func (fw *Firewall) Close() {
 	fw.cancel()
 	fw.wg.Wait()
+}
+
+func (fw *Firewall) slot() slot {
+	return slot{proxyPort: fw.proxyPort, dnsPort: fw.dnsPort, env: fw.env}
 }
 
 // Iface is the name of link index i's host link (vmon<N>).
@@ -123,7 +128,7 @@ func (fw *Firewall) EnsureGlobal(ctx context.Context) error {
 		}
 		saved := parseSave(out)
 		return fw.run.restore(ctx, f, renderGlobal(fw.names, f, globalDeletes(fw.names, saved),
-			hasChain(saved, "filter", fw.names.deniedChain()), fw.env, fw.proxyPort, fw.logGroup))
+			hasChain(saved, "filter", fw.names.deniedChain()), fw.slot(), fw.logGroup))
 	})
 	if err != nil {
 		return fmt.Errorf("install node-wide link rules: %w", err)
@@ -329,7 +334,7 @@ func (h *Hooks) apply(ctx context.Context, p egress.Policy) error {
 	var blocks, proxy [len(families)][]string
 	for i, f := range families {
 		blocks[i] = policyRules(h.fw.names, h.link, f, p, h.fw.env)
-		proxy[i] = proxyRules(h.link, f, p, h.fw.env, h.fw.proxyPort)
+		proxy[i] = proxyRules(h.link, f, p, h.fw.slot())
 		if proxy[i] == nil && h.state != unknown && h.proxy[i] == nil {
 			continue // the slot is empty and stays empty
 		}

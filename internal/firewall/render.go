@@ -162,7 +162,7 @@ func renderInstall(n names, l Link, f family, logGroup uint16) string {
 // globalRules are the node-wide rules every link relies on, keyed on the link prefix wildcard
 // (vmon+) so their cost does not grow with the number of links. Their order relative to the
 // per-link jumps does not matter: none of them can match what a guard would judge.
-func globalRules(n names, f family, proxyPort uint16) map[string][]string {
+func globalRules(n names, f family, sl slot) map[string][]string {
 	all := n.prefix + "+"
 	forward := []string{
 		// Return traffic of the guests' flows.
@@ -179,11 +179,17 @@ func globalRules(n names, f family, proxyPort uint16) map[string][]string {
 			tagged(fmt.Sprintf("-i %s -p ipv6-icmp -m icmp6 --icmpv6-type neighbour-solicitation -j ACCEPT", all)),
 			tagged(fmt.Sprintf("-i %s -p ipv6-icmp -m icmp6 --icmpv6-type neighbour-advertisement -j ACCEPT", all)))
 	}
-	if proxyPort != 0 && f == v4 {
+	if sl.proxyPort != 0 && f == v4 {
 		// Flows a link's proxy slot redirected (ctstate DNAT) reach the proxy; a guest that
 		// connects to the port itself is refused below like any other.
 		input = append(input, tagged(fmt.Sprintf(
-			"-i %s -p tcp -m tcp --dport %d -m conntrack --ctstate DNAT -j ACCEPT", all, proxyPort)))
+			"-i %s -p tcp -m tcp --dport %d -m conntrack --ctstate DNAT -j ACCEPT", all, sl.proxyPort)))
+	}
+	if sl.dnsPort != 0 && f == v4 {
+		for _, proto := range []string{"udp", "tcp"} {
+			input = append(input, tagged(fmt.Sprintf(
+				"-i %s -p %s -m %s --dport %d -m conntrack --ctstate DNAT -j ACCEPT", all, proto, proto, sl.dnsPort)))
+		}
 	}
 	// The node serves nothing else on the guest network: every address of the host is refused.
 	input = append(input,
@@ -225,7 +231,8 @@ func deniedPrefixes(f family, env egress.Env) []netip.Prefix {
 // (stale lines from saved output), and (re)writes the DENIED chain for env, in one
 // transaction: links already attached see the old ranges until the commit and the new ones
 // after it, never an empty chain.
-func renderGlobal(n names, f family, stale []string, deniedExists bool, env egress.Env, proxyPort, logGroup uint16) string {
+func renderGlobal(n names, f family, stale []string, deniedExists bool, sl slot, logGroup uint16) string {
+	env := sl.env
 	var s script
 	s.begin("filter")
 	denied := n.deniedChain()
@@ -240,7 +247,7 @@ func renderGlobal(n names, f family, stale []string, deniedExists bool, env egre
 	for _, l := range stale {
 		s.line("%s", l)
 	}
-	g := globalRules(n, f, proxyPort)
+	g := globalRules(n, f, sl)
 	s.insertTop("FORWARD", g["FORWARD"]...)
 	s.insertTop("INPUT", g["INPUT"]...)
 	return s.String()
@@ -290,45 +297,75 @@ func nflog(group uint16) string {
 	return fmt.Sprintf("-m limit --limit 50/sec --limit-burst 100 -j NFLOG --nflog-group %d --nflog-size 128", group)
 }
 
-// proxyJump is the per-link jump into the proxy slot: every new TCP flow of the link.
+// proxyJump is the per-link jump into the proxy slot: every new flow of the link (nat sees only
+// a flow's first packet).
 func proxyJump(n names, i int) string {
-	return tagged(fmt.Sprintf("-i %s -p tcp -j %s", n.iface(i), n.chainName(chainProxy, i)))
+	return tagged(fmt.Sprintf("-i %s -j %s", n.iface(i), n.chainName(chainProxy, i)))
+}
+
+// slot is what the proxy slot of every link redirects to: the node's transparent egress proxy and
+// its filtering resolver (0: not running).
+type slot struct {
+	proxyPort, dnsPort uint16
+	env                egress.Env
 }
 
 // proxyRules renders the proxy slot of a link for policy p: nil (the slot stays empty) unless the
-// node runs the proxy and p needs it. Only IPv4 guests exist today; IPv6 flows are judged by the
-// CIDR rules of their family alone. First match wins:
+// node runs the proxy or the resolver and p needs them. Only IPv4 guests exist today; IPv6 flows
+// are judged by the CIDR rules of their family alone. First match wins:
 //
 //  1. a source other than the guest, or a destination in the pool → RETURN (the guard drops a
 //     spoofed source, which the proxy would take for another sandbox; leases stay isolated);
-//  2. with domains, TCP to 80/443 → REDIRECT: only the proxy can judge a name;
-//  3. domains alone: any other port → RETURN; allowOut CIDRs → RETURN (allowed unproxied by the
+//  2. with the filtering resolver, DNS (UDP and TCP 53, to any address) → REDIRECT to it, unless
+//     the policy already reaches any address (refusing names would buy nothing);
+//  3. with domains, TCP to 80/443 → REDIRECT: only the proxy can judge a name;
+//  4. domains alone: any other port → RETURN; allowOut CIDRs → RETURN (allowed unproxied by the
 //     filter chain); the rest → REDIRECT;
-//  4. with header rules (port 443) or an egressProxy (every port): the seed's address precedence
+//  5. with header rules (port 443) or an egressProxy (every port): the seed's address precedence
 //     (always-denied → allowOut → denyOut → allow), where a denial RETURNs, so the filter chain
 //     refuses it with a reset at the SYN, and an allowed flow is REDIRECTed, for the proxy to
 //     intercept (rules) or tunnel (SOCKS5) it.
 //
-// The block ends in a verdict, so an update can stack a new block on top atomically.
-func proxyRules(l Link, f family, p egress.Policy, env egress.Env, port uint16) []string {
-	if port == 0 || f != v4 || !f.has(l.guest(f)) {
+// Every block ends in RETURN for whatever it did not redirect, so an update can stack a new
+// block on top atomically without packets falling through into the one below.
+func proxyRules(l Link, f family, p egress.Policy, sl slot) []string {
+	if f != v4 || !f.has(l.guest(f)) {
+		return nil
+	}
+	dns := sl.dnsPort != 0 && !p.ReachesAnyAddress()
+	tcp := tcpProxyRules(l, f, p, sl)
+	if !dns && tcp == nil {
+		return nil
+	}
+	out := []string{fmt.Sprintf("! -s %s -j RETURN", hostPrefix(l.guest(f), f))}
+	if pool := l.pool(f); pool.IsValid() {
+		out = append(out, fmt.Sprintf("-d %s -j RETURN", pool))
+	}
+	if dns {
+		for _, proto := range []string{"udp", "tcp"} {
+			out = append(out, fmt.Sprintf("-p %s -m %s --dport 53 -j REDIRECT --to-ports %d", proto, proto, sl.dnsPort))
+		}
+	}
+	return append(append(out, tcp...), "-j RETURN")
+}
+
+// tcpProxyRules are steps 3–5 of proxyRules: nil when the proxy has nothing to do for p.
+func tcpProxyRules(l Link, f family, p egress.Policy, sl slot) []string {
+	if sl.proxyPort == 0 {
 		return nil
 	}
 	domains, rules, socks := len(p.AllowDomains) > 0, len(p.Rules) > 0, p.Proxy != nil
 	if !domains && !rules && !socks {
 		return nil
 	}
-	redirect := fmt.Sprintf("REDIRECT --to-ports %d", port)
+	redirect := fmt.Sprintf("REDIRECT --to-ports %d", sl.proxyPort)
 	dst := func(pfx netip.Prefix, target string) string {
 		if pfx.Bits() == 0 {
 			return "-p tcp -j " + target
 		}
 		return fmt.Sprintf("-d %s -p tcp -j %s", pfx, target)
 	}
-	out := []string{fmt.Sprintf("! -s %s -j RETURN", hostPrefix(l.guest(f), f))}
-	if pool := l.pool(f); pool.IsValid() {
-		out = append(out, dst(pool, "RETURN"))
-	}
+	var out []string
 	if !rules && !socks {
 		out = append(out, "-p tcp -m multiport ! --dports 80,443 -j RETURN")
 		for _, pfx := range forFamily(p.AllowOut, f) {
@@ -345,7 +382,7 @@ func proxyRules(l Link, f family, p egress.Policy, env egress.Env, port uint16) 
 	if !socks {
 		out = append(out, "-p tcp ! --dport 443 -j RETURN")
 	}
-	for _, pfx := range deniedPrefixes(f, env) {
+	for _, pfx := range deniedPrefixes(f, sl.env) {
 		out = append(out, dst(pfx, "RETURN"))
 	}
 	for _, pfx := range forFamily(p.AllowOut, f) {

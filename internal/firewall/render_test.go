@@ -46,6 +46,7 @@ var defaultEnv = egress.NewEnv(nil)
 const (
 	testProxyPort = 15380
 	testLogGroup  = 5380
+	testDNSPort   = 15353
 )
 
 // renderStates are the policies whose rendered rules are kept in testdata/<name>.golden, the way
@@ -96,6 +97,9 @@ var renderStates = []struct {
 		AllowDomains: []string{"api.example"},
 		Rules:        []egress.HeaderRule{{Domain: "api.example", Headers: map[string]string{"Authorization": "x"}}},
 	}},
+	{name: "deny-all-dns-filter", link: link7, env: defaultEnv, proxyPort: testProxyPort, policy: &egress.Policy{
+		DenyOut: pfx("0.0.0.0/0", "::/0"),
+	}},
 	{name: "guest6", env: defaultEnv, policy: &egress.Policy{DenyOut: pfx("2001:db8:2::/64")},
 		link: Link{
 			Index: 3, Guest: netip.MustParseAddr("172.20.0.14"), Pool: netip.MustParsePrefix("172.20.0.0/16"),
@@ -121,21 +125,22 @@ func renderNodeWide(n names) string {
 	for _, f := range families {
 		tool := map[family]string{v4: "iptables-restore", v6: "ip6tables-restore"}[f]
 		fmt.Fprintf(&b, "\n## %s --noflush\n", tool)
-		b.WriteString(renderGlobal(n, f, nil, false, defaultEnv, 0, 0))
+		b.WriteString(renderGlobal(n, f, nil, false, slot{env: defaultEnv}, 0))
 	}
 	for _, f := range families {
 		tool := map[family]string{v4: "iptables-restore", v6: "ip6tables-restore"}[f]
 		fmt.Fprintf(&b, "\n## %s --noflush, on a node running the egress proxy on port %d and logging refusals to NFLOG group %d\n", tool, testProxyPort, testLogGroup)
-		b.WriteString(renderGlobal(n, f, nil, false, defaultEnv, testProxyPort, testLogGroup))
+		b.WriteString(renderGlobal(n, f, nil, false, slot{env: defaultEnv, proxyPort: testProxyPort, dnsPort: testDNSPort}, testLogGroup))
 	}
 	return b.String()
 }
 
 func renderState(n names, l Link, env egress.Env, p *egress.Policy, port uint16) string {
-	// The states with a proxy port stand for a fully featured node: they log refusals too.
-	var logGroup uint16
+	// The states with a proxy port stand for a fully featured node: they log refusals and
+	// filter DNS too.
+	var logGroup, dnsPort uint16
 	if port != 0 {
-		logGroup = testLogGroup
+		logGroup, dnsPort = testLogGroup, testDNSPort
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "# %s, policy %s\n", l, describe(p, env))
@@ -143,7 +148,7 @@ func renderState(n names, l Link, env egress.Env, p *egress.Policy, port uint16)
 		tool := map[family]string{v4: "iptables-restore", v6: "ip6tables-restore"}[f]
 		if len(env.InternalAllow) > 0 {
 			fmt.Fprintf(&b, "\n## %s --noflush: node-wide rules for this node's exemptions (EnsureGlobal)\n", tool)
-			b.WriteString(renderGlobal(n, f, nil, true, env, port, logGroup))
+			b.WriteString(renderGlobal(n, f, nil, true, slot{env: env, proxyPort: port}, logGroup))
 		}
 		fmt.Fprintf(&b, "\n## %s --noflush: install (from creation, in the pool)\n", tool)
 		b.WriteString(renderInstall(n, l, f, logGroup))
@@ -152,7 +157,7 @@ func renderState(n names, l Link, env egress.Env, p *egress.Policy, port uint16)
 			b.WriteString(renderReplace(n, l, nil, false, nil))
 			continue
 		}
-		rules, proxy := policyRules(n, l, f, *p, env), proxyRules(l, f, *p, env, port)
+		rules, proxy := policyRules(n, l, f, *p, env), proxyRules(l, f, *p, slot{env: env, proxyPort: port, dnsPort: dnsPort})
 		fmt.Fprintf(&b, "\n## %s --noflush: attach or live update (add-only)\n", tool)
 		b.WriteString(renderAttach(n, l, rules, proxy))
 		fmt.Fprintf(&b, "\n## %s --noflush: background compaction after a live update\n", tool)
@@ -220,7 +225,7 @@ func TestAttachIsAddOnly(t *testing.T) {
 		}
 		for _, f := range families {
 			s := renderAttach(n, st.link, policyRules(n, st.link, f, *st.policy, st.env),
-				proxyRules(st.link, f, *st.policy, st.env, st.proxyPort))
+				proxyRules(st.link, f, *st.policy, slot{env: st.env, proxyPort: st.proxyPort}))
 			for line := range strings.Lines(s) {
 				if !strings.HasPrefix(line, "-I ") && !strings.HasPrefix(line, "*") && line != "COMMIT\n" {
 					t.Errorf("%s/%s: attach is not add-only: %q", st.name, f, line)
@@ -398,21 +403,24 @@ func TestRenderMigrate(t *testing.T) {
 :VMON-T4 - [0:0]
 -A PREROUTING -i vmon3 -p tcp -m multiport --dports 80,443 -m comment --comment vmon-egress -j VMON-T3
 -A PREROUTING -i vmon4 -p tcp -m multiport --dports 80,443 -m comment --comment vmon-egress -j VMON-T4
--A PREROUTING -i vmon5 -p tcp -m comment --comment vmon-egress -j VMON-T5
+-A PREROUTING -i vmon5 -m comment --comment vmon-egress -j VMON-T5
+-A PREROUTING -i vmon6 -p tcp -m comment --comment vmon-egress -j VMON-T6
 -A PREROUTING -i eth0 -p tcp -m multiport --dports 80,443 -j REDIRECT --to-ports 3128
 COMMIT
 `)
 	got := renderMigrate(n, saved, func(i int) bool { return i != 4 })
 	want := `*nat
 -D PREROUTING -i vmon3 -p tcp -m multiport --dports 80,443 -m comment --comment vmon-egress -j VMON-T3
--I PREROUTING 1 -i vmon3 -p tcp -m comment --comment vmon-egress -j VMON-T3
+-I PREROUTING 1 -i vmon3 -m comment --comment vmon-egress -j VMON-T3
+-D PREROUTING -i vmon6 -p tcp -m comment --comment vmon-egress -j VMON-T6
+-I PREROUTING 1 -i vmon6 -m comment --comment vmon-egress -j VMON-T6
 COMMIT
 `
 	if got != want {
 		t.Fatalf("got:\n%s\nwant:\n%s", got, want)
 	}
 	if s := renderMigrate(n, parseSave(`*nat
--A PREROUTING -i vmon5 -p tcp -m comment --comment vmon-egress -j VMON-T5
+-A PREROUTING -i vmon5 -m comment --comment vmon-egress -j VMON-T5
 COMMIT
 `), func(int) bool { return true }); s != "" {
 		t.Fatalf("nothing to migrate, got %q", s)

@@ -205,9 +205,9 @@ func hasOwnChain(n names, tables []savedTable, table string) bool {
 }
 
 // renderMigrate rewrites, for the kept links, proxy-slot jumps installed by an older vmon, which
-// matched TCP to ports 80 and 443 only: a SOCKS5 egress proxy needs every TCP flow of the link in
-// the slot, and a link adopted after an upgrade must not let other ports leave unproxied. It
-// returns "" when there is nothing to migrate.
+// matched TCP (to ports 80 and 443 only, at first): a SOCKS5 egress proxy needs every TCP flow of
+// the link in the slot and the filtering resolver its DNS, and a link adopted after an upgrade
+// must not let them leave unproxied. It returns "" when there is nothing to migrate.
 func renderMigrate(n names, tables []savedTable, keep func(int) bool) string {
 	var s script
 	for _, t := range tables {
@@ -216,12 +216,15 @@ func renderMigrate(n names, tables []savedTable, keep func(int) bool) string {
 		}
 		for _, r := range t.rules {
 			args := splitArgs(r)
-			if len(args) < 2 || args[1] != "PREROUTING" || !slices.Contains(args, "--dports") {
+			if len(args) < 2 || args[1] != "PREROUTING" {
 				continue
 			}
 			i, ok := n.ruleOwner(args)
 			if !ok || !keep(i) || !slices.Contains(args, n.chainName(chainProxy, i)) {
 				continue
+			}
+			if r == "-A PREROUTING "+proxyJump(n, i) {
+				continue // current
 			}
 			if s.table == "" {
 				s.begin("nat")

@@ -44,18 +44,19 @@ type Config struct {
 	Env egress.Env
 	// Tools overrides the iptables binaries (zero fields: firewall.DefaultTools).
 	Tools firewall.Tools
-	// Proxy, when set, is the node's transparent egress proxy listening on ProxyPort: links
-	// whose policy has allowOut domains redirect guest TCP to 80/443 to it, and the pool keeps
-	// its view of each link's policy in step with the chains.
-	Proxy     Proxy
+	// Proxies are what the links' proxy slots redirect to — the transparent egress proxy on
+	// ProxyPort, the filtering resolver on DNSPort — and the pool keeps their view of each link's
+	// policy in step with the chains.
+	Proxies   []Proxy
 	ProxyPort uint16
+	DNSPort   uint16
 	// LogGroup is the NFLOG group refusals are copied to (firewall.Config.LogGroup); 0: none.
 	LogGroup uint16
 	Log      *slog.Logger
 }
 
-// Proxy is the pool's view of the transparent egress proxy (*egressproxy.Proxy): which policy
-// judges the flows of which guest address.
+// Proxy is the pool's view of what a link's proxy slot redirects to (*egressproxy.Proxy,
+// *egressdns.Resolver): which policy judges the flows of which guest address.
 type Proxy interface {
 	Set(guest, host netip.Addr, p egress.Policy)
 	Remove(guest netip.Addr)
@@ -140,11 +141,11 @@ type Stats struct {
 
 // Pool hands out ready links.
 type Pool struct {
-	pool   netip.Prefix
-	target int
-	sys    system
-	proxy  Proxy
-	log    *slog.Logger
+	pool    netip.Prefix
+	target  int
+	sys     system
+	proxies []Proxy
+	log     *slog.Logger
 
 	mu sync.Mutex
 	// +checklocks:mu
@@ -179,7 +180,7 @@ func newPool(cfg Config, sys system) *Pool {
 	}
 	bg, cancel := context.WithCancel(context.Background())
 	return &Pool{
-		pool: cfg.Prefix, target: target, sys: sys, proxy: cfg.Proxy, log: log,
+		pool: cfg.Prefix, target: target, sys: sys, proxies: cfg.Proxies, log: log,
 		alloc: newAllocator(Leases(cfg.Prefix)), inUse: map[LinkID]*Link{},
 		kick: make(chan struct{}, 1), bg: bg, cancel: cancel, releaseDone: make(chan struct{}),
 	}
@@ -364,14 +365,14 @@ func (p *Pool) Attach(ctx context.Context, l *Link, pol egress.Policy) error {
 // proxySet gives the proxy the policy before the chains redirect anything to it under that
 // policy, so a redirected flow never finds the proxy without its guest.
 func (p *Pool) proxySet(l *Link, pol egress.Policy) {
-	if p.proxy != nil {
-		p.proxy.Set(l.lease.Guest, l.lease.Host, pol)
+	for _, x := range p.proxies {
+		x.Set(l.lease.Guest, l.lease.Host, pol)
 	}
 }
 
 func (p *Pool) proxyRemove(l *Link) {
-	if p.proxy != nil {
-		p.proxy.Remove(l.lease.Guest)
+	for _, x := range p.proxies {
+		x.Remove(l.lease.Guest)
 	}
 }
 

@@ -34,7 +34,7 @@ func New(ctx context.Context, cfg Config) (*Pool, error) {
 	}
 	fw, err := firewall.New(firewall.Config{
 		Prefix: cfg.LinkPrefix, Env: cfg.Env, NetNS: cfg.HostNetNS, Tools: cfg.Tools, Log: cfg.Log,
-		ProxyPort: cfg.ProxyPort, LogGroup: cfg.LogGroup,
+		ProxyPort: cfg.ProxyPort, DNSPort: cfg.DNSPort, LogGroup: cfg.LogGroup,
 	})
 	if err != nil {
 		return nil, err

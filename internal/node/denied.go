@@ -46,7 +46,23 @@ func (n *Node) KernelRefused(p denied.Packet) {
 		// The policy allows it, so a rule outside the policy refused it: lease isolation.
 		stage, rule = "isolation", "another sandbox or the node"
 	}
-	n.opts.Denied.Publish(denied.Event{SandboxID: sb.id, Proto: p.Proto, Dst: p.Dst.String(), Port: p.Port, Stage: stage, Rule: rule})
+	var name string
+	if n.opts.Names != nil {
+		name, _ = n.opts.Names.NameOf(p.Src, p.Dst)
+	}
+	n.opts.Denied.Publish(denied.Event{SandboxID: sb.id, Proto: p.Proto, Dst: p.Dst.String(), Port: p.Port, Name: name, Stage: stage, Rule: rule})
+}
+
+// DNSRefused reports a question the filtering resolver refused.
+func (n *Node) DNSRefused(guest netip.Addr, name, qtype string) {
+	if n.opts.Denied == nil {
+		return
+	}
+	sb, ok := n.bySource(guest)
+	if !ok {
+		return
+	}
+	n.opts.Denied.Publish(denied.Event{SandboxID: sb.id, Proto: "dns", Dst: qtype, Port: 53, Name: name, Stage: "dns", Rule: "no allowOut domain covers the name"})
 }
 
 // ProxyRefused reports a flow the egress proxy refused (by name, or by address on a port it

