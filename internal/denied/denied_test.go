@@ -99,3 +99,13 @@ func TestSlowWatcherNeverBlocks(t *testing.T) {
 		t.Fatalf("buffered %d", len(s.C()))
 	}
 }
+
+// BenchmarkPublish is the cost an enforcement point pays per refusal when nobody watches: one
+// first-of-burst event, then repeats that are only counted.
+func BenchmarkPublish(b *testing.B) {
+	h := New(time.Minute, DefaultBacklog)
+	e := ev("203.0.113.10")
+	for b.Loop() {
+		h.Publish(e)
+	}
+}

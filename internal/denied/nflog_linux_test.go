@@ -29,16 +29,7 @@ func TestKernelRefusalsAreLogged(t *testing.T) {
 	}
 	t.Cleanup(fw.Close)
 	host, guest := netip.MustParseAddr("172.20.0.1"), netip.MustParseAddr("172.20.0.2")
-	gns := netnstest.New(t, "guest")
-	iface := fw.Iface(0)
-	netnstest.Veth(t, node, iface, gns, "eth0")
-	node.AddAddr(iface, netip.PrefixFrom(host, 30))
-	gns.AddAddr("eth0", netip.PrefixFrom(guest, 30))
-	node.Up(iface)
-	gns.Up("eth0")
-	gns.AddRoute("eth0", netip.MustParsePrefix("0.0.0.0/0"), host)
-	node.WaitUp(iface)
-	gns.WaitUp("eth0")
+	gns := netnstest.GuestLink(t, node, fw.Iface(0), host, guest)
 	hooks, err := fw.Install(context.Background(), firewall.Link{Index: 0, Guest: guest, Pool: netip.MustParsePrefix("172.20.0.0/16")})
 	if err != nil {
 		t.Fatal(err)

@@ -51,14 +51,7 @@ func TestKernelRedirect(t *testing.T) {
 	for _, a := range []string{"203.0.113.10", "198.51.100.8", "203.0.113.11"} {
 		addr := netip.MustParseAddr(a)
 		inet.Host(addr)
-		var ln net.Listener
-		if err := inet.Do(func() error {
-			var err error
-			ln, err = net.Listen("tcp", netip.AddrPortFrom(addr, 80).String())
-			return err
-		}); err != nil {
-			t.Fatal(err)
-		}
+		ln := inet.Listen(netip.AddrPortFrom(addr, 80).String())
 		srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			fmt.Fprintf(w, "origin=%s host=%s client=%s", a, r.Host, r.RemoteAddr)
 		})}
@@ -74,17 +67,8 @@ func TestKernelRedirect(t *testing.T) {
 
 	// Lease 0 of 172.20.0.0/16: host .1, guest .2.
 	host, guest := netip.MustParseAddr("172.20.0.1"), netip.MustParseAddr("172.20.0.2")
-	gns := netnstest.New(t, "guest")
-	iface := fw.Iface(0)
-	netnstest.Veth(t, node, iface, gns, "eth0")
-	node.AddAddr(iface, netip.PrefixFrom(host, 30))
-	gns.AddAddr("eth0", netip.PrefixFrom(guest, 30))
-	gns.AddAddr("eth0", netip.MustParsePrefix("172.20.0.3/30")) // for spoofing
-	node.Up(iface)
-	gns.Up("eth0")
-	gns.AddRoute("eth0", netip.MustParsePrefix("0.0.0.0/0"), host)
-	node.WaitUp(iface)
-	gns.WaitUp("eth0")
+	gns := netnstest.GuestLink(t, node, fw.Iface(0), host, guest)
+	gns.AddAddr("eth0", netip.MustParsePrefix("172.20.0.6/32")) // another lease's guest, for spoofing
 	hooks, err := fw.Install(context.Background(), firewall.Link{Index: 0, Guest: guest, Pool: netip.MustParsePrefix("172.20.0.0/16")})
 	if err != nil {
 		t.Fatal(err)
@@ -92,14 +76,7 @@ func TestKernelRedirect(t *testing.T) {
 	t.Cleanup(func() { _ = hooks.Remove(context.Background()); _ = fw.RemoveGlobal(context.Background()) })
 
 	p := New(Config{Env: egress.NewEnv(nil), Resolver: zoneResolver(egress.TestZone()), Dialer: nsDialer{node}})
-	var ln net.Listener
-	if err := node.Do(func() error {
-		var err error
-		ln, err = net.Listen("tcp", fmt.Sprintf("0.0.0.0:%d", kernelProxyPort))
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
+	ln := node.Listen(fmt.Sprintf("0.0.0.0:%d", kernelProxyPort))
 	go func() { _ = p.Serve(ln) }()
 	t.Cleanup(func() { p.Close(); ln.Close() })
 
@@ -149,7 +126,7 @@ func TestKernelRedirect(t *testing.T) {
 		t.Fatalf("allowOut CIDR flow: %q %v", got, err)
 	}
 	// A spoofed source is dropped by the guard, never handed to the proxy as if it were a guest.
-	if got, err := get(netip.MustParseAddr("172.20.0.3"), netip.MustParseAddrPort("203.0.113.11:80"), "a.test"); err == nil {
+	if got, err := get(netip.MustParseAddr("172.20.0.6"), netip.MustParseAddrPort("203.0.113.11:80"), "a.test"); err == nil {
 		t.Fatalf("spoofed source got an answer: %q", got)
 	}
 	// The proxy port itself is not reachable from the guest.
@@ -162,14 +139,7 @@ func TestKernelRedirect(t *testing.T) {
 	// check by nothing: it is a public address).
 	socksAddr := netip.MustParseAddrPort("203.0.113.11:1080")
 	s := &socksServer{}
-	var sln net.Listener
-	if err := inet.Do(func() error {
-		var err error
-		sln, err = net.Listen("tcp", socksAddr.String())
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
+	sln := inet.Listen(socksAddr.String())
 	ssrv, err := socks5.New(&socks5.Config{Resolver: s, Logger: log.New(io.Discard, "", 0),
 		Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
 			s.mu.Lock()
@@ -182,14 +152,7 @@ func TestKernelRedirect(t *testing.T) {
 	}
 	go func() { _ = ssrv.Serve(sln) }()
 	t.Cleanup(func() { sln.Close() })
-	var eln net.Listener
-	if err := inet.Do(func() error {
-		var err error
-		eln, err = net.Listen("tcp", "198.51.100.8:8080")
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
+	eln := inet.Listen("198.51.100.8:8080")
 	esrv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(w, "origin=8080 client=%s", r.RemoteAddr)
 	})}

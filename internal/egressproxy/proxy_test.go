@@ -417,3 +417,44 @@ func TestNotTLSIsRefused(t *testing.T) {
 		t.Fatalf("got %v, want a reset", err)
 	}
 }
+
+// rebinding answers a public address and a private one in turn, as a hostile DNS server would
+// between a guest's lookup and the node's.
+type rebinding struct {
+	mu sync.Mutex
+	n  int
+}
+
+func (r *rebinding) LookupNetIP(context.Context, string, string) ([]netip.Addr, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.n++
+	if r.n%2 == 0 {
+		return []netip.Addr{netip.MustParseAddr("10.1.2.3")}, nil
+	}
+	return []netip.Addr{netip.MustParseAddr("203.0.113.10")}, nil
+}
+
+// DNS rebinding: the node dials exactly the addresses it resolved and checked for the flow, so a
+// name that turns private between two lookups is refused, never dialed.
+func TestRebindingNeverReachesPrivate(t *testing.T) {
+	h := newHarness(t, egress.NewEnv(nil))
+	h.p.cfg.Resolver = &rebinding{}
+	g := h.guest(2, mustParse(t, egress.Config{AllowOut: []string{"a.test"}, DenyOut: []string{egress.AllTraffic}}),
+		netip.MustParseAddrPort("198.51.100.8:80"))
+	ok, refused := 0, 0
+	for range 10 {
+		code, body := h.get(t, g, "a.test")
+		switch {
+		case code == 200 && strings.HasPrefix(body, "dialed=203.0.113.10 "):
+			ok++
+		case code == http.StatusForbidden && strings.Contains(body, "always-denied"):
+			refused++
+		default:
+			t.Fatalf("status %d %q", code, body)
+		}
+	}
+	if ok != 5 || refused != 5 {
+		t.Fatalf("ok=%d refused=%d", ok, refused)
+	}
+}

@@ -50,7 +50,7 @@ func (n *Node) KernelRefused(p denied.Packet) {
 	if n.opts.Names != nil {
 		name, _ = n.opts.Names.NameOf(p.Src, p.Dst)
 	}
-	n.opts.Denied.Publish(denied.Event{SandboxID: sb.id, Proto: p.Proto, Dst: p.Dst.String(), Port: p.Port, Name: name, Stage: stage, Rule: rule})
+	n.publishDenied(denied.Event{SandboxID: sb.id, Proto: p.Proto, Dst: p.Dst.String(), Port: p.Port, Name: name, Stage: stage, Rule: rule})
 }
 
 // DNSRefused reports a question the filtering resolver refused.
@@ -62,7 +62,7 @@ func (n *Node) DNSRefused(guest netip.Addr, name, qtype string) {
 	if !ok {
 		return
 	}
-	n.opts.Denied.Publish(denied.Event{SandboxID: sb.id, Proto: "dns", Dst: qtype, Port: 53, Name: name, Stage: "dns", Rule: "no allowOut domain covers the name"})
+	n.publishDenied(denied.Event{SandboxID: sb.id, Proto: "dns", Dst: qtype, Port: 53, Name: name, Stage: "dns", Rule: "no allowOut domain covers the name"})
 }
 
 // ProxyRefused reports a flow the egress proxy refused (by name, or by address on a port it
@@ -75,7 +75,7 @@ func (n *Node) ProxyRefused(guest netip.Addr, dst netip.Addr, port uint16, name,
 	if !ok {
 		return
 	}
-	n.opts.Denied.Publish(denied.Event{SandboxID: sb.id, Proto: "tcp", Dst: dst.String(), Port: port, Name: name, Stage: stage, Rule: rule})
+	n.publishDenied(denied.Event{SandboxID: sb.id, Proto: "tcp", Dst: dst.String(), Port: port, Name: name, Stage: stage, Rule: rule})
 }
 
 // WatchDenied returns the sandbox's recent refusals and a channel of the next ones; cancel ends
@@ -96,4 +96,11 @@ func (n *Node) forgetDenied(id string) {
 	if n.opts.Denied != nil && id != "" {
 		n.opts.Denied.Forget(id)
 	}
+}
+
+// publishDenied puts a refusal on the sandbox's stream and, at debug level, in the log.
+func (n *Node) publishDenied(e denied.Event) {
+	n.log.Debug("egress refused", "sandbox", e.SandboxID, "proto", e.Proto, "dst", e.Dst, "port", e.Port,
+		"name", e.Name, "stage", e.Stage, "rule", e.Rule)
+	n.opts.Denied.Publish(e)
 }

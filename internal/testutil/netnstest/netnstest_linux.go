@@ -310,3 +310,35 @@ func (i *Internet) Serve(ap netip.AddrPort) *Responder {
 	i.Host(ap.Addr())
 	return i.NS.Serve(ap)
 }
+
+// GuestLink makes a sandbox-like guest behind node: a "guest" namespace joined to node by a veth
+// (iface on node's side, eth0 in the guest), host/30 on node's end, guest/30 in the guest, the
+// guest's default route via host, both ends up.
+func GuestLink(tb testing.TB, node *NS, iface string, host, guest netip.Addr) *NS {
+	tb.Helper()
+	g := New(tb, "guest")
+	Veth(tb, node, iface, g, "eth0")
+	node.AddAddr(iface, netip.PrefixFrom(host, 30))
+	g.AddAddr("eth0", netip.PrefixFrom(guest, 30))
+	node.Up(iface)
+	g.Up("eth0")
+	g.AddRoute("eth0", netip.MustParsePrefix("0.0.0.0/0"), host)
+	node.WaitUp(iface)
+	g.WaitUp("eth0")
+	return g
+}
+
+// Listen opens a TCP listener on addr inside the namespace; it is closed when the test ends.
+func (n *NS) Listen(addr string) net.Listener {
+	n.tb.Helper()
+	var ln net.Listener
+	if err := n.Do(func() error {
+		var err error
+		ln, err = net.Listen("tcp", addr)
+		return err
+	}); err != nil {
+		n.tb.Fatalf("listen on %s in %s: %v", addr, n.Name, err)
+	}
+	n.tb.Cleanup(func() { ln.Close() })
+	return ln
+}

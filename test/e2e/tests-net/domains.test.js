@@ -367,6 +367,8 @@ describe('allowOut domains on a --net tap node (egress-domains)', () => {
     })();
 
     for (let i = 0; i < 3; i++) assertRefused(await probe1(sbx, `tcp://${B}:7`), 'denyOut, kernel');
+    // UDP 443 (QUIC) never unlocks a domain: the address rules refuse it.
+    await probe1(sbx, { proto: 'udp', host: A, port: 443, timeoutMs: 500 });
     assertDenied403(await curl(sbx, `-H 'Host: other.test' http://${A}/`), 'denyOut, proxy');
     await probe1(sbx, { proto: 'udp', host: '10.1.2.3', port: 53, timeoutMs: 500 });
     const has = (f) => events.some(f);
@@ -375,7 +377,8 @@ describe('allowOut domains on a --net tap node (egress-domains)', () => {
         has((e) => e.proto === 'tcp' && e.dst === B && e.port === 7 && e.stage === 'denyOut' && e.rule === '0.0.0.0/0' && e.count === 1 && !e.repeats) &&
         has((e) => e.dst === B && e.port === 7 && e.repeats && e.count === 2) &&
         has((e) => e.name === 'other.test' && e.port === 80 && e.stage === 'denyOut') &&
-        has((e) => e.proto === 'udp' && e.dst === '10.1.2.3' && e.port === 53 && e.stage === 'always-denied' && e.rule === '10.0.0.0/8'),
+        has((e) => e.proto === 'udp' && e.dst === '10.1.2.3' && e.port === 53 && e.stage === 'always-denied' && e.rule === '10.0.0.0/8') &&
+        has((e) => e.proto === 'udp' && e.dst === A && e.port === 443 && e.stage === 'denyOut'),
       { timeoutMs: 15_000, what: () => `the refusals on the stream (so far: ${JSON.stringify(events)})` },
     );
     assert.ok(events.every((e) => e.sandboxID === sbx.sandboxId));
