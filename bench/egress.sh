@@ -54,8 +54,8 @@ awk '
     printf "%-11s %10s %10s %14s %12s\n", "path", "MB/s", "x unfilt.", "connect p50", "+ms unfilt."
     base_t = median(mbs["unfiltered"]); base_c = median(ms["unfiltered"])
     for (k = 1; k <= np; k++) {
-      p = order[k]; t = median(mbs[p]); c = median(ms[p])
-      printf "%-11s %10.0f %10.2f %11.2f ms %+11.2f\n", p, t, t / base_t, c, c - base_c
+      name = order[k]; t = median(mbs[name]); c = median(ms[name])
+      printf "%-11s %10.0f %10.2f %11.2f ms %+11.2f\n", name, t, t / base_t, c, c - base_c
     }
   }' "$OUT/paths.txt"
 echo

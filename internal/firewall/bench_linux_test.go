@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"os"
 	"sort"
 	"testing"
 	"time"
@@ -22,7 +23,7 @@ import (
 func BenchmarkAttachUpdate(b *testing.B) {
 	ctx := context.Background()
 	node := netnstest.New(b, "bench")
-	fw, err := New(Config{Env: egress.NewEnv(nil), NetNS: node.Path, ProxyPort: 15380, DNSPort: 15353, LogGroup: 5380})
+	fw, err := New(Config{Env: egress.NewEnv(nil), NetNS: node.Path, ProxyPort: benchProxyPort, DNSPort: benchDNSPort, LogGroup: benchLogGroup})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -108,4 +109,14 @@ func report(b *testing.B, d []time.Duration) {
 	ms := func(x time.Duration) float64 { return float64(x) / float64(time.Millisecond) }
 	b.ReportMetric(ms(d[len(d)/2]), "p50-ms")
 	b.ReportMetric(ms(d[(len(d)*99)/100]), "p99-ms")
+}
+
+// The node features the attach benchmark runs with; the variables let one run compare them
+// (VMON_BENCH_FW_PLAIN=1 turns the proxy slot, the resolver and refusal logging off).
+var benchProxyPort, benchDNSPort, benchLogGroup uint16 = 15380, 15353, 5380
+
+func init() {
+	if os.Getenv("VMON_BENCH_FW_PLAIN") == "1" {
+		benchProxyPort, benchDNSPort, benchLogGroup = 0, 0, 0
+	}
 }
