@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/vibemon/vmon/internal/egress"
 	"github.com/vibemon/vmon/internal/errdefs"
@@ -35,6 +37,16 @@ type Firewall struct {
 	globalMu sync.Mutex
 	// +checklocks:globalMu
 	globalDone bool
+
+	// slotMu guards slots, the shared slot chains known to exist per family (slots.go): creating
+	// one takes it for writing, an attach that jumps to one holds it for reading.
+	slotMu sync.RWMutex
+	// +checklocks:slotMu
+	slots [len(families)]map[string]bool
+	// slotRefs counts, per shared chain, the links whose slot chain jumps to it.
+	// +checklocks:slotMu
+	slotRefs  [len(families)]map[string]int
+	gcPending atomic.Bool
 
 	// bg runs compactions; Close cancels it and waits.
 	bg     context.Context
@@ -127,6 +139,7 @@ func (fw *Firewall) EnsureGlobal(ctx context.Context) error {
 			return err
 		}
 		saved := parseSave(out)
+		fw.knownSlots(f, saved)
 		return fw.run.restore(ctx, f, renderGlobal(fw.names, f, globalDeletes(fw.names, saved),
 			hasChain(saved, "filter", fw.names.deniedChain()), fw.slot(), fw.logGroup))
 	})
@@ -153,7 +166,11 @@ func (fw *Firewall) RemoveGlobal(ctx context.Context) error {
 		// The DENIED chain goes only once no link chain can still jump to it; with links left
 		// (a caller that did not remove them first) the kernel would refuse the whole commit.
 		dropDenied := hasChain(saved, "filter", fw.names.deniedChain()) && !hasOwnChain(fw.names, saved, "filter")
-		if len(dels) == 0 && !dropDenied {
+		var slots []string
+		if !hasOwnChain(fw.names, saved, "nat") {
+			slots = unusedSlots(fw.names, saved)
+		}
+		if len(dels) == 0 && !dropDenied && len(slots) == 0 {
 			return nil
 		}
 		var s script
@@ -165,6 +182,18 @@ func (fw *Firewall) RemoveGlobal(ctx context.Context) error {
 			s.line("-F %s", fw.names.deniedChain())
 			s.line("-X %s", fw.names.deniedChain())
 		}
+		if len(slots) > 0 {
+			s.begin("nat")
+			for _, c := range slots {
+				s.line("-F %s", c)
+			}
+			for _, c := range slots {
+				s.line("-X %s", c)
+			}
+		}
+		fw.slotMu.Lock()
+		fw.slots[f], fw.slotRefs[f] = nil, nil
+		fw.slotMu.Unlock()
 		return fw.run.restore(ctx, f, s.String())
 	})
 	if err != nil {
@@ -256,6 +285,19 @@ func (fw *Firewall) removeFamily(ctx context.Context, f family, match func(int) 
 	return removed, nil
 }
 
+// dropSlots releases the link's references on the shared chains of family index i other than
+// keep, after a transaction removed its jumps to them.
+//
+// +checklocks:h.mu
+func (h *Hooks) dropSlots(i int, f family, keep string) {
+	for name := range h.slotsIn[i] {
+		if name != keep {
+			delete(h.slotsIn[i], name)
+			h.fw.refSlots(f, name, -1)
+		}
+	}
+}
+
 // migrateFamily brings the kept links' rules of an older vmon up to date (renderMigrate).
 func (fw *Firewall) migrateFamily(ctx context.Context, f family, keep func(int) bool) error {
 	out, err := fw.run.save(ctx, f)
@@ -295,6 +337,10 @@ type Hooks struct {
 	// proxy holds the live rules of the proxy slot per family (nil: the chain is empty).
 	// +checklocks:mu
 	proxy [len(families)][]string
+	// slotsIn are the shared chains the link's slot chain jumps to now, live or shadowed, per
+	// family: what it holds a reference on.
+	// +checklocks:mu
+	slotsIn [len(families)]map[string]bool
 	// dirty means shadowed blocks sit below the live one.
 	// +checklocks:mu
 	dirty bool
@@ -331,20 +377,27 @@ func (h *Hooks) apply(ctx context.Context, p egress.Policy) error {
 	if err := h.usable(); err != nil {
 		return err
 	}
-	var blocks, proxy [len(families)][]string
+	var blocks, proxy, shared [len(families)][]string
+	var slotNames [len(families)]string
 	for i, f := range families {
 		blocks[i] = policyRules(h.fw.names, h.link, f, p, h.fw.env)
-		proxy[i] = proxyRules(h.link, f, p, h.fw.slot())
-		if proxy[i] == nil && h.state != unknown && h.proxy[i] == nil {
+		if shared[i] = proxyRules(h.link, f, p, h.fw.slot()); shared[i] != nil {
+			slotNames[i] = h.fw.names.slotChain(shared[i])
+			proxy[i] = linkSlotRules(h.link, f, slotNames[i])
+			continue
+		}
+		if h.state != unknown && h.proxy[i] == nil {
 			continue // the slot is empty and stays empty
 		}
-		if proxy[i] == nil {
-			proxy[i] = []string{"-j RETURN"} // shadows what the slot held
-		}
+		proxy[i] = []string{"-j RETURN"} // shadows what the slot held
+	}
+	if err := h.fw.holdSlots(ctx, slotNames, shared); err != nil {
+		return fmt.Errorf("attach egress policy to %s: %w", h.link, err)
 	}
 	err := perFamily(func(f family) error {
 		return h.fw.run.restore(ctx, f, renderAttach(h.fw.names, h.link, blocks[f], proxy[f]))
 	})
+	h.fw.slotMu.RUnlock()
 	h.gen++
 	if err != nil {
 		// One family may have applied: the chain content is unknown until the next Detach
@@ -361,6 +414,15 @@ func (h *Hooks) apply(ctx context.Context, p egress.Policy) error {
 		}
 	}
 	h.state, h.block, h.proxy = attached, blocks, proxy
+	for i, f := range families {
+		if slotNames[i] != "" && !h.slotsIn[i][slotNames[i]] {
+			if h.slotsIn[i] == nil {
+				h.slotsIn[i] = map[string]bool{}
+			}
+			h.slotsIn[i][slotNames[i]] = true
+			h.fw.refSlots(f, slotNames[i], 1)
+		}
+	}
 	if h.dirty {
 		h.compactLater(h.gen)
 	}
@@ -389,6 +451,9 @@ func (h *Hooks) Detach(ctx context.Context) error {
 	}
 	h.state, h.dirty = closed, false
 	h.block, h.proxy = [len(families)][]string{}, [len(families)][]string{}
+	for i, f := range families {
+		h.dropSlots(i, f, "")
+	}
 	return nil
 }
 
@@ -401,6 +466,9 @@ func (h *Hooks) Remove(ctx context.Context) error {
 		return fmt.Errorf("remove rules of %s: %w", h.link, err)
 	}
 	h.state = removed
+	for i, f := range families {
+		h.dropSlots(i, f, "")
+	}
 	return nil
 }
 
@@ -437,5 +505,13 @@ func (h *Hooks) compactLater(gen uint64) {
 			return
 		}
 		h.dirty = false
+		// Only the live block's shared chain is jumped to now.
+		for i, f := range families {
+			live := ""
+			if len(h.proxy[i]) == 3 {
+				live = strings.TrimPrefix(h.proxy[i][1], "-j ")
+			}
+			h.dropSlots(i, f, live)
+		}
 	})
 }

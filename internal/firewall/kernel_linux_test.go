@@ -474,3 +474,84 @@ func TestSweepRemovesOrphans(t *testing.T) {
 		t.Errorf("rules left after sweeping everything:\n%s", after)
 	}
 }
+
+// Links with the same policy share one slot chain, so an attach does not grow with them; a
+// chain no link jumps to any more is removed in the background, and RemoveGlobal takes the rest.
+func TestSharedSlotChains(t *testing.T) {
+	netnstest.RequireRoot(t)
+	defer func(g time.Duration) { slotGrace = g }(slotGrace)
+	slotGrace = 0
+	node := netnstest.New(t, "node")
+	fw, err := New(Config{Env: egress.NewEnv(nil), NetNS: node.Path, ProxyPort: 15380})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(fw.Close)
+	ctx := context.Background()
+	domains := egress.Policy{AllowOut: pfx("8.8.8.8/32"), DenyOut: pfx("0.0.0.0/0", "::/0"), AllowDomains: []string{"a.test"}}
+	other := egress.Policy{AllowOut: pfx("8.8.8.8/32"), DenyOut: pfx("0.0.0.0/0", "::/0"), AllowDomains: []string{"b.test", "c.test"}, Rules: []egress.HeaderRule{{Domain: "b.test"}}}
+	var hooks []*Hooks
+	for i := range 3 {
+		h, err := fw.Install(ctx, Link{Index: i, Guest: leaseGuest(i), Pool: testPool})
+		if err != nil {
+			t.Fatal(err)
+		}
+		hooks = append(hooks, h)
+		if err := h.Attach(ctx, domains); err != nil {
+			t.Fatal(err)
+		}
+	}
+	slots := func() []string {
+		var out []string
+		for line := range strings.Lines(node.MustRun("", "iptables-save", "-t", "nat")) {
+			if strings.HasPrefix(line, ":VMON-SLOT-") {
+				out = append(out, strings.Fields(line[1:])[0])
+			}
+		}
+		return out
+	}
+	waitSlots := func(n int) []string {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			s := slots()
+			if len(s) == n {
+				return s
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("slot chains %v, want %d", s, n)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	waitSlots(1)
+	if err := hooks[1].Update(ctx, other); err != nil {
+		t.Fatal(err)
+	}
+	waitSlots(2)
+	if err := hooks[1].Update(ctx, domains); err != nil {
+		t.Fatal(err)
+	}
+	waitSlots(1) // after compaction, nothing jumps to the second one
+	for _, h := range hooks {
+		if err := h.Detach(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitSlots(0)
+	// A chain left by a crashed run is reused, and removed with the node-wide rules.
+	if err := hooks[0].Attach(ctx, domains); err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range hooks {
+		if err := h.Remove(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := fw.RemoveGlobal(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if s := slots(); len(s) != 0 {
+		t.Fatalf("slot chains after RemoveGlobal: %v", s)
+	}
+}

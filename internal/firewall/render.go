@@ -310,8 +310,9 @@ type slot struct {
 	env                egress.Env
 }
 
-// proxyRules renders the proxy slot of a link for policy p: nil (the slot stays empty) unless the
-// node runs the proxy or the resolver and p needs them. Only IPv4 guests exist today; IPv6 flows
+// proxyRules renders the shared part of a link's proxy slot for policy p (slots.go: the link's
+// own chain checks the source and jumps here): nil (the slot stays empty) unless the node runs
+// the proxy or the resolver and p needs them. Only IPv4 guests exist today; IPv6 flows
 // are judged by the CIDR rules of their family alone. First match wins:
 //
 //  1. a source other than the guest, or a destination in the pool → RETURN (the guard drops a
@@ -337,7 +338,9 @@ func proxyRules(l Link, f family, p egress.Policy, sl slot) []string {
 	if !dns && tcp == nil {
 		return nil
 	}
-	out := []string{fmt.Sprintf("! -s %s -j RETURN", hostPrefix(l.guest(f), f))}
+	// The spoofing check is the link's own (linkSlotRules); what follows depends on the policy
+	// and the node only, so links with the same policy share it.
+	var out []string
 	if pool := l.pool(f); pool.IsValid() {
 		out = append(out, fmt.Sprintf("-d %s -j RETURN", pool))
 	}

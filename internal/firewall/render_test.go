@@ -158,6 +158,18 @@ func renderState(n names, l Link, env egress.Env, p *egress.Policy, port uint16)
 			continue
 		}
 		rules, proxy := policyRules(n, l, f, *p, env), proxyRules(l, f, *p, slot{env: env, proxyPort: port, dnsPort: dnsPort})
+		if proxy != nil {
+			name := n.slotChain(proxy)
+			fmt.Fprintf(&b, "\n## %s --noflush: the policy's shared slot chain, once per node\n", tool)
+			var sc script
+			sc.begin("nat")
+			sc.line(":%s - [0:0]", name)
+			for _, r := range proxy {
+				sc.line("-A %s %s", name, r)
+			}
+			b.WriteString(sc.String())
+			proxy = linkSlotRules(l, f, name)
+		}
 		fmt.Fprintf(&b, "\n## %s --noflush: attach or live update (add-only)\n", tool)
 		b.WriteString(renderAttach(n, l, rules, proxy))
 		fmt.Fprintf(&b, "\n## %s --noflush: background compaction after a live update\n", tool)
