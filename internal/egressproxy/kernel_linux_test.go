@@ -199,4 +199,3 @@ func TestKernelRedirect(t *testing.T) {
 		t.Fatalf("the link's slot still jumps after detach:\n%s", out)
 	}
 }
-
