@@ -47,6 +47,7 @@ type Firewall struct {
 	// +checklocks:slotMu
 	slotRefs  [len(families)]map[string]int
 	gcPending atomic.Bool
+	gcWG      sync.WaitGroup
 
 	// bg runs compactions; Close cancels it and waits.
 	bg     context.Context
@@ -99,6 +100,7 @@ func (t Tools) withDefaults() Tools {
 func (fw *Firewall) Close() {
 	fw.cancel()
 	fw.wg.Wait()
+	fw.gcWG.Wait()
 }
 
 func (fw *Firewall) slot() slot {
@@ -166,17 +168,27 @@ func (fw *Firewall) RemoveGlobal(ctx context.Context) error {
 		// The DENIED chain goes only once no link chain can still jump to it; with links left
 		// (a caller that did not remove them first) the kernel would refuse the whole commit.
 		dropDenied := hasChain(saved, "filter", fw.names.deniedChain()) && !hasOwnChain(fw.names, saved, "filter")
-		var slots []string
+		var slots, pols []string
 		if !hasOwnChain(fw.names, saved, "nat") {
-			slots = unusedSlots(fw.names, saved)
+			slots = unusedSlots(fw.names, saved, "nat")
 		}
-		if len(dels) == 0 && !dropDenied && len(slots) == 0 {
+		if !hasOwnChain(fw.names, saved, "filter") {
+			pols = unusedSlots(fw.names, saved, "filter")
+		}
+		if len(dels) == 0 && !dropDenied && len(slots) == 0 && len(pols) == 0 {
 			return nil
 		}
 		var s script
 		s.begin("filter")
 		for _, d := range dels {
 			s.line("%s", d)
+		}
+		// Shared policy chains jump to DENIED: they go first, in the same transaction.
+		for _, c := range pols {
+			s.line("-F %s", c)
+		}
+		for _, c := range pols {
+			s.line("-X %s", c)
 		}
 		if dropDenied {
 			s.line("-F %s", fw.names.deniedChain())
@@ -285,13 +297,13 @@ func (fw *Firewall) removeFamily(ctx context.Context, f family, match func(int) 
 	return removed, nil
 }
 
-// dropSlots releases the link's references on the shared chains of family index i other than
-// keep, after a transaction removed its jumps to them.
+// dropSlots releases the link's references on the shared chains of family index i not in keep,
+// after a transaction removed its jumps to them.
 //
 // +checklocks:h.mu
-func (h *Hooks) dropSlots(i int, f family, keep string) {
+func (h *Hooks) dropSlots(i int, f family, keep map[string]bool) {
 	for name := range h.slotsIn[i] {
-		if name != keep {
+		if !keep[name] {
 			delete(h.slotsIn[i], name)
 			h.fw.refSlots(f, name, -1)
 		}
@@ -377,13 +389,19 @@ func (h *Hooks) apply(ctx context.Context, p egress.Policy) error {
 	if err := h.usable(); err != nil {
 		return err
 	}
-	var blocks, proxy, shared [len(families)][]string
-	var slotNames [len(families)]string
+	// The policy and slot blocks live in chains shared by every link with the same policy; the
+	// link's own chains only jump there (slots.go).
+	var blocks, proxy [len(families)][]string
+	var defs [len(families)][]sharedDef
 	for i, f := range families {
-		blocks[i] = policyRules(h.fw.names, h.link, f, p, h.fw.env)
-		if shared[i] = proxyRules(h.link, f, p, h.fw.slot()); shared[i] != nil {
-			slotNames[i] = h.fw.names.slotChain(shared[i])
-			proxy[i] = linkSlotRules(h.link, f, slotNames[i])
+		pol := policyRules(h.fw.names, h.link, f, p, h.fw.env)
+		polName := h.fw.names.policyChain(pol)
+		defs[i] = append(defs[i], sharedDef{polName, pol})
+		blocks[i] = linkPolicyRules(polName)
+		if shared := proxyRules(h.link, f, p, h.fw.slot()); shared != nil {
+			name := h.fw.names.slotChain(shared)
+			defs[i] = append(defs[i], sharedDef{name, shared})
+			proxy[i] = linkSlotRules(h.link, f, name)
 			continue
 		}
 		if h.state != unknown && h.proxy[i] == nil {
@@ -391,7 +409,7 @@ func (h *Hooks) apply(ctx context.Context, p egress.Policy) error {
 		}
 		proxy[i] = []string{"-j RETURN"} // shadows what the slot held
 	}
-	if err := h.fw.holdSlots(ctx, slotNames, shared); err != nil {
+	if err := h.fw.holdSlots(ctx, defs); err != nil {
 		return fmt.Errorf("attach egress policy to %s: %w", h.link, err)
 	}
 	err := perFamily(func(f family) error {
@@ -415,12 +433,15 @@ func (h *Hooks) apply(ctx context.Context, p egress.Policy) error {
 	}
 	h.state, h.block, h.proxy = attached, blocks, proxy
 	for i, f := range families {
-		if slotNames[i] != "" && !h.slotsIn[i][slotNames[i]] {
+		for _, d := range defs[i] {
+			if h.slotsIn[i][d.name] {
+				continue
+			}
 			if h.slotsIn[i] == nil {
 				h.slotsIn[i] = map[string]bool{}
 			}
-			h.slotsIn[i][slotNames[i]] = true
-			h.fw.refSlots(f, slotNames[i], 1)
+			h.slotsIn[i][d.name] = true
+			h.fw.refSlots(f, d.name, 1)
 		}
 	}
 	if h.dirty {
@@ -452,7 +473,7 @@ func (h *Hooks) Detach(ctx context.Context) error {
 	h.state, h.dirty = closed, false
 	h.block, h.proxy = [len(families)][]string{}, [len(families)][]string{}
 	for i, f := range families {
-		h.dropSlots(i, f, "")
+		h.dropSlots(i, f, nil)
 	}
 	return nil
 }
@@ -467,7 +488,7 @@ func (h *Hooks) Remove(ctx context.Context) error {
 	}
 	h.state = removed
 	for i, f := range families {
-		h.dropSlots(i, f, "")
+		h.dropSlots(i, f, nil)
 	}
 	return nil
 }
@@ -505,11 +526,13 @@ func (h *Hooks) compactLater(gen uint64) {
 			return
 		}
 		h.dirty = false
-		// Only the live block's shared chain is jumped to now.
+		// Only the live blocks' shared chains are jumped to now.
 		for i, f := range families {
-			live := ""
-			if len(h.proxy[i]) == 3 {
-				live = strings.TrimPrefix(h.proxy[i][1], "-j ")
+			live := map[string]bool{}
+			for _, r := range append(slices.Clone(h.block[i]), h.proxy[i]...) {
+				if name, ok := strings.CutPrefix(r, "-j "); ok && h.fw.names.isSlotChain(name) {
+					live[name] = true
+				}
 			}
 			h.dropSlots(i, f, live)
 		}

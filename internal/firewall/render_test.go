@@ -158,16 +158,22 @@ func renderState(n names, l Link, env egress.Env, p *egress.Policy, port uint16)
 			continue
 		}
 		rules, proxy := policyRules(n, l, f, *p, env), proxyRules(l, f, *p, slot{env: env, proxyPort: port, dnsPort: dnsPort})
-		if proxy != nil {
-			name := n.slotChain(proxy)
-			fmt.Fprintf(&b, "\n## %s --noflush: the policy's shared slot chain, once per node\n", tool)
+		shared := func(table, name string, block []string) {
+			fmt.Fprintf(&b, "\n## %s --noflush: the policy's shared %s chain, once per node\n", tool, table)
 			var sc script
-			sc.begin("nat")
+			sc.begin(table)
 			sc.line(":%s - [0:0]", name)
-			for _, r := range proxy {
+			for _, r := range block {
 				sc.line("-A %s %s", name, r)
 			}
 			b.WriteString(sc.String())
+		}
+		polName := n.policyChain(rules)
+		shared("filter", polName, rules)
+		rules = linkPolicyRules(polName)
+		if proxy != nil {
+			name := n.slotChain(proxy)
+			shared("nat", name, proxy)
 			proxy = linkSlotRules(l, f, name)
 		}
 		fmt.Fprintf(&b, "\n## %s --noflush: attach or live update (add-only)\n", tool)

@@ -20,13 +20,34 @@ import (
 // attaches of a new policy never both declare it), and removed in the background once no link
 // jumps to them any more (gcSlots).
 
-// slotChain names the shared chain of a rendered block.
-func (n names) slotChain(block []string) string {
+// slotChain names the shared nat chain of a rendered proxy-slot block, policyChain the shared
+// filter chain of a rendered policy block.
+func (n names) slotChain(block []string) string { return n.chain + "SLOT-" + blockHash(block) }
+
+func (n names) policyChain(block []string) string { return n.chain + "POL-" + blockHash(block) }
+
+func blockHash(block []string) string {
 	sum := sha256.Sum256([]byte(strings.Join(block, "\n")))
-	return n.chain + "SLOT-" + hex.EncodeToString(sum[:6])
+	return hex.EncodeToString(sum[:6])
 }
 
-func (n names) isSlotChain(name string) bool { return strings.HasPrefix(name, n.chain+"SLOT-") }
+// isSlotChain reports a shared chain of either kind.
+func (n names) isSlotChain(name string) bool {
+	return strings.HasPrefix(name, n.chain+"SLOT-") || strings.HasPrefix(name, n.chain+"POL-")
+}
+
+// sharedTable is the table a shared chain lives in.
+func (n names) sharedTable(name string) string {
+	if strings.HasPrefix(name, n.chain+"POL-") {
+		return "filter"
+	}
+	return "nat"
+}
+
+// linkPolicyRules are the rules of a link's policy block that lead into shared chain name: the
+// jump, whose chain ends in ACCEPT or returns what it refuses, then a RETURN so the guard
+// refuses that and the blocks an update stacked below are never reached.
+func linkPolicyRules(name string) []string { return []string{"-j " + name, "-j RETURN"} }
 
 // linkSlotRules are the rules of a link's own slot chain that lead into shared chain name: the
 // spoofing check first (the guard drops what it returns), then the jump, then a RETURN so the
@@ -48,7 +69,7 @@ func (fw *Firewall) createSlot(ctx context.Context, f family, name string, block
 		return nil
 	}
 	var s script
-	s.begin("nat")
+	s.begin(fw.names.sharedTable(name))
 	// Declaring a chain that exists (made by an earlier run) flushes it: it is refilled with the
 	// same rules, its name being their hash.
 	s.line(":%s - [0:0]", name)
@@ -65,29 +86,37 @@ func (fw *Firewall) createSlot(ctx context.Context, f family, name string, block
 	return nil
 }
 
-// holdSlots makes sure the shared chains names (per family, "" for none) exist, creating them
-// from blocks, and returns with slotMu read-locked so that the caller's transaction cannot race
-// their removal; the caller unlocks.
-func (fw *Firewall) holdSlots(ctx context.Context, names [len(families)]string, blocks [len(families)][]string) error {
+// sharedDef is a shared chain a transaction is about to jump to.
+type sharedDef struct {
+	name  string
+	block []string
+}
+
+// holdSlots makes sure the shared chains defs (per family) exist, creating them, and returns
+// with slotMu read-locked so that the caller's transaction cannot race their removal; the caller
+// unlocks.
+func (fw *Firewall) holdSlots(ctx context.Context, defs [len(families)][]sharedDef) error {
 	for attempt := 0; ; attempt++ {
 		for i, f := range families {
-			if names[i] != "" {
-				if err := fw.createSlot(ctx, f, names[i], blocks[i]); err != nil {
+			for _, d := range defs[i] {
+				if err := fw.createSlot(ctx, f, d.name, d.block); err != nil {
 					return err
 				}
 			}
 		}
 		fw.slotMu.RLock()
 		ok := true
-		for i, f := range families {
-			ok = ok && (names[i] == "" || fw.slots[f][names[i]])
+		for i := range families {
+			for _, d := range defs[i] {
+				ok = ok && fw.slots[i][d.name]
+			}
 		}
 		if ok {
 			return nil
 		}
 		fw.slotMu.RUnlock()
 		if attempt == 3 {
-			return fmt.Errorf("shared slot chains %v keep being removed", names)
+			return fmt.Errorf("shared chains keep being removed while attaching")
 		}
 	}
 }
@@ -117,7 +146,8 @@ func (fw *Firewall) gcSlotsLater() {
 	if fw.bg.Err() != nil || !fw.gcPending.CompareAndSwap(false, true) {
 		return
 	}
-	fw.wg.Go(func() {
+	// Not in fw.wg: waiting for compactions must not wait out the grace period.
+	fw.gcWG.Go(func() {
 		select {
 		case <-fw.bg.Done():
 			return
@@ -144,7 +174,7 @@ func (fw *Firewall) gcSlots(ctx context.Context) {
 		slices.Sort(unused)
 		for _, name := range unused {
 			var s script
-			s.begin("nat")
+			s.begin(fw.names.sharedTable(name))
 			s.line("-F %s", name)
 			s.line("-X %s", name)
 			if err := fw.run.restore(ctx, f, s.String()); err != nil {
@@ -156,11 +186,11 @@ func (fw *Firewall) gcSlots(ctx context.Context) {
 	}
 }
 
-// unusedSlots lists the shared slot chains of the saved nat table that no rule jumps to.
-func unusedSlots(n names, tables []savedTable) []string {
+// unusedSlots lists the shared chains of the saved table that no rule jumps to.
+func unusedSlots(n names, tables []savedTable, table string) []string {
 	var out []string
 	for _, t := range tables {
-		if t.name != "nat" {
+		if t.name != table {
 			continue
 		}
 		used := map[string]bool{}
@@ -188,9 +218,6 @@ func (fw *Firewall) knownSlots(f family, tables []savedTable) {
 	fw.slotMu.Lock()
 	defer fw.slotMu.Unlock()
 	for _, t := range tables {
-		if t.name != "nat" {
-			continue
-		}
 		for _, c := range t.chains {
 			if fw.names.isSlotChain(c) {
 				if fw.slots[f] == nil {

@@ -329,7 +329,10 @@ describe('egress policy on a --net tap node', () => {
     assert.deepEqual(info.network.denyOut, ['2001:db8::/32', '2001:db8::/64']);
     const index = leaseOf(await guestAddr(sbx), DEFAULT_POOL).index;
     const v6 = (await sh('ip6tables-save', ['-t', 'filter'])).stdout.split('\n');
-    const chain = `VMON-E${index}`;
+    // The link's policy chain jumps to the policy's chain, shared by every link with this policy.
+    const jump = v6.find((l) => l.startsWith(`-A VMON-E${index} -j VMON-POL-`));
+    assert.ok(jump, `VMON-E${index} jumps to a shared policy chain:\n${v6.filter((l) => l.includes(`VMON-E${index}`)).join('\n')}`);
+    const chain = jump.split(' ').at(-1);
     for (const rule of [`-A ${chain} -j VMON-DENIED`, `-A ${chain} -d 2001:db8::10/128 -j ACCEPT`, `-A ${chain} -d 2001:db8:1::/48 -j ACCEPT`, `-A ${chain} -d 2001:db8::/32 -j RETURN`, '-A VMON-DENIED -d fc00::/7 -p tcp -j REJECT --reject-with tcp-reset']) {
       assert.ok(v6.includes(rule), `ip6tables has "${rule}":\n${v6.filter((l) => l.includes(chain)).join('\n')}`);
     }
@@ -772,7 +775,11 @@ describe('kill -9 of the server and restart: no orphan links, chains, namespaces
     const linkIdx = state.links.map(linkIndex).sort((x, y) => x - y);
     const nodeWide = state.chains.filter((c) => / VMON-DENIED$/.test(c));
     assert.deepEqual(nodeWide, ['v4 filter VMON-DENIED', 'v6 filter VMON-DENIED'], 'the node-wide always-denied chain, once per family');
-    const perLink = state.chains.filter((c) => !nodeWide.includes(c));
+    // Chains shared by the links of one policy: one per distinct policy and family (the two kept
+    // sandboxes' policies differ in IPv4 only), none left over from the doomed sandbox.
+    const shared = state.chains.filter((c) => / VMON-(POL|SLOT)-[0-9a-f]+$/.test(c));
+    assert.deepEqual(shared.map((c) => c.split(' ').slice(0, 2).join(' ')), ['v4 filter', 'v4 filter', 'v6 filter'], `shared policy chains:\n${shared.join('\n')}`);
+    const perLink = state.chains.filter((c) => !nodeWide.includes(c) && !shared.includes(c));
     assert.deepEqual(chainIndices(perLink), linkIdx, `chains only for existing links:\n${state.chains.join('\n')}`);
     const ruleLinks = [...new Set(state.linkRules.flatMap((r) => [...r.matchAll(/(?:vmon|VMON-[A-Z])(\d+)\b/g)].map((m) => Number(m[1]))))];
     assert.deepEqual(ruleLinks.sort((x, y) => x - y), linkIdx, `rules only for existing links:\n${state.linkRules.join('\n')}`);
