@@ -181,7 +181,12 @@ func Decide(p egress.Policy, name string) bool {
 func (r *Resolver) serveDNS(w dns.ResponseWriter, req *dns.Msg) {
 	src, _ := netip.ParseAddrPort(w.RemoteAddr().String())
 	g, policy, known := r.lookup(src.Addr())
-	if len(req.Question) != 1 || !known {
+	if !known {
+		// Not a guest of this node (the port is bound on every address): no answer at all, so
+		// the resolver can never be used to reflect traffic at a spoofed source.
+		return
+	}
+	if len(req.Question) != 1 {
 		r.reply(w, req, dns.RcodeRefused)
 		return
 	}
