@@ -119,4 +119,7 @@ func init() {
 	if os.Getenv("VMON_BENCH_FW_PLAIN") == "1" {
 		benchProxyPort, benchDNSPort, benchLogGroup = 0, 0, 0
 	}
+	if os.Getenv("VMON_BENCH_FW_NOLOG") == "1" {
+		benchLogGroup = 0
+	}
 }

@@ -164,6 +164,9 @@ func (n names) iface(i int) string { return n.prefix + strconv.Itoa(i) }
 // no link index, so ownChain never takes it for a link's.
 func (n names) deniedChain() string { return n.chain + "DENIED" }
 
+// logChain is the node-wide chain that copies refusals to NFLOG (logRule).
+func (n names) logChain() string { return n.chain + "LOG" }
+
 func (n names) chainName(kind byte, i int) string {
 	return n.chain + string(kind) + strconv.Itoa(i)
 }

@@ -143,7 +143,8 @@ func (fw *Firewall) EnsureGlobal(ctx context.Context) error {
 		saved := parseSave(out)
 		fw.knownSlots(f, saved)
 		return fw.run.restore(ctx, f, renderGlobal(fw.names, f, globalDeletes(fw.names, saved),
-			hasChain(saved, "filter", fw.names.deniedChain()), fw.slot(), fw.logGroup))
+			hasChain(saved, "filter", fw.names.deniedChain()), hasChain(saved, "filter", fw.names.logChain()),
+			fw.slot(), fw.logGroup))
 	})
 	if err != nil {
 		return fmt.Errorf("install node-wide link rules: %w", err)
@@ -193,6 +194,11 @@ func (fw *Firewall) RemoveGlobal(ctx context.Context) error {
 		if dropDenied {
 			s.line("-F %s", fw.names.deniedChain())
 			s.line("-X %s", fw.names.deniedChain())
+			// The log chain goes with DENIED, which (like the guards) jumps to it.
+			if hasChain(saved, "filter", fw.names.logChain()) {
+				s.line("-F %s", fw.names.logChain())
+				s.line("-X %s", fw.names.logChain())
+			}
 		}
 		if len(slots) > 0 {
 			s.begin("nat")

@@ -122,7 +122,7 @@ func renderInstall(n names, l Link, f family, logGroup uint16) string {
 		// for the rest (a closed policy chain DROPs and never returns). The refusal is logged
 		// first, for the node's stream of what was blocked.
 		if logGroup != 0 {
-			s.line("-A %s %s", guard, nflog(logGroup))
+			s.line("-A %s -j %s", guard, n.logChain())
 		}
 		for _, r := range refuse {
 			s.line("-A %s %s", guard, r)
@@ -205,11 +205,11 @@ func globalRules(n names, f family, sl slot) map[string][]string {
 // nf_tables re-validates every rule reachable from a base chain on each commit, but a chain
 // that many links jump to is walked once per commit (measured: the same attach cost with 1 or
 // 100 ranges in it at 1000 links, against twice the cost with eight ranges copied per link).
-func deniedRules(f family, env egress.Env, logGroup uint16) []string {
+func deniedRules(n names, f family, env egress.Env, logGroup uint16) []string {
 	var rules []string
 	for _, pfx := range deniedPrefixes(f, env) {
 		if logGroup != 0 {
-			rules = append(rules, fmt.Sprintf("-d %s %s", pfx, nflog(logGroup)))
+			rules = append(rules, fmt.Sprintf("-d %s -j %s", pfx, n.logChain()))
 		}
 		rules = append(rules,
 			fmt.Sprintf("-d %s -p tcp -j REJECT --reject-with tcp-reset", pfx),
@@ -231,17 +231,26 @@ func deniedPrefixes(f family, env egress.Env) []netip.Prefix {
 // (stale lines from saved output), and (re)writes the DENIED chain for env, in one
 // transaction: links already attached see the old ranges until the commit and the new ones
 // after it, never an empty chain.
-func renderGlobal(n names, f family, stale []string, deniedExists bool, sl slot, logGroup uint16) string {
+func renderGlobal(n names, f family, stale []string, deniedExists, logExists bool, sl slot, logGroup uint16) string {
 	env := sl.env
 	var s script
 	s.begin("filter")
+	if logGroup != 0 {
+		// Before DENIED, which jumps to it.
+		if logExists {
+			s.line("-F %s", n.logChain())
+		} else {
+			s.line(":%s - [0:0]", n.logChain())
+		}
+		s.line("-A %s %s", n.logChain(), logRule(n, logGroup))
+	}
 	denied := n.deniedChain()
 	if deniedExists {
 		s.line("-F %s", denied)
 	} else {
 		s.line(":%s - [0:0]", denied)
 	}
-	for _, r := range deniedRules(f, env, logGroup) {
+	for _, r := range deniedRules(n, f, env, logGroup) {
 		s.line("-A %s %s", denied, r)
 	}
 	for _, l := range stale {
@@ -289,12 +298,14 @@ func policyRules(n names, l Link, f family, p egress.Policy, env egress.Env) []s
 	return append(rules, "-j ACCEPT")
 }
 
-// nflog hands a copy of a refused packet's headers to user space (the node's stream of what was
-// blocked, internal/denied); 128 bytes hold an IPv6 header and a TCP header. The copies are rate
-// limited per rule (per link in the guard), so a guest flooding refused packets cannot turn
-// the node's logging into work for it: the stream collapses repeats anyway.
-func nflog(group uint16) string {
-	return fmt.Sprintf("-m limit --limit 50/sec --limit-burst 100 -j NFLOG --nflog-group %d --nflog-size 128", group)
+// logRule is the one rule of the node-wide log chain: it hands a copy of a refused packet's
+// headers to user space (the node's stream of what was blocked, internal/denied; 128 bytes hold
+// an IPv6 header and a TCP header), at most 50 a second per source address, so a guest flooding
+// refused packets cannot turn the node's logging into work for it (the stream collapses repeats
+// anyway). One shared chain rather than a rule per link: nf_tables validates it once per commit.
+func logRule(n names, group uint16) string {
+	return fmt.Sprintf("-m hashlimit --hashlimit-upto 50/sec --hashlimit-burst 100 --hashlimit-mode srcip "+
+		"--hashlimit-name %s-log -j NFLOG --nflog-group %d --nflog-size 128", n.prefix, group)
 }
 
 // proxyJump is the per-link jump into the proxy slot: every new flow of the link (nat sees only

@@ -125,12 +125,12 @@ func renderNodeWide(n names) string {
 	for _, f := range families {
 		tool := map[family]string{v4: "iptables-restore", v6: "ip6tables-restore"}[f]
 		fmt.Fprintf(&b, "\n## %s --noflush\n", tool)
-		b.WriteString(renderGlobal(n, f, nil, false, slot{env: defaultEnv}, 0))
+		b.WriteString(renderGlobal(n, f, nil, false, false, slot{env: defaultEnv}, 0))
 	}
 	for _, f := range families {
 		tool := map[family]string{v4: "iptables-restore", v6: "ip6tables-restore"}[f]
 		fmt.Fprintf(&b, "\n## %s --noflush, on a node running the egress proxy on port %d and logging refusals to NFLOG group %d\n", tool, testProxyPort, testLogGroup)
-		b.WriteString(renderGlobal(n, f, nil, false, slot{env: defaultEnv, proxyPort: testProxyPort, dnsPort: testDNSPort}, testLogGroup))
+		b.WriteString(renderGlobal(n, f, nil, false, false, slot{env: defaultEnv, proxyPort: testProxyPort, dnsPort: testDNSPort}, testLogGroup))
 	}
 	return b.String()
 }
@@ -148,7 +148,7 @@ func renderState(n names, l Link, env egress.Env, p *egress.Policy, port uint16)
 		tool := map[family]string{v4: "iptables-restore", v6: "ip6tables-restore"}[f]
 		if len(env.InternalAllow) > 0 {
 			fmt.Fprintf(&b, "\n## %s --noflush: node-wide rules for this node's exemptions (EnsureGlobal)\n", tool)
-			b.WriteString(renderGlobal(n, f, nil, true, slot{env: env, proxyPort: port}, logGroup))
+			b.WriteString(renderGlobal(n, f, nil, true, true, slot{env: env, proxyPort: port}, logGroup))
 		}
 		fmt.Fprintf(&b, "\n## %s --noflush: install (from creation, in the pool)\n", tool)
 		b.WriteString(renderInstall(n, l, f, logGroup))
@@ -278,7 +278,7 @@ func evalBlock(t *testing.T, n names, f family, env egress.Env, rules []string, 
 		case "RETURN": // refused by the guard's tail
 			return egress.Deny
 		case n.deniedChain():
-			for _, d := range deniedRules(f, env, 0) {
+			for _, d := range deniedRules(n, f, env, 0) {
 				if !strings.Contains(d, "-j REJECT") {
 					t.Fatalf("DENIED rule without a refusal: %q", d)
 				}

@@ -773,8 +773,12 @@ describe('kill -9 of the server and restart: no orphan links, chains, namespaces
       { timeoutMs: 20_000, what: () => `the recovered links ${held} + 1 ready link (now: ${JSON.stringify(state)})` },
     );
     const linkIdx = state.links.map(linkIndex).sort((x, y) => x - y);
-    const nodeWide = state.chains.filter((c) => / VMON-DENIED$/.test(c));
-    assert.deepEqual(nodeWide, ['v4 filter VMON-DENIED', 'v6 filter VMON-DENIED'], 'the node-wide always-denied chain, once per family');
+    const nodeWide = state.chains.filter((c) => / VMON-(DENIED|LOG)$/.test(c));
+    assert.deepEqual(
+      nodeWide,
+      ['v4 filter VMON-DENIED', 'v4 filter VMON-LOG', 'v6 filter VMON-DENIED', 'v6 filter VMON-LOG'],
+      'the node-wide always-denied and refusal-log chains, once per family',
+    );
     // Chains shared by the links of one policy: one per distinct policy and family (the two kept
     // sandboxes' policies differ in IPv4 only), none left over from the doomed sandbox.
     const shared = state.chains.filter((c) => / VMON-(POL|SLOT)-[0-9a-f]+$/.test(c));
