@@ -17,7 +17,7 @@ import path from 'node:path';
 import { before, describe } from 'node:test';
 import { ALL_TRAFFIC, Sandbox, Secret, SecretNotFoundError } from 'e2b';
 import { useServer, runId, killQuietly, apiFetch, waitFor, runVmon } from '../lib/harness.js';
-import { INET, CONTROL_URL, FAST_REFUSAL_MS, assertNodeTopology, probe1, assertRefused, assertAnswered, inetStats, statsDelta } from '../lib/net.js';
+import { INET, CONTROL_URL, FAST_REFUSAL_MS, assertNodeTopology, probe1, assertRefused, assertAnswered, inetStats, statsDelta, startHolder } from '../lib/net.js';
 
 const { A, B } = INET; // 203.0.113.10 (a.test), 203.0.113.11 (x.b.test)
 const OTHER = '198.51.100.8'; // b.test, other.test
@@ -296,6 +296,24 @@ describe('allowOut domains on a --net tap node (egress-domains)', () => {
     const delta = statsDelta(before, await inetStats());
     assert.equal(delta[A]?.http, undefined, `an origin was reached without the proxy: ${JSON.stringify(delta)}`);
     assert.equal(delta[B]?.tcp7, undefined, `an origin was reached without the proxy: ${JSON.stringify(delta)}`);
+  });
+
+  srv.test('"*" covers every name (never an address); a live update adding an egressProxy keeps an established flow', async () => {
+    const sbx = await create({ allowOut: ['*', `${B}/32`], denyOut: [ALL_TRAFFIC] });
+    assertServedBy(await curl(sbx, `-H 'Host: other.test' http://${A}/`), OTHER, '"*" and a name');
+    assertDenied403(await curl(sbx, `-H 'Host: ${A}' http://${A}/`), '"*" and an IP literal');
+    // An established TCP flow (allowed by address) before the update.
+    const holder = await startHolder(sbx, B, 7, 'swap');
+    assert.equal(holder.first.tcp, 'ok');
+    await fetch(`${CONTROL_URL}/reset`, { method: 'POST' });
+    await sbx.updateNetwork({ allowOut: ['*', `${B}/32`], denyOut: [ALL_TRAFFIC], egressProxy: { address: '198.51.100.7:1080' } });
+    const x = await holder.exchange(1);
+    assert.equal(x.tcp, 'ok', `the established flow survives the update: ${JSON.stringify(x)}`);
+    // New flows now go through the SOCKS5 server.
+    assertAnswered(await probe1(sbx, `tcp://${B}:7`), 'a new flow after the update');
+    assertServedBy(await curl(sbx, `-H 'Host: a.test' http://${OTHER}/`), A, 'a name after the update');
+    const asked = await (await fetch(`${CONTROL_URL}/socks`)).json();
+    assert.ok(asked.dials.includes(`${B}:7`) && asked.names.includes('a.test'), `the new flows went through the proxy: ${JSON.stringify(asked)}`);
   });
 
   srv.test('secrets: ${e2b.secrets.NAME} in a rule is filled in on the node, never in the sandbox', async () => {
