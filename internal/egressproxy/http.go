@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -66,7 +67,8 @@ func (p *Proxy) newHTTPServer() *http.Server {
 				fc.finish()
 			}
 		},
-		ErrorLog: nil,
+		// Guests that send garbage or hang up make net/http log; that is routine, so debug.
+		ErrorLog: slog.NewLogLogger(p.log.Handler(), slog.LevelDebug),
 	}
 }
 
