@@ -577,7 +577,7 @@ func startEgressProxy(port int, dataDir string, env egress.Env, onRefuse func(eg
 	if port < 0 || port > 65535 {
 		return nil, 0, nil, fmt.Errorf("--egress-proxy-port %d: must be 1-65535, or 0 to disable", port)
 	}
-	ca, err := egressproxy.LoadOrCreateCA(filepath.Join(dataDir, "egress"))
+	ca, err := tlsutil.LoadOrCreateCA(filepath.Join(dataDir, "egress"), "vmon egress CA")
 	if err != nil {
 		return nil, 0, nil, err
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/vibemon/vmon/internal/egress"
 	"github.com/vibemon/vmon/internal/firewall"
 	"github.com/vibemon/vmon/internal/testutil/netnstest"
+	"github.com/vibemon/vmon/internal/tlsutil"
 )
 
 // benchTopo is one guest link behind a node running the firewall and the proxy, in front of a
@@ -42,7 +43,7 @@ func newBenchTopo(b *testing.B) *benchTopo {
 	netnstest.RequireRoot(b)
 	node := netnstest.New(b, "node")
 	inet := netnstest.NewInternet(b, node)
-	originCA, err := LoadOrCreateCA(b.TempDir())
+	originCA, err := tlsutil.LoadOrCreateCA(b.TempDir(), "test CA")
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -83,7 +84,7 @@ func newBenchTopo(b *testing.B) *benchTopo {
 	}
 	b.Cleanup(func() { _ = hooks.Remove(context.Background()); _ = fw.RemoveGlobal(context.Background()) })
 
-	ca, err := LoadOrCreateCA(b.TempDir())
+	ca, err := tlsutil.LoadOrCreateCA(b.TempDir(), "test CA")
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/vibemon/vmon/internal/egress"
+	"github.com/vibemon/vmon/internal/tlsutil"
 )
 
 // Resolver looks up the addresses of a name (*net.Resolver).
@@ -73,7 +74,7 @@ type Config struct {
 	DialTimeout time.Duration
 	// CA mints the certificates of intercepted HTTPS flows (header rules); nil refuses flows a
 	// rule would intercept.
-	CA *CA
+	CA *tlsutil.CA
 	// OriginRoots verify the origins of intercepted flows; nil is the host's roots. Only tests
 	// set it (an origin CA of their own), never production defaults.
 	OriginRoots *x509.CertPool

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/vibemon/vmon/internal/egress"
+	"github.com/vibemon/vmon/internal/tlsutil"
 )
 
 // zoneResolver answers from egress.TestZone.
@@ -75,7 +76,7 @@ func newOrigins(t *testing.T) *origins {
 	o.http = httptest.NewServer(h)
 	// The TLS origin shows a certificate for whatever name it is asked, from its own CA, which
 	// the proxy trusts through OriginRoots (as the e2e node does through a test-only setting).
-	originCA, err := LoadOrCreateCA(t.TempDir())
+	originCA, err := tlsutil.LoadOrCreateCA(t.TempDir(), "test CA")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -142,7 +143,7 @@ func (o *origins) DialContext(ctx context.Context, network, address string) (net
 type harness struct {
 	p       *Proxy
 	origins *origins
-	ca      *CA
+	ca      *tlsutil.CA
 	addr    string
 	mu      sync.Mutex
 	dst     map[netip.Addr]netip.AddrPort
@@ -156,7 +157,7 @@ func newHarness(t *testing.T, env egress.Env) *harness {
 	h := &harness{dst: map[netip.Addr]netip.AddrPort{}}
 	o := newOrigins(t)
 	h.origins = o
-	ca, err := LoadOrCreateCA(t.TempDir())
+	ca, err := tlsutil.LoadOrCreateCA(t.TempDir(), "test CA")
 	if err != nil {
 		t.Fatal(err)
 	}

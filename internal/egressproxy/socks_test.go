@@ -17,6 +17,7 @@ import (
 	socks5 "github.com/armon/go-socks5"
 
 	"github.com/vibemon/vmon/internal/egress"
+	"github.com/vibemon/vmon/internal/tlsutil"
 )
 
 // socksServer is a SOCKS5 server on loopback that reaches the test origins and records what it
@@ -203,7 +204,7 @@ func TestSocksOverTLS(t *testing.T) {
 // testCert makes a CA (returned as PEM) and a leaf for name signed by it.
 func testCert(t *testing.T, name string) (string, tls.Certificate) {
 	t.Helper()
-	ca, err := LoadOrCreateCA(t.TempDir())
+	ca, err := tlsutil.LoadOrCreateCA(t.TempDir(), "test CA")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -42,7 +42,7 @@ func TestIssuerMintsPerNameCertificates(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !iss2.caCert.Equal(iss.caCert) {
+	if !iss2.ca.cert.Equal(iss.ca.cert) {
 		t.Fatal("CA changed across restarts")
 	}
 }

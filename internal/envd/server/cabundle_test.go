@@ -10,13 +10,13 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/vibemon/vmon/internal/egressproxy"
+	"github.com/vibemon/vmon/internal/tlsutil"
 )
 
 // /init's caBundle goes into every trust store that exists, once however often /init repeats
 // (after every resume); with none, the first is created; anything but certificates is refused.
 func TestInitCABundle(t *testing.T) {
-	ca, err := egressproxy.LoadOrCreateCA(t.TempDir())
+	ca, err := tlsutil.LoadOrCreateCA(t.TempDir(), "vmon egress CA")
 	if err != nil {
 		t.Fatal(err)
 	}

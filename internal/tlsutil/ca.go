@@ -1,0 +1,165 @@
+package tlsutil
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+)
+
+// Files of a CA in its directory.
+const (
+	CACertFile = "ca.pem"
+	CAKeyFile  = "ca-key.pem"
+)
+
+// leafValidity is how long a minted certificate lives; it is minted again when less than a day
+// is left.
+const leafValidity = 30 * 24 * time.Hour
+
+// CA is a local certificate authority kept in a directory (ca.pem, ca-key.pem 0600), which
+// mints certificates for names on demand: the listener's (Issuer) and the egress proxy's for
+// intercepted flows.
+type CA struct {
+	cert *x509.Certificate
+	key  *ecdsa.PrivateKey
+	// leafKey is shared by all minted certificates and never written anywhere; only the CA
+	// signature differs per name.
+	leafKey *ecdsa.PrivateKey
+	// CertPEM is the CA certificate, what clients must trust.
+	CertPEM []byte
+
+	mu sync.Mutex
+	// +checklocks:mu
+	cache map[string]*tls.Certificate
+}
+
+// LoadOrCreateCA loads the CA in dir, or makes it once with commonName.
+func LoadOrCreateCA(dir, commonName string) (*CA, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("create CA dir: %w", err)
+	}
+	cert, key, err := loadOrCreateCA(dir, commonName)
+	if err != nil {
+		return nil, err
+	}
+	leafKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	return &CA{cert: cert, key: key, leafKey: leafKey, cache: map[string]*tls.Certificate{},
+		CertPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: cert.Raw})}, nil
+}
+
+// Leaf returns a certificate for name (and ips), chained to the CA, minted on first use and
+// cached until it nears expiry. A CA mints for one purpose, so the cache is keyed by name.
+func (ca *CA) Leaf(name string, ips ...net.IP) (*tls.Certificate, error) {
+	ca.mu.Lock()
+	defer ca.mu.Unlock()
+	if c, ok := ca.cache[name]; ok && time.Until(c.Leaf.NotAfter) > 24*time.Hour {
+		return c, nil
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: randomSerial(),
+		Subject:      pkix.Name{CommonName: name},
+		DNSNames:     []string{name},
+		IPAddresses:  ips,
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(leafValidity),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &ca.leafKey.PublicKey, ca.key)
+	if err != nil {
+		return nil, fmt.Errorf("mint a certificate for %s: %w", name, err)
+	}
+	leaf, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, err
+	}
+	c := &tls.Certificate{Certificate: [][]byte{der, ca.cert.Raw}, PrivateKey: ca.leafKey, Leaf: leaf}
+	// Names come from clients (sandbox ids, guests' server names): bound the cache instead of
+	// tracking them.
+	if len(ca.cache) > 4096 {
+		clear(ca.cache)
+	}
+	ca.cache[name] = c
+	return c, nil
+}
+
+func loadOrCreateCA(dir, commonName string) (*x509.Certificate, *ecdsa.PrivateKey, error) {
+	certPath, keyPath := filepath.Join(dir, CACertFile), filepath.Join(dir, CAKeyFile)
+	if pair, err := tls.LoadX509KeyPair(certPath, keyPath); err == nil {
+		cert, err := x509.ParseCertificate(pair.Certificate[0])
+		if err != nil {
+			return nil, nil, fmt.Errorf("parse CA: %w", err)
+		}
+		key, ok := pair.PrivateKey.(*ecdsa.PrivateKey)
+		if !ok || !cert.IsCA {
+			return nil, nil, errors.New("CA key is not an ECDSA certificate authority")
+		}
+		return cert, key, nil
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, err
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:          randomSerial(),
+		Subject:               pkix.Name{CommonName: commonName, Organization: []string{"vibemon"}},
+		NotBefore:             time.Now().Add(-time.Hour),
+		NotAfter:              time.Now().AddDate(10, 0, 0),
+		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+		MaxPathLenZero:        true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return nil, nil, fmt.Errorf("create CA: %w", err)
+	}
+	// The key goes first: a certificate without its key would be unusable after a crash.
+	if err := writeKey(keyPath, key); err != nil {
+		return nil, nil, err
+	}
+	if err := writePEM(certPath, "CERTIFICATE", der, 0o644); err != nil {
+		return nil, nil, err
+	}
+	cert, err := x509.ParseCertificate(der)
+	return cert, key, err
+}
+
+func randomSerial() *big.Int {
+	n, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 127))
+	if err != nil {
+		panic(err) // crypto/rand never fails on Linux
+	}
+	return n
+}
+
+func writeKey(path string, key *ecdsa.PrivateKey) error {
+	der, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return err
+	}
+	return writePEM(path, "EC PRIVATE KEY", der, 0o600)
+}
+
+func writePEM(path, typ string, der []byte, mode os.FileMode) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), mode); err != nil {
+		return fmt.Errorf("write %s: %w", filepath.Base(path), err)
+	}
+	return os.Rename(tmp, path)
+}
