@@ -94,7 +94,7 @@ func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		name = fc.sni
 	}
-	d, rt := p.judge(r.Context(), fc.flow, name)
+	d, rt := p.judge(fc.flow, name)
 	if d.Verdict != egress.Allow {
 		p.refuse(fc.flow, name, d)
 		p.deny(w, reason(d, name, fc.flow.dst))
@@ -197,6 +197,12 @@ func (c *flowConn) reverseProxy(p *Proxy) *httputil.ReverseProxy {
 		Transport:     c.transport,
 		FlushInterval: -1,
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			if re := (*refusedError)(nil); errors.As(err, &re) {
+				// The name was resolved only now, at the first dial for it.
+				p.refuse(c.flow, r.Host, re.d)
+				p.deny(w, reason(re.d, r.Host, c.flow.dst))
+				return
+			}
 			p.log.Debug("egress proxy: origin request failed", "guest", c.flow.guest, "host", r.Host, "err", err)
 			if errors.Is(err, context.Canceled) {
 				return

@@ -307,9 +307,10 @@ func (r route) key() string {
 }
 
 // judge decides a flow with the guest's current policy and, for an allowed one, where it goes: a
-// domain-allowed flow to the name (resolved here and never to an always-denied address, or by
-// the SOCKS5 proxy), an address-allowed one to the original destination.
-func (p *Proxy) judge(ctx context.Context, fl flow, name string) (egress.Decision, route) {
+// domain-allowed flow to the name (resolved when it is dialed, by the node or by the SOCKS5
+// proxy), an address-allowed one to the original destination. It does no I/O, so a kept-alive
+// HTTP connection judges each request without resolving the name again.
+func (p *Proxy) judge(fl flow, name string) (egress.Decision, route) {
 	e, ok := p.lookup(fl.guest)
 	if !ok {
 		return egress.Decision{Verdict: egress.Deny, Stage: egress.StageDenyOut, Rule: "sandbox gone"}, route{}
@@ -324,31 +325,45 @@ func (p *Proxy) judge(ctx context.Context, fl flow, name string) (egress.Decisio
 		return d, rt
 	}
 	rt.name, _ = egress.HostName(name)
-	if rt.via != nil {
-		return d, rt // remote DNS: the SOCKS5 server resolves the name
+	return d, rt
+}
+
+// refusedError is a dial the policy refuses after all: the name leads only into always-denied
+// ranges, or does not resolve.
+type refusedError struct{ d egress.Decision }
+
+func (e *refusedError) Error() string { return e.d.Rule }
+
+// resolve fills in the addresses of a domain route the node dials itself, never an always-denied
+// one; a SOCKS5 proxy resolves the name instead (remote DNS).
+func (p *Proxy) resolve(ctx context.Context, rt route) (route, error) {
+	if rt.name == "" || rt.via != nil || rt.addrs != nil {
+		return rt, nil
 	}
 	rctx, cancel := context.WithTimeout(ctx, p.cfg.DialTimeout)
 	defer cancel()
 	addrs, err := p.cfg.Resolver.LookupNetIP(rctx, "ip", rt.name)
 	if err != nil || len(addrs) == 0 {
-		return egress.Decision{Verdict: egress.Deny, Stage: egress.StageDomain, Rule: "cannot resolve " + rt.name}, route{}
+		return rt, &refusedError{egress.Decision{Verdict: egress.Deny, Stage: egress.StageDomain, Rule: "cannot resolve " + rt.name}}
 	}
-	rt.addrs = p.cfg.Env.DialTargets(addrs)
-	if len(rt.addrs) == 0 {
-		return egress.Decision{Verdict: egress.Deny, Stage: egress.StageAlwaysDenied,
-			Rule: fmt.Sprintf("%s resolves only to always-denied addresses (%s)", rt.name, addrs[0])}, route{}
+	if rt.addrs = p.cfg.Env.DialTargets(addrs); len(rt.addrs) == 0 {
+		return rt, &refusedError{egress.Decision{Verdict: egress.Deny, Stage: egress.StageAlwaysDenied,
+			Rule: fmt.Sprintf("%s resolves only to always-denied addresses (%s)", rt.name, addrs[0])}}
 	}
-	return d, rt
+	return rt, nil
 }
 
 // dial opens an allowed flow's connection to its origin, through the SOCKS5 proxy when the
-// policy has one.
+// policy has one. A name that turns out to lead nowhere allowed is a *refusedError.
 func (p *Proxy) dial(ctx context.Context, rt route) (net.Conn, error) {
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.DialTimeout)
 	defer cancel()
 	if rt.via != nil {
-		target := rt.key()
-		return p.socksDial(ctx, rt.via, target)
+		return p.socksDial(ctx, rt.via, rt.key())
+	}
+	rt, err := p.resolve(ctx, rt)
+	if err != nil {
+		return nil, err
 	}
 	return p.dialDirect(ctx, rt.addrs, rt.port)
 }
@@ -418,7 +433,7 @@ func addrPortOf(a net.Addr) netip.AddrPort {
 // serveTCP judges a flow that carries no name by its address and tunnels an allowed one.
 func (p *Proxy) serveTCP(c net.Conn, fl flow) {
 	ctx := context.Background()
-	d, rt := p.judge(ctx, fl, "")
+	d, rt := p.judge(fl, "")
 	if d.Verdict != egress.Allow {
 		p.refuse(fl, "", d)
 		reset(c)
@@ -432,7 +447,11 @@ func (p *Proxy) serveTCP(c net.Conn, fl flow) {
 func (p *Proxy) splice(ctx context.Context, c net.Conn, fl flow, name string, rt route, first []byte) {
 	up, err := p.dial(ctx, rt)
 	if err != nil {
-		p.log.Debug("egress proxy: origin unreachable", "guest", fl.guest, "dst", fl.dst, "name", name, "err", err)
+		if re := (*refusedError)(nil); errors.As(err, &re) {
+			p.refuse(fl, name, re.d)
+		} else {
+			p.log.Debug("egress proxy: origin unreachable", "guest", fl.guest, "dst", fl.dst, "name", name, "err", err)
+		}
 		reset(c)
 		return
 	}

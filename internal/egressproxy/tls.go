@@ -74,7 +74,16 @@ func (p *Proxy) serveTLS(c net.Conn, fl flow) {
 		return
 	}
 	ctx := context.Background()
-	d, rt := p.judge(ctx, fl, name)
+	d, rt := p.judge(fl, name)
+	if d.Verdict == egress.Allow {
+		// Resolved before anything is spliced, so a name leading only into always-denied
+		// ranges is refused with the alert rather than a reset.
+		var re *refusedError
+		var err error
+		if rt, err = p.resolve(ctx, rt); errors.As(err, &re) {
+			d = re.d
+		}
+	}
 	if d.Verdict != egress.Allow {
 		p.refuse(fl, name, d)
 		_, _ = c.Write(accessDenied)
