@@ -458,7 +458,7 @@ const (
 
 // startEgressResolver starts the filtering resolver on every address at egressDNSPort; like the
 // proxy it only answers guests whose links redirected their DNS to it.
-func startEgressResolver(ctx context.Context, refusedTo *atomic.Pointer[node.Node], log *slog.Logger) (*egressdns.Resolver, func(), error) {
+func startEgressResolver(refusedTo *atomic.Pointer[node.Node], log *slog.Logger) (*egressdns.Resolver, func(), error) {
 	res, err := egressdns.New(egressdns.Config{Log: log, OnRefuse: func(r egressdns.Refusal) {
 		if n := refusedTo.Load(); n != nil {
 			n.DNSRefused(r.Guest, r.Name, r.Type)
@@ -467,7 +467,7 @@ func startEgressResolver(ctx context.Context, refusedTo *atomic.Pointer[node.Nod
 	if err != nil {
 		return nil, nil, err
 	}
-	stop, err := res.ListenAndServe(ctx, fmt.Sprintf("0.0.0.0:%d", egressDNSPort))
+	stop, err := res.ListenAndServe(fmt.Sprintf("0.0.0.0:%d", egressDNSPort))
 	if err != nil {
 		return nil, nil, err
 	}
@@ -535,7 +535,7 @@ func setupNetwork(ctx context.Context, c *config.Serve, log *slog.Logger, refuse
 	switch c.EgressDNS {
 	case "off", "":
 	case "filter":
-		res, stopRes, err := startEgressResolver(ctx, refusedTo, log.With("component", "egressdns"))
+		res, stopRes, err := startEgressResolver(refusedTo, log.With("component", "egressdns"))
 		if err != nil {
 			stopProxy()
 			stopBG()

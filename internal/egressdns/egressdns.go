@@ -9,7 +9,6 @@
 package egressdns
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -270,7 +269,7 @@ func (r *Resolver) reply(w dns.ResponseWriter, req *dns.Msg, rcode int) {
 
 // ListenAndServe opens UDP and TCP on addr in the caller's namespace and serves them; stop closes
 // both.
-func (r *Resolver) ListenAndServe(_ context.Context, addr string) (stop func(), err error) {
+func (r *Resolver) ListenAndServe(addr string) (stop func(), err error) {
 	pc, err := net.ListenPacket("udp4", addr)
 	if err != nil {
 		return nil, fmt.Errorf("egress resolver: %w", err)
