@@ -13,6 +13,8 @@
 package snapshot
 
 import (
+	"bytes"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -21,11 +23,14 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	goruntime "runtime"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
+	"golang.org/x/sync/errgroup"
 	"golang.org/x/sys/unix"
 
 	"github.com/vibemon/vmon/internal/errdefs"
@@ -39,8 +44,9 @@ const (
 	tmpPrefix     = ".tmp-"
 )
 
-// formatVersion changes when a reader of an older format could misread a newer snapshot.
-const formatVersion = 1
+// formatVersion changes when a reader of an older format could misread a newer snapshot. Version 1
+// differs only in its checksums (see checksumFile) and is still read.
+const formatVersion = 2
 
 // Meta describes a snapshot: what to rebuild the sandbox from and what the files must contain.
 type Meta struct {
@@ -57,6 +63,9 @@ type Meta struct {
 	DiskMB     int      `json:"diskMB"`
 	// Memory says the snapshot holds a checkpoint image (processes and memory), not only files.
 	Memory bool `json:"memory"`
+	// Envd is the directory, relative to the data directory, of the envd build whose process
+	// the checkpoint holds: a restore must map that same binary again.
+	Envd string `json:"envd,omitempty"`
 	// EnvdToken is the access token the restored envd still holds: a sandbox started from the
 	// snapshot proves it to envd to install its own.
 	EnvdToken string `json:"envdToken,omitempty"`
@@ -65,8 +74,8 @@ type Meta struct {
 }
 
 // File is one file of a snapshot: its path relative to the snapshot directory, size and CRC-32C
-// (Castagnoli, hardware-accelerated) over its data extents and their offsets. Holes are not read:
-// a sparse 10 GiB disk image costs what it holds.
+// (Castagnoli, hardware-accelerated) over its non-zero blocks and their offsets (checksumFile).
+// Holes are not read: a sparse 10 GiB disk image costs what it holds.
 type File struct {
 	Path string `json:"path"`
 	Size int64  `json:"size"`
@@ -104,7 +113,7 @@ func TempDir(final string) (string, error) {
 // Seal checksums every file under dir, writes meta (with Files filled in) and syncs everything.
 func Seal(dir string, meta Meta) error {
 	meta.Version = formatVersion
-	files, err := checksumTree(dir)
+	files, err := checksumTree(dir, formatVersion)
 	if err != nil {
 		return err
 	}
@@ -149,13 +158,16 @@ func Read(dir string) (Meta, error) {
 	if err := json.Unmarshal(b, &m); err != nil {
 		return Meta{}, corrupt(dir, "its manifest is not valid JSON: %v", err)
 	}
-	if m.Version != formatVersion {
+	if m.Version != formatVersion && m.Version != 1 {
 		return Meta{}, corrupt(dir, "format version %d, this vmon reads %d", m.Version, formatVersion)
 	}
 	for _, l := range m.Lowers {
 		if !filepath.IsLocal(l) {
 			return Meta{}, corrupt(dir, "it names a layer outside the data directory")
 		}
+	}
+	if m.Envd != "" && !filepath.IsLocal(m.Envd) {
+		return Meta{}, corrupt(dir, "it names an envd outside the data directory")
 	}
 	return m, nil
 }
@@ -167,7 +179,7 @@ func Verify(dir string) (Meta, error) {
 	if err != nil {
 		return Meta{}, err
 	}
-	got, err := checksumTree(dir)
+	got, err := checksumTree(dir, m.Version)
 	if err != nil {
 		return Meta{}, err
 	}
@@ -216,8 +228,9 @@ func Sweep(parent string) error {
 	return errors.Join(errs...)
 }
 
-// checksumTree lists every regular file under dir except the manifest, sorted by path.
-func checksumTree(dir string) ([]File, error) {
+// checksumTree lists every regular file under dir except the manifest, sorted by path, with
+// checksums in the given format version. Files are read in parallel: a restore waits for this.
+func checksumTree(dir string, version int) ([]File, error) {
 	var files []File
 	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
@@ -227,66 +240,104 @@ func checksumTree(dir string) ([]File, error) {
 		if rel == MetaFile || rel == MetaFile+".new" || !d.Type().IsRegular() {
 			return nil
 		}
-		f, err := checksumFile(p)
-		if err != nil {
-			return err
-		}
-		f.Path = filepath.ToSlash(rel)
-		files = append(files, f)
+		files = append(files, File{Path: filepath.ToSlash(rel)})
 		return nil
 	})
 	if err != nil {
+		return nil, fmt.Errorf("checksum snapshot: %w", err)
+	}
+	var g errgroup.Group
+	g.SetLimit(min(goruntime.NumCPU(), 4))
+	for i := range files {
+		g.Go(func() error {
+			buf := bufPool.Get().(*[]byte)
+			defer bufPool.Put(buf)
+			size, crc, err := checksumFile(filepath.Join(dir, filepath.FromSlash(files[i].Path)), version, *buf)
+			files[i].Size, files[i].CRC = size, crc
+			return err
+		})
+	}
+	if err := g.Wait(); err != nil {
 		return nil, fmt.Errorf("checksum snapshot: %w", err)
 	}
 	slices.SortFunc(files, func(a, b File) int { return strings.Compare(a.Path, b.Path) })
 	return files, nil
 }
 
-func checksumFile(path string) (File, error) {
+// sumBlock is the unit of the version 2 checksum.
+const sumBlock = 4096
+
+// bufPool holds read buffers, a whole number of sumBlocks each.
+var bufPool = sync.Pool{New: func() any { b := make([]byte, 256*sumBlock); return &b }}
+
+var zeroBlock [sumBlock]byte
+
+// checksumFile sums path's content without reading its holes. Version 2 sums every 4 KiB block
+// that is not all zeros, after its offset: the result depends on the content alone, so a copy
+// that moved holes (cp --sparse, rsync -S, tar) still verifies. Version 1 summed each data
+// extent after its offset, which ties the sum to the filesystem's layout; it is still read.
+func checksumFile(path string, version int, buf []byte) (int64, uint32, error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return File{}, err
+		return 0, 0, err
 	}
 	defer f.Close()
 	st, err := f.Stat()
 	if err != nil {
-		return File{}, err
+		return 0, 0, err
 	}
 	size := st.Size()
 	crc := uint32(0)
-	buf := make([]byte, 1<<20)
 	var hdr [8]byte
+	sumAt := func(off int64, b []byte) {
+		binary.LittleEndian.PutUint64(hdr[:], uint64(off))
+		crc = crc32.Update(crc, table, hdr[:])
+		crc = crc32.Update(crc, table, b)
+	}
+	// done is where the blocks summed so far end: extents need not start or end on a block.
+	done := int64(0)
 	for off := int64(0); off < size; {
 		data, err := unix.Seek(int(f.Fd()), off, unix.SEEK_DATA)
 		if errors.Is(err, syscall.ENXIO) {
 			break
 		}
 		if err != nil {
-			return File{}, err
+			return 0, 0, err
 		}
 		hole, err := unix.Seek(int(f.Fd()), data, unix.SEEK_HOLE)
 		if err != nil {
-			return File{}, err
-		}
-		// The extent's offset is part of the sum, so moving data within the file is noticed.
-		for i := range hdr {
-			hdr[i] = byte(data >> (8 * i))
-		}
-		crc = crc32.Update(crc, table, hdr[:])
-		r := io.NewSectionReader(f, data, hole-data)
-		for {
-			n, err := r.Read(buf)
-			crc = crc32.Update(crc, table, buf[:n])
-			if err == io.EOF {
-				break
-			}
-			if err != nil {
-				return File{}, err
-			}
+			return 0, 0, err
 		}
 		off = hole
+		if version == 1 {
+			sumAt(data, nil)
+		} else {
+			data = max(data/sumBlock*sumBlock, done)
+			hole = min((hole+sumBlock-1)/sumBlock*sumBlock, size)
+			done = hole
+		}
+		for pos := data; pos < hole; {
+			n, err := f.ReadAt(buf[:min(int64(len(buf)), hole-pos)], pos)
+			if n == 0 && err != nil {
+				if err == io.EOF {
+					err = fmt.Errorf("%s changed while it was read", path)
+				}
+				return 0, 0, err
+			}
+			if version == 1 {
+				crc = crc32.Update(crc, table, buf[:n])
+			} else {
+				for b := 0; b < n; b += sumBlock {
+					blk := buf[b:min(b+sumBlock, n)]
+					if !bytes.Equal(blk, zeroBlock[:len(blk)]) {
+						sumAt(pos+int64(b), blk)
+					}
+				}
+			}
+			pos += int64(n)
+		}
 	}
-	return File{Size: size, CRC: crc}, nil
+	return size, crc, nil
 }
 
 func syncTree(dir string) error {

@@ -1,10 +1,14 @@
 package snapshot
 
 import (
+	"encoding/json"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/vibemon/vmon/internal/errdefs"
 )
@@ -161,5 +165,83 @@ func TestReferencedLayers(t *testing.T) {
 	writeAt(t, filepath.Join(final, MetaFile), 0, "{{{")
 	if _, err := ReferencedLayers(data); err == nil {
 		t.Fatal("an unreadable manifest must stop garbage collection")
+	}
+}
+
+// TestChecksumIgnoresLayout: a copy whose holes moved (zeros written out as data, or data blocks
+// of zeros punched into holes, as cp --sparse and rsync -S do) still verifies, so a snapshot
+// stays valid when it is copied to another node.
+func TestChecksumIgnoresLayout(t *testing.T) {
+	dir := sealed(t)
+	img := filepath.Join(dir, LayerDir, "disk.img")
+	// Zeros written over part of a hole, and over a block-straddling range at the front.
+	writeAt(t, img, 1<<20, string(make([]byte, 3*sumBlock+100)))
+	writeAt(t, img, 4, string(make([]byte, sumBlock)))
+	if _, err := Verify(dir); err != nil {
+		t.Fatalf("zeros written as data: %v", err)
+	}
+	// The zeros punched back out, and the block holding "head" left alone.
+	f, err := os.OpenFile(img, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Fallocate(int(f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, 1<<20, 4*sumBlock); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	if _, err := Verify(dir); err != nil {
+		t.Fatalf("zeros punched into a hole: %v", err)
+	}
+	// A whole copy by cp --sparse=always, which turns every zero block into a hole.
+	cp := filepath.Join(t.TempDir(), "copy")
+	if out, err := exec.Command("cp", "-a", "--sparse=always", dir, cp).CombinedOutput(); err != nil {
+		t.Fatalf("cp: %v: %s", err, out)
+	}
+	if _, err := Verify(cp); err != nil {
+		t.Fatalf("sparse copy: %v", err)
+	}
+	// Content still counts: one non-zero byte in the zeros is damage.
+	writeAt(t, img, 1<<20+2*sumBlock, "\x01")
+	if _, err := Verify(dir); !errdefs.Is(err, errdefs.KindDataLoss) {
+		t.Fatalf("Verify after a byte changed = %v, want DataLoss", err)
+	}
+}
+
+// TestVerifyReadsVersion1: snapshots written before the layout-free checksum still restore.
+func TestVerifyReadsVersion1(t *testing.T) {
+	dir := sealed(t)
+	m, err := Read(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Version != formatVersion {
+		t.Fatalf("sealed as version %d, want %d", m.Version, formatVersion)
+	}
+	files, err := checksumTree(dir, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Version, m.Files = 1, files
+	b, err := json.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, MetaFile), b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Verify(dir); err != nil {
+		t.Fatalf("version 1 snapshot: %v", err)
+	}
+	writeAt(t, filepath.Join(dir, CheckpointDir, "checkpoint.img"), 0, "K")
+	if _, err := Verify(dir); !errdefs.Is(err, errdefs.KindDataLoss) {
+		t.Fatalf("damaged version 1 snapshot: Verify = %v, want DataLoss", err)
+	}
+	m.Version = 9
+	b, _ = json.Marshal(m)
+	if err := os.WriteFile(filepath.Join(dir, MetaFile), b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Read(dir); !errdefs.Is(err, errdefs.KindDataLoss) {
+		t.Fatalf("unknown version: Read = %v, want DataLoss", err)
 	}
 }
