@@ -173,6 +173,9 @@ func serve(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 	if err != nil {
 		log.Warn("recovery left errors", "err", err)
 	}
+	if err := node.SweepEnvd(c.DataDir, envdPath, build.LayersDir); err != nil {
+		log.Warn("old envd builds were kept", "err", err)
+	}
 	// Secret values are sealed under a key beside the database, so a copy of the database alone
 	// (a backup, a support bundle) holds no value in the clear.
 	sealer, err := secrets.LoadOrCreateKey(filepath.Join(c.DataDir, secrets.KeyFile))
@@ -696,8 +699,10 @@ func syncTemplates(ctx context.Context, st *store.Store, dataDir string, diskMB 
 	return ms, nil
 }
 
-// installEnvd copies envd into <data-dir>/bin, which sandboxes mount read-only. Replacing it by
-// rename leaves running sandboxes on the inode they started with.
+// installEnvd copies envd into <data-dir>/envd/<content hash>/, the directory sandboxes mount
+// read-only. Each build of envd gets its own directory and keeps it while any checkpoint holds a
+// process of it: a restore maps the binary from the same path again, and another build's bytes
+// there would crash it. The node removes directories nothing refers to (node.SweepEnvd).
 func installEnvd(c *config.Serve) (string, error) {
 	src := c.EnvdPath
 	if src == "" {
@@ -707,13 +712,14 @@ func installEnvd(c *config.Serve) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("read envd binary (build it with `make build`, or pass --envd-path): %w", err)
 	}
-	dir := filepath.Join(c.DataDir, "bin")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return "", err
-	}
+	sum := sha256.Sum256(data)
+	dir := filepath.Join(c.DataDir, node.EnvdDir, hex.EncodeToString(sum[:8]))
 	dst := filepath.Join(dir, "envd")
 	if cur, err := os.ReadFile(dst); err == nil && bytes.Equal(cur, data) {
 		return dst, nil
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
 	}
 	tmp := dst + ".tmp"
 	if err := os.WriteFile(tmp, data, 0o755); err != nil {
@@ -791,7 +797,8 @@ func startTemplateBuilds(ctx context.Context, c *config.Serve, st *store.Store, 
 	files := build.NewFiles(c.DataDir)
 	engine, err := build.New(build.Options{DataDir: c.DataDir, Images: puller, Sandboxes: buildSandboxes{n: n},
 		Mounts: buildMounts{}, Files: files, ReadyTimeout: c.ReadyTimeout, NoStartSnapshot: !c.StartSnapshots,
-		Log: log.With("component", "build")})
+		EnvdBuild: filepath.Base(filepath.Dir(n.EnvdPath())),
+		Log:       log.With("component", "build")})
 	if err != nil {
 		return nil, err
 	}

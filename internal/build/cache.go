@@ -37,7 +37,7 @@ func (s State) clone() State {
 // Directory names under the data dir. Layers are content-addressed by the key of the step that
 // made them, so concurrent builds of the same step agree on the result's name.
 const (
-	layersDir = "layers"
+	LayersDir = "layers"
 	cacheDir  = "build-cache"
 )
 
@@ -54,7 +54,7 @@ type cache struct{ dataDir string }
 
 // layerPath is where the layer made by the step keyed key lives, relative to the data dir. Half
 // the key keeps the overlay mount options short (they are limited to a page).
-func layerPath(key string) string { return filepath.Join(layersDir, key[:32]) }
+func layerPath(key string) string { return filepath.Join(LayersDir, key[:32]) }
 
 func (c cache) abs(rel string) string { return filepath.Join(c.dataDir, rel) }
 
@@ -116,7 +116,7 @@ func (c cache) put(key string, s State) error {
 // staging returns a fresh directory name next to the layers for a layer under construction;
 // publish moves it into place.
 func (c cache) staging(key string) (string, error) {
-	dir := filepath.Join(c.dataDir, layersDir)
+	dir := filepath.Join(c.dataDir, LayersDir)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return "", fmt.Errorf("create layers dir: %w", err)
 	}
@@ -140,7 +140,7 @@ func (c cache) publish(key, tmp string) (string, error) {
 
 // sweep removes layers left under construction by a crash.
 func (c cache) sweep() error {
-	ents, err := os.ReadDir(filepath.Join(c.dataDir, layersDir))
+	ents, err := os.ReadDir(filepath.Join(c.dataDir, LayersDir))
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
 	}
@@ -150,7 +150,7 @@ func (c cache) sweep() error {
 	var errs []error
 	for _, e := range ents {
 		if len(e.Name()) > 5 && e.Name()[:5] == ".tmp-" {
-			errs = append(errs, os.RemoveAll(filepath.Join(c.dataDir, layersDir, e.Name())))
+			errs = append(errs, os.RemoveAll(filepath.Join(c.dataDir, LayersDir, e.Name())))
 		}
 	}
 	return errors.Join(errs...)

@@ -83,7 +83,11 @@ type Options struct {
 	// NoStartSnapshot keeps templates with a start command from being saved started: every
 	// sandbox then runs the start command (benchmarks compare both paths).
 	NoStartSnapshot bool
-	Log             *slog.Logger
+	// EnvdBuild names the envd build sandboxes run. A started snapshot holds that envd's
+	// process, so it is part of the start step's cache key: after an upgrade a rebuild saves the
+	// template with the new envd instead of reusing the old snapshot.
+	EnvdBuild string
+	Log       *slog.Logger
 }
 
 // Engine runs builds.
@@ -172,7 +176,7 @@ func (e *Engine) Run(ctx context.Context, req Request, log *Log) (template.Manif
 		log.Add("info", step, "done in %.1fs", time.Since(t0).Seconds())
 		state, key = st, k
 	}
-	m, err := e.finalize(ctx, req, state, hashKey(key, "finalize", req.StartCmd, req.ReadyCmd), log)
+	m, err := e.finalize(ctx, req, state, hashKey(key, "finalize", req.StartCmd, req.ReadyCmd, e.opts.EnvdBuild), log)
 	if err != nil {
 		return template.Manifest{}, err
 	}

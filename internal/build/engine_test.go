@@ -178,7 +178,7 @@ func TestEngineFailures(t *testing.T) {
 	if ents, _ := os.ReadDir(filepath.Join(data, scratchDir)); len(ents) != 0 {
 		t.Fatalf("scratch left behind: %v", ents)
 	}
-	ents, _ := os.ReadDir(filepath.Join(data, layersDir))
+	ents, _ := os.ReadDir(filepath.Join(data, LayersDir))
 	for _, ent := range ents {
 		if strings.HasPrefix(ent.Name(), ".tmp-") {
 			t.Fatalf("unfinished layer left behind: %s", ent.Name())

@@ -22,7 +22,7 @@ func (e *Engine) GC(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	dir := filepath.Join(e.opts.DataDir, layersDir)
+	dir := filepath.Join(e.opts.DataDir, LayersDir)
 	ents, err := os.ReadDir(dir)
 	if errors.Is(err, os.ErrNotExist) {
 		return 0, nil
@@ -36,7 +36,7 @@ func (e *Engine) GC(ctx context.Context) (int, error) {
 		if ctx.Err() != nil {
 			return removed, ctx.Err()
 		}
-		rel := filepath.Join(layersDir, ent.Name())
+		rel := filepath.Join(LayersDir, ent.Name())
 		if strings.HasPrefix(ent.Name(), ".") || live[rel] {
 			continue
 		}

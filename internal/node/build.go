@@ -128,6 +128,9 @@ func (b *BuildSandbox) CheckpointStart(ctx context.Context, dir string) (err err
 	if err := cp.Checkpoint(ctx, b.sb.runtimeID, filepath.Join(dir, snapshot.CheckpointDir), false); err != nil {
 		return fmt.Errorf("checkpoint the started template: %w", err)
 	}
+	if err := n.opts.Runtime.Destroy(ctx, b.sb.runtimeID); err != nil {
+		return fmt.Errorf("checkpoint the started template: %w", err)
+	}
 	layer := filepath.Join(dir, snapshot.LayerDir)
 	if err := os.Mkdir(layer, 0o700); err != nil {
 		return err
@@ -136,5 +139,5 @@ func (b *BuildSandbox) CheckpointStart(ctx context.Context, dir string) (err err
 		return fmt.Errorf("keep the started template's files: %w", err)
 	}
 	return snapshot.Seal(dir, snapshot.Meta{SandboxID: b.sb.runtimeID, CreatedAt: time.Now().UTC(),
-		TemplateID: "build", Lowers: rec.Lowers, CPUs: rec.CPUs, MemoryMB: rec.MemoryMB, Memory: true})
+		TemplateID: "build", Lowers: rec.Lowers, CPUs: rec.CPUs, MemoryMB: rec.MemoryMB, Memory: true, Envd: rec.Envd})
 }

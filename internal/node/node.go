@@ -349,6 +349,9 @@ type bootSpec struct {
 	cpus, memoryMB        int
 	// diskMB caps the sandbox's writes (0: no cap, template builds).
 	diskMB int
+	// envd is the host directory of the envd build to mount ("": the running one); a restore
+	// needs the build its checkpoint was taken with (envdFor).
+	envd string
 	// policy, when set, is attached to the link while the runtime starts (the pool boots with
 	// none: its links stay closed until a create hands the sandbox out).
 	policy *egress.Policy
@@ -457,6 +460,10 @@ func (n *Node) boot(ctx context.Context, bs bootSpec) (_ *sandbox, retErr error)
 	undo = append(undo, func() { _ = ch.Close() })
 
 	lim := limits.Derive(memoryMB, n.opts.Limits)
+	envdDir := bs.envd
+	if envdDir == "" {
+		envdDir = filepath.Dir(n.opts.EnvdPath)
+	}
 	rspec := runtime.Spec{
 		ID:        runtimeID,
 		RootDir:   root,
@@ -467,7 +474,7 @@ func (n *Node) boot(ctx context.Context, bs bootSpec) (_ *sandbox, retErr error)
 			// Read-only: connecting to the socket works on a read-only mount, and the guest must
 			// not create files or symlinks in a host directory.
 			{HostPath: agentDir, GuestPath: agentproto.GuestDir, ReadOnly: true},
-			{HostPath: filepath.Dir(n.opts.EnvdPath), GuestPath: guestBinDir, ReadOnly: true},
+			{HostPath: envdDir, GuestPath: guestBinDir, ReadOnly: true},
 		},
 		Args: []string{guestBinDir + "/" + filepath.Base(n.opts.EnvdPath), "--agent-socket", agentproto.GuestSocket,
 			"--max-tasks", strconv.Itoa(lim.GuestTasks)},
@@ -489,7 +496,7 @@ func (n *Node) boot(ctx context.Context, bs bootSpec) (_ *sandbox, retErr error)
 		}
 		rspec.Mounts = append(rspec.Mounts, runtime.Mount{HostPath: host, GuestPath: v.Path})
 	}
-	if err := writeBootRecord(dir, n.opts.DataDir, bs, rspec); err != nil {
+	if err := writeBootRecord(dir, n.opts.DataDir, envdDir, bs, rspec); err != nil {
 		return nil, err
 	}
 	sb := &sandbox{runtimeID: runtimeID, template: templateID, cpus: cpus, memoryMB: memoryMB,

@@ -42,14 +42,17 @@ type bootRecord struct {
 	CPUs     int      `json:"cpus"`
 	MemoryMB int      `json:"memoryMB"`
 	DiskMB   int      `json:"diskMB"`
+	// Envd is the envd build's directory relative to the data directory ("" when outside it).
+	Envd string `json:"envd,omitempty"`
 	// Runtime is the spec the runtime started with: a snapshot restores the sandbox in place
 	// with it.
 	Runtime runtime.Spec `json:"runtime"`
 }
 
 // writeBootRecord is one small file written on every boot (the create path).
-func writeBootRecord(dir, dataDir string, bs bootSpec, rspec runtime.Spec) error {
-	rec := bootRecord{TemplateID: bs.templateID, CPUs: bs.cpus, MemoryMB: bs.memoryMB, DiskMB: bs.diskMB, Runtime: rspec}
+func writeBootRecord(dir, dataDir, envdDir string, bs bootSpec, rspec runtime.Spec) error {
+	rec := bootRecord{TemplateID: bs.templateID, CPUs: bs.cpus, MemoryMB: bs.memoryMB, DiskMB: bs.diskMB,
+		Envd: relEnvd(dataDir, envdDir), Runtime: rspec}
 	for _, l := range bs.lowers {
 		rel, err := filepath.Rel(dataDir, l)
 		if err != nil || !filepath.IsLocal(rel) {
@@ -137,6 +140,9 @@ func (n *Node) PauseSandbox(ctx context.Context, id string, memory bool) (PauseI
 	}
 	// From here the runtime's exit is expected.
 	sb.stopping.Store(true)
+	// A checkpoint leaves the stopped runtime's remains (runsc state, cgroups) to Destroy, which
+	// runs after the answer with the rest of the snapshot's writing.
+	destroyLater := memory
 	if memory {
 		err = n.checkpoint(ctx, cp, sb, tmp)
 	} else {
@@ -177,7 +183,14 @@ func (n *Node) PauseSandbox(ctx context.Context, id string, memory bool) (PauseI
 	// finished by recovery from the pausing mark, as for a pause interrupted at any other point.
 	estimate := snapshot.Bytes(tmp) + layerBytes(dir)
 	n.inBackground(id, func() {
-		info, err := n.finishPause(context.WithoutCancel(ctx), id, dir, tmp, rec, memory)
+		bctx := context.WithoutCancel(ctx)
+		if destroyLater {
+			if err := n.opts.Runtime.Destroy(bctx, sb.runtimeID); err != nil {
+				// Its files may still be held; recovery removes the runtime at the next start.
+				n.log.Error("remove the runtime of a paused sandbox", "sandbox", id, "err", err)
+			}
+		}
+		info, err := n.finishPause(bctx, id, dir, tmp, rec, memory)
 		if err != nil {
 			// The next start's recovery tries again from the pausing mark; until then a resume
 			// finds no snapshot and the sandbox is reported gone.
@@ -272,6 +285,9 @@ func (n *Node) finishPause(ctx context.Context, id, dir, tmp string, rec bootRec
 	meta := snapshot.Meta{SandboxID: id, CreatedAt: time.Now().UTC(), TemplateID: rec.TemplateID,
 		Lowers: rec.Lowers, CPUs: rec.CPUs, MemoryMB: rec.MemoryMB, DiskMB: rec.DiskMB, Memory: memory,
 		EnvdToken: string(token)}
+	if memory {
+		meta.Envd = rec.Envd
+	}
 	final := n.pausedDir(id)
 	if err := snapshot.Seal(tmp, meta); err != nil {
 		return PauseInfo{}, fmt.Errorf("pause sandbox %s: %w", id, err)
@@ -332,6 +348,9 @@ func (n *Node) ResumeSandbox(ctx context.Context, spec CreateSpec, memory bool) 
 		}}
 	if useMemory {
 		bs.checkpoint = filepath.Join(final, snapshot.CheckpointDir)
+		if bs.envd, err = n.envdFor(meta); err != nil {
+			return Info{}, err
+		}
 	}
 	spec.TemplateID, spec.CPUs, spec.MemoryMB, spec.DiskMB = meta.TemplateID, meta.CPUs, meta.MemoryMB, meta.DiskMB
 	sb, err := n.bootMarked(ctx, bs)

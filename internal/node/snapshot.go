@@ -80,6 +80,9 @@ func (n *Node) SnapshotSandbox(ctx context.Context, id, snapID string) (PauseInf
 		}
 		return PauseInfo{}, n.keepAsPaused(ctx, sb, dir, rec, fmt.Errorf("snapshot sandbox %s: checkpoint: %w", id, err))
 	}
+	// The stopped runtime's remains go while the layer is copied; the restart waits for them.
+	destroyed := make(chan error, 1)
+	go func() { destroyed <- n.opts.Runtime.Destroy(context.WithoutCancel(ctx), sb.runtimeID) }()
 	layer := filepath.Join(stmp, snapshot.LayerDir)
 	err = os.Mkdir(layer, 0o700)
 	if err == nil {
@@ -88,13 +91,13 @@ func (n *Node) SnapshotSandbox(ctx context.Context, id, snapID string) (PauseInf
 	if err != nil {
 		_ = os.RemoveAll(stmp)
 		// The checkpoint is whole: the sandbox goes on from it, and the snapshot fails.
-		if rerr := n.restartFrom(ctx, cp, sb, rspec, ptmp); rerr != nil {
+		if rerr := n.restartFrom(ctx, cp, sb, rspec, ptmp, destroyed); rerr != nil {
 			return PauseInfo{}, n.keepAsPaused(ctx, sb, dir, rec, errors.Join(err, rerr))
 		}
 		_ = os.RemoveAll(ptmp)
 		return PauseInfo{}, fmt.Errorf("snapshot sandbox %s: %w", id, err)
 	}
-	if err := n.restartFrom(ctx, cp, sb, rspec, ptmp); err != nil {
+	if err := n.restartFrom(ctx, cp, sb, rspec, ptmp, destroyed); err != nil {
 		_ = os.RemoveAll(stmp)
 		return PauseInfo{}, n.keepAsPaused(ctx, sb, dir, rec, err)
 	}
@@ -107,7 +110,7 @@ func (n *Node) SnapshotSandbox(ctx context.Context, id, snapID string) (PauseInf
 	_ = os.RemoveAll(ptmp)
 	meta := snapshot.Meta{SandboxID: id, CreatedAt: time.Now().UTC(), TemplateID: rec.TemplateID,
 		Lowers: rec.Lowers, CPUs: rec.CPUs, MemoryMB: rec.MemoryMB, DiskMB: rec.DiskMB, Memory: true,
-		EnvdToken: sb.token}
+		Envd: rec.Envd, EnvdToken: sb.token}
 	if err := snapshot.Seal(stmp, meta); err != nil {
 		_ = os.RemoveAll(stmp)
 		return PauseInfo{}, fmt.Errorf("snapshot sandbox %s: %w", id, err)
@@ -123,9 +126,13 @@ func (n *Node) SnapshotSandbox(ctx context.Context, id, snapID string) (PauseInf
 }
 
 // restartFrom starts sb's runtime again from the checkpoint in tmp, on its own root, link and
-// agent channel (envd redials the socket it was connected to), and clears the pausing mark.
-func (n *Node) restartFrom(ctx context.Context, cp runtime.Checkpointer, sb *sandbox, rspec runtime.Spec, tmp string) error {
+// agent channel (envd redials the socket it was connected to), and clears the pausing mark. It
+// first waits for the stopped runtime's removal, reported on destroyed.
+func (n *Node) restartFrom(ctx context.Context, cp runtime.Checkpointer, sb *sandbox, rspec runtime.Spec, tmp string, destroyed <-chan error) error {
 	ctx = context.WithoutCancel(ctx)
+	if err := <-destroyed; err != nil {
+		return fmt.Errorf("restart sandbox after its checkpoint: remove the stopped runtime: %w", err)
+	}
 	if sb.link != nil {
 		// runsc took the link's addresses when it first started; it adopts only a link that has one.
 		if err := n.opts.Network.Prepare(ctx, sb.link); err != nil {
@@ -206,6 +213,9 @@ func (n *Node) CreateFromSnapshot(ctx context.Context, spec CreateSpec, snapID, 
 		gate: func() error { _, err := snapshot.Verify(src); return err }}
 	if meta.Memory {
 		bs.checkpoint = filepath.Join(src, snapshot.CheckpointDir)
+		if bs.envd, err = n.envdFor(meta); err != nil {
+			return Info{}, err
+		}
 	}
 	sb, err := n.boot(ctx, bs)
 	if err != nil {
@@ -250,11 +260,15 @@ func (n *Node) createFromStart(ctx context.Context, spec CreateSpec, img Image) 
 	if err != nil {
 		return Info{}, err
 	}
+	envd, err := n.envdFor(meta)
+	if err != nil {
+		return Info{}, err
+	}
 	lowers := make([]string, len(meta.Lowers))
 	for i, l := range meta.Lowers {
 		lowers[i] = filepath.Join(n.opts.DataDir, l)
 	}
-	sb, err := n.boot(ctx, bootSpec{runtimeID: spec.ID, templateID: spec.TemplateID, lowers: lowers,
+	sb, err := n.boot(ctx, bootSpec{runtimeID: spec.ID, templateID: spec.TemplateID, lowers: lowers, envd: envd,
 		cpus: meta.CPUs, memoryMB: meta.MemoryMB, diskMB: spec.DiskMB, policy: &spec.Egress,
 		layer: filepath.Join(src, snapshot.LayerDir), copyLayer: true,
 		checkpoint: filepath.Join(src, snapshot.CheckpointDir),

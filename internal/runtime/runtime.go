@@ -157,8 +157,10 @@ type Runtime interface {
 type Checkpointer interface {
 	// Checkpoint saves sandbox id into imageDir, which must not exist yet (the backend creates
 	// it). With leaveRunning the sandbox goes on afterwards (snapshots, fork); without it the
-	// sandbox is gone once Checkpoint returns, as after Destroy. A failed Checkpoint with
-	// leaveRunning leaves the sandbox running; without it the sandbox may be gone either way.
+	// sandbox is stopped once Checkpoint returns and runs nothing more, but what the backend
+	// keeps of it (state, cgroups, processes on their way out) lasts until Destroy, which the
+	// caller may put off (a pause answers first). A failed Checkpoint with leaveRunning leaves
+	// the sandbox running; without it the sandbox may be gone either way.
 	Checkpoint(ctx context.Context, id, imageDir string, leaveRunning bool) error
 	// Restore starts the sandbox described by spec from imageDir instead of booting its init.
 	// spec must describe the same root filesystem content and mounts as the checkpointed

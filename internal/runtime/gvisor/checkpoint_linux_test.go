@@ -91,6 +91,13 @@ func TestCheckpointRestore(t *testing.T) {
 			t.Fatalf("cycle %d: checkpoint: %v", cycle, err)
 		}
 		took := time.Since(began)
+		// Stopped at once; its remains stay until Destroy.
+		if st, err := rt.Status(ctx, id); err != nil || st == runtime.StatusRunning {
+			t.Fatalf("cycle %d: status after checkpoint = %v, %v; want not running", cycle, st, err)
+		}
+		if err := rt.Destroy(ctx, id); err != nil {
+			t.Fatalf("cycle %d: destroy after checkpoint: %v", cycle, err)
+		}
 		wantStatus(t, rt, id, runtime.StatusNotFound)
 		stopped := readCount(t, root)
 		time.Sleep(200 * time.Millisecond)
@@ -121,6 +128,9 @@ func TestCheckpointRestore(t *testing.T) {
 
 	// A restore from a missing image fails before touching anything.
 	if err := rt.Checkpoint(ctx, id, filepath.Join(s.dir, "ckpt-last"), false); err != nil {
+		t.Fatal(err)
+	}
+	if err := rt.Destroy(ctx, id); err != nil {
 		t.Fatal(err)
 	}
 	if err := rt.Restore(ctx, s.spec, filepath.Join(s.dir, "no-such-image")); err == nil {

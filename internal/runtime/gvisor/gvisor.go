@@ -188,13 +188,6 @@ func (r *Runtime) Checkpoint(ctx context.Context, id, imageDir string, leaveRunn
 		}
 		return fmt.Errorf("checkpoint sandbox %s: %w", id, err)
 	}
-	if !leaveRunning {
-		// runsc keeps a stopped container's state until it is deleted; the sandbox is gone,
-		// so there is nothing to kill first.
-		if err := r.remove(context.WithoutCancel(ctx), id); err != nil {
-			return fmt.Errorf("checkpoint sandbox %s: remove the stopped sandbox: %w", id, err)
-		}
-	}
 	r.log.Info("gvisor: sandbox checkpointed", "id", id, "leave_running", leaveRunning,
 		"took", time.Since(began).Round(time.Millisecond))
 	return nil

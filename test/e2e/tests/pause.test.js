@@ -9,7 +9,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { describe } from 'node:test';
 import { Sandbox, SandboxNotFoundError, InvalidArgumentError } from 'e2b';
-import { useServer, killQuietly, waitFor, sleep, runtimeIdOf, runVmon, apiFetch, pgrep, listAll } from '../lib/harness.js';
+import { useServer, killQuietly, waitFor, sleep, runtimeIdOf, runVmon, apiFetch, pgrep, listAll, vmonBin } from '../lib/harness.js';
 
 // Written through a rename: a read never sees the file truncated and empty.
 const COUNTER = 'i=0; while true; do i=$((i+1)); echo $i > /tmp/count.new; mv -f /tmp/count.new /tmp/count; sleep 0.05; done';
@@ -288,6 +288,45 @@ describe('pause and resume', () => {
     }
     const { stdout } = await runVmon(['sandbox', 'ls', '--data-dir', srv.dataDir]);
     assert.doesNotMatch(stdout, /creating/, `no sandbox left half-created:\n${stdout}`);
+  });
+
+  // A checkpoint holds envd's process, whose code is mapped from the host again at every restore:
+  // an upgrade that replaced the binary in place would crash every paused sandbox on resume.
+  srv.test('a paused sandbox resumes with its memory after envd is upgraded; old builds go once unused', async () => {
+    const sbx = await create();
+    await sbx.commands.run(COUNTER, { background: true });
+    await sleep(300);
+    const oldSum = await run(sbx, 'sha256sum /opt/vmon/bin/envd | cut -c1-64');
+    assert.equal(await sbx.pause(), true);
+    await pausedOnDisk(sbx.sandboxId);
+    await srv.stop({ cleanup: false });
+    // Another build of envd: the same program with bytes appended (a different content hash).
+    const upgraded = path.join(srv.dataDir, 'envd-upgraded');
+    fs.copyFileSync(path.join(path.dirname(vmonBin()), 'envd'), upgraded);
+    fs.appendFileSync(upgraded, Buffer.from('\0vmon e2e upgrade marker\0'));
+    fs.chmodSync(upgraded, 0o755);
+    const saved = [...srv.extraArgs];
+    srv.extraArgs.push('--envd-path', upgraded);
+    try {
+      await srv.start();
+      const back = await Sandbox.connect(sbx.sandboxId, srv.sdkOpts);
+      const c1 = Number(await run(back, 'cat /tmp/count'));
+      await sleep(300);
+      assert.ok(Number(await run(back, 'cat /tmp/count')) > c1, 'the counter did not go on after the upgrade and resume');
+      assert.equal(await run(back, 'sha256sum /opt/vmon/bin/envd | cut -c1-64'), oldSum, 'the resumed sandbox runs the envd it was paused with');
+      const fresh = await create();
+      const newSum = await run(fresh, 'sha256sum /opt/vmon/bin/envd | cut -c1-64');
+      assert.notEqual(newSum, oldSum, 'a new sandbox runs the upgraded envd');
+      assert.equal(fs.readdirSync(path.join(srv.dataDir, 'envd')).length, 2, 'both envd builds are kept while both are in use');
+      await back.kill();
+      await fresh.kill();
+    } finally {
+      srv.extraArgs.length = 0;
+      srv.extraArgs.push(...saved);
+    }
+    // With nothing on the upgraded build any more, the next start keeps only its own.
+    await srv.restart();
+    assert.equal(fs.readdirSync(path.join(srv.dataDir, 'envd')).length, 1, 'an unused envd build was kept');
   });
 });
 

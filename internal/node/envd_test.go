@@ -1,0 +1,92 @@
+package node
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"github.com/vibemon/vmon/internal/errdefs"
+	"github.com/vibemon/vmon/internal/snapshot"
+)
+
+// TestSweepEnvd: envd builds that a paused sandbox, a snapshot, a template's started snapshot or
+// a running sandbox still needs stay, with the running one; the rest go.
+func TestSweepEnvd(t *testing.T) {
+	data := t.TempDir()
+	for _, b := range []string{"cur", "paused", "snap", "started", "running", "old1", "old2"} {
+		writeFile(t, filepath.Join(data, EnvdDir, b, "envd"), "envd "+b)
+	}
+	seal := func(root, name, envd string) {
+		dir := filepath.Join(data, root, name)
+		if err := os.MkdirAll(filepath.Join(dir, snapshot.LayerDir), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := snapshot.Seal(dir, snapshot.Meta{SandboxID: name, Lowers: []string{"templates/base/rootfs"}, Memory: true, Envd: envd}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	seal("paused", "sb1", EnvdDir+"/paused")
+	seal("snapshots", "snap1", EnvdDir+"/snap")
+	seal("layers", "k1", EnvdDir+"/started")
+	seal("paused", "sb2", "") // files only, or from before envd was versioned
+	b, _ := json.Marshal(bootRecord{Envd: EnvdDir + "/running"})
+	writeFile(t, filepath.Join(data, "sandboxes", "rt1", bootFile), string(b))
+
+	if err := SweepEnvd(data, filepath.Join(data, EnvdDir, "cur", "envd"), "layers"); err != nil {
+		t.Fatal(err)
+	}
+	ents, _ := os.ReadDir(filepath.Join(data, EnvdDir))
+	var left []string
+	for _, e := range ents {
+		left = append(left, e.Name())
+	}
+	if want := []string{"cur", "paused", "running", "snap", "started"}; !slices.Equal(left, want) {
+		t.Fatalf("left %v, want %v", left, want)
+	}
+
+	// An unreadable record stops the sweep rather than risk a build someone needs.
+	writeFile(t, filepath.Join(data, "paused", "sb3", snapshot.MetaFile), "{garbage")
+	if err := os.RemoveAll(filepath.Join(data, "paused", "sb1")); err != nil {
+		t.Fatal(err)
+	}
+	if err := SweepEnvd(data, filepath.Join(data, EnvdDir, "cur", "envd"), "layers"); err == nil {
+		t.Fatal("sweep went on past an unreadable snapshot manifest")
+	}
+	if _, err := os.Stat(filepath.Join(data, EnvdDir, "paused")); err != nil {
+		t.Fatalf("a build was removed although the sweep stopped: %v", err)
+	}
+}
+
+// TestEnvdFor: a snapshot names the envd build its checkpoint needs; one without a name uses the
+// binary envd lived in before builds were versioned, and a missing build is refused clearly.
+func TestEnvdFor(t *testing.T) {
+	data := t.TempDir()
+	n := &Node{opts: Options{DataDir: data, EnvdPath: filepath.Join(data, EnvdDir, "cur", "envd")}}
+	writeFile(t, filepath.Join(data, EnvdDir, "old", "envd"), "old")
+	if dir, err := n.envdFor(snapshot.Meta{Envd: EnvdDir + "/old"}); err != nil || dir != filepath.Join(data, EnvdDir, "old") {
+		t.Fatalf("envdFor(old) = %q, %v", dir, err)
+	}
+	if dir, err := n.envdFor(snapshot.Meta{}); err != nil || dir != "" {
+		t.Fatalf("envdFor(unversioned, no legacy binary) = %q, %v; want the running one", dir, err)
+	}
+	writeFile(t, filepath.Join(data, legacyEnvdDir, "envd"), "legacy")
+	if dir, err := n.envdFor(snapshot.Meta{}); err != nil || dir != filepath.Join(data, legacyEnvdDir) {
+		t.Fatalf("envdFor(unversioned) = %q, %v; want the legacy directory", dir, err)
+	}
+	_, err := n.envdFor(snapshot.Meta{SandboxID: "sb1", Envd: EnvdDir + "/gone"})
+	if !errdefs.Is(err, errdefs.KindUnavailable) {
+		t.Fatalf("envdFor(gone) = %v, want Unavailable", err)
+	}
+}
+
+func writeFile(t *testing.T, path, content string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
