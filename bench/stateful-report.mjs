@@ -16,7 +16,7 @@ console.log('|---|---|---|---|---|---|---|---|');
 for (const [shape, label] of [['idle', 'idle'], ['touched256', '256 MiB touched']]) {
   const s = r.shapes[shape];
   if (!s) continue;
-  console.log(`| ${label} | pause (\`sbx.pause()\`) vs \`runsc checkpoint\` + delete | ${ms(s.vmonPause.p50)} | ${ms(s.vmonPause.p95)} | ` +
+  console.log(`| ${label} | pause (\`sbx.pause()\`) vs \`runsc checkpoint\` | ${ms(s.vmonPause.p50)} | ${ms(s.vmonPause.p95)} | ` +
     `${ms(s.rawCheckpoint.p50)} | ${ms(s.rawCheckpoint.p95)} | ${ratio(s.vmonPause.p50, s.rawCheckpoint.p50)} | ${ratio(s.vmonPause.p95, s.rawCheckpoint.p95)} |`);
   console.log(`| ${label} | resume (\`Sandbox.connect()\` + first \`commands.run\`) vs \`runsc restore\` + \`exec true\` | ${ms(s.vmonResume.p50)} | ` +
     `${ms(s.vmonResume.p95)} | ${ms(s.rawRestore.p50)} | ${ms(s.rawRestore.p95)} | ${ratio(s.vmonResume.p50, s.rawRestore.p50)} | ${ratio(s.vmonResume.p95, s.rawRestore.p95)} |`);

@@ -4,10 +4,11 @@
 //   node bench/stateful.mjs --n 15 --out F --data-dir D [--template-config F] [--runsc R]
 //
 //   1. pause, then resume (connect + first commands.run('true')) through the SDK, alternating
-//      iteration by iteration with raw `runsc checkpoint` + delete, then `runsc restore` +
+//      iteration by iteration with raw `runsc checkpoint` (its delete untimed), then `runsc restore` +
 //      `runsc exec true` of a sandbox on the same rootfs, config shape, flags and init (envd;
 //      bench/runtime.mjs); the pause is timed until the SDK call returns, which vmon answers once
-//      the sandbox stopped with its memory saved (the snapshot is written after, untimed);
+//      the sandbox stopped with its memory saved (the runtime's removal and the snapshot's
+//      writing follow, untimed, as the raw side's delete is);
 //      for an idle sandbox and for one holding 256 MiB of touched memory;
 //   2. disk used per paused sandbox (the snapshot directory's allocated blocks), both shapes;
 //   3. fork of 1 and of 10 (POST /sandboxes/{id}/fork until the entries are back), alternating;
@@ -91,9 +92,11 @@ async function pairs(shape) {
       const t0 = now();
       let r = await runsc('checkpoint', [`--image-path=${img}`, '--compression=none', id], { timeoutMs: 120_000 });
       if (r.code !== 0) throw new Error(`runsc checkpoint: ${r.stderr.trim()}`);
+      // Stopped and saved: the pause has happened. The delete a restore under the same id needs
+      // is not timed, as vmon's happens after its answer.
+      const t1 = now();
       r = await runsc('delete', ['--force', id], { timeoutMs: 60_000 });
       if (r.code !== 0) throw new Error(`runsc delete: ${r.stderr.trim()}`);
-      const t1 = now();
       out.rawImageBytes.push(await allocatedBytes(img));
       const t2 = now();
       const consoleFd = fs.openSync(path.join(it.dir, 'console.log'), 'a', 0o600);

@@ -47,11 +47,15 @@ func TestInitCABundle(t *testing.T) {
 	if err := os.WriteFile(paths[2], nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
+	// Repeats on one envd (resumes), then on a fresh envd over the same files (a reboot).
 	s := newServer(paths)
 	for range 3 {
 		if w := post(s, map[string]any{"caBundle": bundle}); w.Code != http.StatusNoContent {
 			t.Fatalf("status %d: %s", w.Code, w.Body)
 		}
+	}
+	if w := post(newServer(paths), map[string]any{"caBundle": bundle}); w.Code != http.StatusNoContent {
+		t.Fatalf("status %d: %s", w.Code, w.Body)
 	}
 	if _, err := os.Stat(paths[0]); !os.IsNotExist(err) {
 		t.Fatalf("a store was created although others exist: %v", err)

@@ -43,7 +43,12 @@ func (s *Server) init(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, errdefs.InvalidArgument("invalid /init body: %v", err))
 		return
 	}
-	if req.DefaultUser != nil && *req.DefaultUser != "" {
+	s.mu.RLock()
+	// What the last /init set was checked then; after a resume the node sends it all again.
+	newUser := req.DefaultUser != nil && *req.DefaultUser != "" && *req.DefaultUser != s.defaultUser
+	newCA := req.CABundle != nil && *req.CABundle != "" && *req.CABundle != s.caBundle
+	s.mu.RUnlock()
+	if newUser {
 		if _, err := s.users.Lookup(*req.DefaultUser); err != nil {
 			s.writeError(w, r, errdefs.InvalidArgument("default user '%s' does not exist", *req.DefaultUser))
 			return
@@ -55,7 +60,7 @@ func (s *Server) init(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	if req.CABundle != nil && *req.CABundle != "" {
+	if newCA {
 		if err := checkCABundle([]byte(*req.CABundle)); err != nil {
 			s.writeError(w, r, err)
 			return
@@ -79,13 +84,14 @@ func (s *Server) init(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	if req.CABundle != nil && *req.CABundle != "" {
+	if newCA {
 		// Before the token: a failed write is retried by the node with the same /init.
 		if err := installCABundle(s.trustBundles, []byte(*req.CABundle)); err != nil {
 			s.mu.Unlock()
 			s.writeError(w, r, err)
 			return
 		}
+		s.caBundle = *req.CABundle
 	}
 	if req.AccessToken != nil && *req.AccessToken != "" {
 		s.token = *req.AccessToken

@@ -68,6 +68,9 @@ type Server struct {
 	defaultWorkdir string
 	// +checklocks:mu
 	envVars map[string]string
+	// caBundle is the bundle /init last installed: the node sends it again after every resume,
+	// and the trust stores already hold it. +checklocks:mu
+	caBundle string
 }
 
 // New returns a Server with no access token and root as the default user.
