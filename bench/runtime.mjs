@@ -12,6 +12,7 @@
 // by `sdk.mjs create --capture-config`) with the paths, netns, cgroup and init rewritten; the init
 // is `sleep infinity` instead of envd, since nothing here talks to envd.
 import fs from 'node:fs';
+import net from 'node:net';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { now, stats, writeJson, parseArgs, run, runOk } from './lib.mjs';
@@ -125,6 +126,8 @@ function cgroupDirs(leaf) {
 /** Undo everything iteration `it` made; safe to call on a partly set up iteration. */
 export async function teardown(it) {
   const errs = [];
+  it.agent?.close();
+  if (it.hostLink) await run('ip', ['link', 'del', it.hostLink]);
   await runsc('kill', [it.id, 'KILL'], { timeoutMs: 20_000 });
   const del = await runsc('delete', ['--force', it.id], { timeoutMs: 30_000 });
   if (del.code !== 0 && !/does not exist/.test(del.stderr)) errs.push(`runsc delete: ${del.stderr.trim()}`);
@@ -169,7 +172,32 @@ export async function setup(it) {
   }
   await runOk('ip', ['netns', 'add', it.netns]);
   await runOk('ip', ['-n', it.netns, 'link', 'set', 'lo', 'up']);
+  if (it.vmonShape) await vmonShape(it);
   fs.writeFileSync(path.join(it.dir, 'config.json'), JSON.stringify(buildConfig(it.id, it.dir, it.netns, it.init), null, 2));
+}
+
+// What a vmon sandbox has besides its rootfs, so a checkpoint and a restore save and bring back
+// the same kernel state: a veth link with an address and default route (as netpool's), and
+// envd's agent channel connected to a host socket (held open; a restored envd redials it).
+let linkSeq = 0;
+async function vmonShape(it) {
+  const k = (process.pid + linkSeq++) % 16000;
+  const sub = `10.${200 + (k >> 8) % 50}.${k & 255}`;
+  it.hostLink = `vbr${k}`;
+  await runOk('ip', ['link', 'add', it.hostLink, 'type', 'veth', 'peer', 'name', 'eth0', 'netns', it.netns]);
+  await runOk('ip', ['addr', 'add', `${sub}.1/30`, 'dev', it.hostLink]);
+  await runOk('ip', ['link', 'set', it.hostLink, 'up']);
+  await runOk('ip', ['-n', it.netns, 'addr', 'add', `${sub}.2/30`, 'dev', 'eth0']);
+  await runOk('ip', ['-n', it.netns, 'link', 'set', 'eth0', 'up']);
+  await runOk('ip', ['-n', it.netns, 'route', 'add', 'default', 'via', `${sub}.1`]);
+  it.agent = net.createServer((c) => {
+    c.on('data', () => {});
+    c.on('error', () => {});
+  });
+  await new Promise((resolve, reject) => {
+    it.agent.once('error', reject);
+    it.agent.listen(path.join(it.dir, 'agent', 'agent.sock'), resolve);
+  });
 }
 
 export async function bootAndExec(it) {

@@ -58,12 +58,12 @@ async function pairs(shape) {
   const touch = shape === 'touched256';
   const sbx = await Sandbox.create({ ...opts, timeoutMs: 3_600_000 });
   const id = `vbench-${process.pid}-${shape}`;
-  // The raw sandbox runs what a vmon sandbox runs: envd as init (it keeps redialling an agent
-  // socket nobody listens on), plus the toucher; processes started by runsc exec would not
-  // survive a restore.
+  // The raw sandbox runs what a vmon sandbox runs: envd as init, connected to a host socket as
+  // to vmon's agent channel, a veth link with an address (runtime.mjs vmonShape), plus the
+  // toucher; processes started by runsc exec would not survive a restore.
   const envd = envdInit();
   const init = touch ? ['/bin/sh', '-c', `${TOUCH} & exec ${envd.join(' ')}`] : envd;
-  const it = { id, dir: path.join(paths.workRoot, id), netns: id, init };
+  const it = { id, dir: path.join(paths.workRoot, id), netns: id, init, vmonShape: true };
   const out = { vmonPause: [], vmonResume: [], rawCheckpoint: [], rawRestore: [], pausedBytes: [], rawImageBytes: [] };
   try {
     if (touch) {
