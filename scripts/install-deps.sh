@@ -10,10 +10,11 @@
 #   busybox-static    the tiny rootfs of the runtime tests and the fixture images of the template tests
 #   bash-static       the fixture images' /bin/bash (the SDK runs commands with bash)
 #   ca-certificates, curl, file  used by the scripts and tests
+#   python3-ipykernel the Jupyter kernel the code-interpreter service's Go tests drive
 # Node.js and npm (for the SDK end-to-end tests) are expected to be installed already.
 set -eu
 
-PACKAGES="make git mmdebstrap iproute2 iptables e2fsprogs libnss-myhostname busybox-static bash-static ca-certificates curl file"
+PACKAGES="make git mmdebstrap iproute2 iptables e2fsprogs libnss-myhostname busybox-static bash-static ca-certificates curl file python3-ipykernel"
 
 missing=""
 for p in $PACKAGES; do

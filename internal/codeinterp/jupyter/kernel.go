@@ -1,0 +1,350 @@
+package jupyter
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+)
+
+// Spec says how to start a kernel.
+type Spec struct {
+	// Argv starts the kernel; "{connection_file}" is replaced by the connection file's path
+	// (as in a kernelspec's kernel.json).
+	Argv []string
+	// Env is the kernel's environment (nil: this process's).
+	Env []string
+	// Dir is the kernel's working directory.
+	Dir string
+	// RuntimeDir holds the connection file (it carries the session key: 0700).
+	RuntimeDir string
+	// StartTimeout bounds the wait for the kernel's first answer.
+	StartTimeout time.Duration
+	// SysProcAttr, when set, is the kernel process's (credentials of the sandbox's user).
+	SysProcAttr *syscall.SysProcAttr
+	Log         *slog.Logger
+}
+
+// ErrDied is returned (wrapped) by calls on a kernel whose process exited.
+var ErrDied = errors.New("the kernel exited")
+
+// Kernel is one running kernel process and the client's sockets to it.
+type Kernel struct {
+	spec    Spec
+	cmd     *exec.Cmd
+	connFn  string
+	signer  signer
+	session string
+	log     *slog.Logger
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	shell  zmq4.Socket
+	iopub  zmq4.Socket
+	sendMu sync.Mutex // zmq4 sockets are not safe for concurrent sends
+
+	mu sync.Mutex
+	// +checklocks:mu
+	waiters map[string]*waiter
+
+	exited  chan struct{}
+	exitErr error // set before exited closes
+}
+
+// waiter collects what the kernel sends about one request.
+type waiter struct {
+	iopub chan Message
+	reply chan Message
+}
+
+type connectionInfo struct {
+	IP              string `json:"ip"`
+	Transport       string `json:"transport"`
+	ShellPort       int    `json:"shell_port"`
+	IOPubPort       int    `json:"iopub_port"`
+	StdinPort       int    `json:"stdin_port"`
+	ControlPort     int    `json:"control_port"`
+	HBPort          int    `json:"hb_port"`
+	Key             string `json:"key"`
+	SignatureScheme string `json:"signature_scheme"`
+	KernelName      string `json:"kernel_name"`
+}
+
+// Start starts a kernel and waits until it answers kernel_info and its iopub channel delivers.
+func Start(ctx context.Context, spec Spec) (_ *Kernel, err error) {
+	if spec.Log == nil {
+		spec.Log = slog.New(slog.DiscardHandler)
+	}
+	if spec.StartTimeout == 0 {
+		spec.StartTimeout = 60 * time.Second
+	}
+	ports, err := freePorts(5)
+	if err != nil {
+		return nil, err
+	}
+	key := newID() + newID()
+	info := connectionInfo{IP: "127.0.0.1", Transport: "tcp", ShellPort: ports[0], IOPubPort: ports[1],
+		StdinPort: ports[2], ControlPort: ports[3], HBPort: ports[4], Key: key, SignatureScheme: "hmac-sha256"}
+	if err := os.MkdirAll(spec.RuntimeDir, 0o700); err != nil {
+		return nil, fmt.Errorf("kernel runtime dir: %w", err)
+	}
+	connFn := filepath.Join(spec.RuntimeDir, "kernel-"+newID()[:12]+".json")
+	b, _ := json.Marshal(info)
+	if err := os.WriteFile(connFn, b, 0o600); err != nil {
+		return nil, fmt.Errorf("write kernel connection file: %w", err)
+	}
+	if spec.SysProcAttr != nil && spec.SysProcAttr.Credential != nil {
+		// The kernel runs as the sandbox's user and must read its own connection file.
+		_ = os.Chown(connFn, int(spec.SysProcAttr.Credential.Uid), int(spec.SysProcAttr.Credential.Gid))
+	}
+	argv := make([]string, len(spec.Argv))
+	for i, a := range spec.Argv {
+		argv[i] = strings.ReplaceAll(a, "{connection_file}", connFn)
+	}
+	kctx, cancel := context.WithCancel(context.Background())
+	k := &Kernel{spec: spec, connFn: connFn, signer: signer{key: []byte(key)}, session: newID(),
+		log: spec.Log, ctx: kctx, cancel: cancel, waiters: map[string]*waiter{}, exited: make(chan struct{})}
+	defer func() {
+		if err != nil {
+			k.Shutdown()
+		}
+	}()
+	k.cmd = exec.Command(argv[0], argv[1:]...)
+	k.cmd.Env, k.cmd.Dir = spec.Env, spec.Dir
+	k.cmd.SysProcAttr = spec.SysProcAttr
+	if k.cmd.SysProcAttr == nil {
+		k.cmd.SysProcAttr = &syscall.SysProcAttr{}
+	}
+	// Its own process group: an interrupt or a shutdown reaches what the kernel started too.
+	k.cmd.SysProcAttr.Setpgid = true
+	k.cmd.Stdout, k.cmd.Stderr = logWriter{k.log, "kernel stdout"}, logWriter{k.log, "kernel stderr"}
+	if err := k.cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start kernel %s: %w", argv[0], err)
+	}
+	go func() {
+		err := k.cmd.Wait()
+		if err == nil {
+			err = errors.New("exit status 0")
+		}
+		k.exitErr = err
+		close(k.exited)
+	}()
+
+	addr := func(port int) string { return fmt.Sprintf("tcp://127.0.0.1:%d", port) }
+	k.shell = zmq4.NewDealer(kctx, zmq4.WithDialerRetry(50*time.Millisecond), zmq4.WithDialerMaxRetries(-1))
+	k.iopub = zmq4.NewSub(kctx, zmq4.WithDialerRetry(50*time.Millisecond), zmq4.WithDialerMaxRetries(-1))
+	sctx, scancel := context.WithTimeout(ctx, spec.StartTimeout)
+	defer scancel()
+	if err := k.dial(sctx, k.shell, addr(info.ShellPort)); err != nil {
+		return nil, err
+	}
+	if err := k.dial(sctx, k.iopub, addr(info.IOPubPort)); err != nil {
+		return nil, err
+	}
+	if err := k.iopub.SetOption(zmq4.OptionSubscribe, ""); err != nil {
+		return nil, fmt.Errorf("subscribe to kernel iopub: %w", err)
+	}
+	go k.readLoop(k.shell, true)
+	go k.readLoop(k.iopub, false)
+	if err := k.waitReady(sctx); err != nil {
+		return nil, err
+	}
+	return k, nil
+}
+
+// dial connects s, giving up when the kernel exits or ctx ends.
+func (k *Kernel) dial(ctx context.Context, s zmq4.Socket, addr string) error {
+	done := make(chan error, 1)
+	go func() { done <- s.Dial(addr) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			return fmt.Errorf("connect to kernel at %s: %w", addr, err)
+		}
+		return nil
+	case <-k.exited:
+		return fmt.Errorf("%w while starting: %v", ErrDied, k.exitErr)
+	case <-ctx.Done():
+		return fmt.Errorf("kernel did not listen at %s: %w", addr, ctx.Err())
+	}
+}
+
+// waitReady asks kernel_info until the kernel answers on shell and an iopub message about one of
+// the requests arrives: a subscription only receives what is published after it took effect.
+func (k *Kernel) waitReady(ctx context.Context) error {
+	replied := false
+	for {
+		msg, err := k.newMessage("kernel_info_request", struct{}{})
+		if err != nil {
+			return err
+		}
+		w := k.register(msg.Header.MsgID)
+		if err := k.send(msg); err != nil {
+			k.unregister(msg.Header.MsgID)
+			return err
+		}
+		tick := time.NewTimer(200 * time.Millisecond)
+		iopubSeen := false
+	wait:
+		for {
+			select {
+			case <-w.reply:
+				replied = true
+			case <-w.iopub:
+				iopubSeen = true
+			case <-tick.C:
+				break wait
+			case <-k.exited:
+				k.unregister(msg.Header.MsgID)
+				return fmt.Errorf("%w while starting: %v", ErrDied, k.exitErr)
+			case <-ctx.Done():
+				k.unregister(msg.Header.MsgID)
+				return fmt.Errorf("kernel did not answer: %w", ctx.Err())
+			}
+			if replied && iopubSeen {
+				tick.Stop()
+				k.unregister(msg.Header.MsgID)
+				return nil
+			}
+		}
+		k.unregister(msg.Header.MsgID)
+	}
+}
+
+func (k *Kernel) register(id string) *waiter {
+	w := &waiter{iopub: make(chan Message, 256), reply: make(chan Message, 1)}
+	k.mu.Lock()
+	k.waiters[id] = w
+	k.mu.Unlock()
+	return w
+}
+
+func (k *Kernel) unregister(id string) {
+	k.mu.Lock()
+	delete(k.waiters, id)
+	k.mu.Unlock()
+}
+
+func (k *Kernel) send(msg Message) error {
+	frames, err := k.signer.encode(msg)
+	if err != nil {
+		return err
+	}
+	k.sendMu.Lock()
+	defer k.sendMu.Unlock()
+	if err := k.shell.Send(zmq4.NewMsgFrom(frames...)); err != nil {
+		return fmt.Errorf("send %s to kernel: %w", msg.Header.MsgType, err)
+	}
+	return nil
+}
+
+// readLoop routes what arrives on s to the request it answers. A waiter whose buffer is full
+// blocks the loop: the executor reads without pause, and the kernel's own queue holds the rest.
+func (k *Kernel) readLoop(s zmq4.Socket, shell bool) {
+	for {
+		raw, err := s.Recv()
+		if err != nil {
+			if k.ctx.Err() == nil {
+				k.log.Debug("kernel socket closed", "shell", shell, "err", err)
+			}
+			return
+		}
+		msg, err := k.signer.decode(raw.Frames)
+		if err != nil {
+			k.log.Warn("dropped a kernel message", "err", err)
+			continue
+		}
+		k.mu.Lock()
+		w := k.waiters[msg.Parent.MsgID]
+		k.mu.Unlock()
+		if w == nil {
+			continue
+		}
+		ch := w.iopub
+		if shell {
+			ch = w.reply
+		}
+		select {
+		case ch <- msg:
+		case <-k.ctx.Done():
+			return
+		}
+	}
+}
+
+// Exited is closed once the kernel process is gone.
+func (k *Kernel) Exited() <-chan struct{} { return k.exited }
+
+// ExitErr says how the kernel process ended (valid once Exited is closed).
+func (k *Kernel) ExitErr() error { return k.exitErr }
+
+// Interrupt interrupts what the kernel runs, as Jupyter's signal interrupt mode does: SIGINT to
+// the kernel's process group.
+func (k *Kernel) Interrupt() error {
+	if k.cmd.Process == nil {
+		return nil
+	}
+	return syscall.Kill(-k.cmd.Process.Pid, syscall.SIGINT)
+}
+
+// Shutdown kills the kernel and everything in its process group and closes the sockets.
+func (k *Kernel) Shutdown() {
+	if k.cmd != nil && k.cmd.Process != nil {
+		_ = syscall.Kill(-k.cmd.Process.Pid, syscall.SIGKILL)
+		select {
+		case <-k.exited:
+		case <-time.After(5 * time.Second):
+		}
+	}
+	k.cancel()
+	if k.shell != nil {
+		_ = k.shell.Close()
+	}
+	if k.iopub != nil {
+		_ = k.iopub.Close()
+	}
+	_ = os.Remove(k.connFn)
+}
+
+// freePorts reserves n distinct loopback ports (released just before the kernel binds them, as
+// jupyter_client does).
+func freePorts(n int) ([]int, error) {
+	var ls []net.Listener
+	defer func() {
+		for _, l := range ls {
+			_ = l.Close()
+		}
+	}()
+	ports := make([]int, 0, n)
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("reserve a kernel port: %w", err)
+		}
+		ls = append(ls, l)
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
+}
+
+// logWriter sends a kernel's own output to the service log.
+type logWriter struct {
+	log *slog.Logger
+	msg string
+}
+
+func (w logWriter) Write(p []byte) (int, error) {
+	w.log.Debug(w.msg, "text", strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
