@@ -44,7 +44,10 @@ const interruptGrace = 10 * time.Second
 func (k *Kernel) Execute(ctx context.Context, code string, silent bool, emit func(Output)) (Reply, error) {
 	msg, err := k.newMessage("execute_request", map[string]any{
 		"code": code, "silent": silent, "store_history": !silent, "user_expressions": map[string]any{},
-		"allow_stdin": false, "stop_on_error": true,
+		// Executions reach a kernel one at a time, so there is no queue to abort on an error; with
+		// stop_on_error ipykernel would also abort the next request if it came right after an
+		// error (an interrupted run, then the client's next call).
+		"allow_stdin": false, "stop_on_error": false,
 	})
 	if err != nil {
 		return Reply{}, err

@@ -1,0 +1,217 @@
+package codeinterp
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/vibemon/vmon/internal/codeinterp/jupyter"
+)
+
+// executeRequest is POST /execute's body, as @e2b/code-interpreter sends it.
+type executeRequest struct {
+	Code      *string           `json:"code"`
+	ContextID string            `json:"context_id"`
+	Language  string            `json:"language"`
+	EnvVars   map[string]string `json:"env_vars"`
+}
+
+// mimeKeys maps the MIME types kernels publish to the short keys the SDK reads.
+var mimeKeys = map[string]string{
+	"text/plain":             "text",
+	"text/html":              "html",
+	"text/markdown":          "markdown",
+	"image/svg+xml":          "svg",
+	"image/png":              "png",
+	"image/jpeg":             "jpeg",
+	"application/pdf":        "pdf",
+	"text/latex":             "latex",
+	"application/json":       "json",
+	"application/javascript": "javascript",
+	"e2b/data":               "data",
+	"e2b/chart":              "chart",
+}
+
+// result turns a kernel's MIME bundle into the SDK's result line: known types under their short
+// keys, the rest in "extra" (as E2B's service sends them).
+func result(data map[string]any, main bool) map[string]any {
+	out := map[string]any{"type": "result", "is_main_result": main}
+	extra := map[string]any{}
+	for mime, v := range data {
+		key, ok := mimeKeys[mime]
+		if !ok {
+			extra[mime] = v
+			continue
+		}
+		if s, isStr := v.(string); isStr {
+			if key == "text" && len(s) >= 2 && strings.HasPrefix(s, "'") && strings.HasSuffix(s, "'") {
+				s = s[1 : len(s)-1] // a Python str's repr: the SDK shows the text itself
+			}
+			if key == "png" || key == "jpeg" {
+				s = strings.TrimSpace(s) // base64 with the kernel's line breaks removed below
+				s = strings.ReplaceAll(s, "\n", "")
+			}
+			v = s
+		}
+		out[key] = v
+	}
+	if len(extra) > 0 {
+		out["extra"] = extra
+	}
+	return out
+}
+
+// lineWriter writes one JSON object per line and flushes it, so each reaches the client as it
+// is produced (the SDK decodes every network chunk on its own).
+type lineWriter struct {
+	w  http.ResponseWriter
+	rc *http.ResponseController
+}
+
+func (l lineWriter) write(v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return
+	}
+	_, _ = l.w.Write(append(b, '\n'))
+	_ = l.rc.Flush()
+}
+
+func (l lineWriter) fail(name, value string) {
+	l.write(map[string]any{"type": "error", "name": name, "value": value, "traceback": ""})
+}
+
+func (s *Server) execute(w http.ResponseWriter, r *http.Request) {
+	var req executeRequest
+	if err := decodeBody(r, &req); err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	if req.Code == nil {
+		http.Error(w, "code is required", http.StatusBadRequest)
+		return
+	}
+	if req.ContextID != "" && req.Language != "" {
+		http.Error(w, "Only one of context_id or language can be provided", http.StatusBadRequest)
+		return
+	}
+	var c *kcontext
+	if req.ContextID != "" {
+		if c = s.lookup(req.ContextID); c == nil {
+			http.Error(w, fmt.Sprintf("Context %s not found", req.ContextID), http.StatusNotFound)
+			return
+		}
+	}
+	// From here the answer is a stream: headers go out at once, failures are error lines.
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusOK)
+	out := lineWriter{w: w, rc: http.NewResponseController(w)}
+	_ = out.rc.Flush()
+	defer out.write(map[string]any{"type": "end_of_execution"})
+	ctx := r.Context()
+	if c == nil {
+		lang := normalize(req.Language)
+		var err error
+		if c, err = s.defaultContext(ctx, lang); err != nil {
+			var nl errNoLanguage
+			if errors.As(err, &nl) {
+				out.fail("LanguageNotAvailable", fmt.Sprintf("%v (available: %s)", err, s.available()))
+				return
+			}
+			out.fail("ContextError", err.Error())
+			return
+		}
+	}
+	// One execution at a time per context; a client that gives up while queued leaves.
+	locked := make(chan struct{})
+	go func() { c.run.Lock(); close(locked) }()
+	select {
+	case <-locked:
+	case <-ctx.Done():
+		go func() { <-locked; c.run.Unlock() }()
+		return
+	}
+	defer c.run.Unlock()
+	s.runIn(ctx, c, req, out)
+}
+
+// runIn runs req in c and streams what it produces.
+func (s *Server) runIn(ctx context.Context, c *kcontext, req executeRequest, out lineWriter) {
+	k, restarted := c.current()
+	if k == nil {
+		out.fail("ContextRestarting", "Context was restarted")
+		return
+	}
+	// A restart or removal of the context ends this execution.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-restarted:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	lang := s.opts.Languages[c.Language]
+	restore := ""
+	if len(req.EnvVars) > 0 && lang.SetEnv != nil {
+		set, undo := lang.SetEnv(req.EnvVars)
+		if rep, err := k.Execute(ctx, set, true, func(jupyter.Output) {}); err != nil || rep.Status != "ok" {
+			out.fail("EnvVarsError", fmt.Sprintf("could not set the execution's environment variables (%v)", err))
+			return
+		}
+		restore = undo
+	}
+	errSent := false
+	rep, err := k.Execute(ctx, *req.Code, false, func(o jupyter.Output) {
+		switch o.Kind {
+		case "count":
+			out.write(map[string]any{"type": "number_of_executions", "execution_count": o.Count})
+		case "stream":
+			typ := "stdout"
+			if o.Stream == "stderr" {
+				typ = "stderr"
+			}
+			out.write(map[string]any{"type": typ, "text": o.Text, "timestamp": time.Now().UTC().Format(time.RFC3339Nano)})
+		case "result":
+			out.write(result(o.Data, o.Main))
+		case "error":
+			errSent = true
+			out.write(map[string]any{"type": "error", "name": o.EName, "value": o.EValue, "traceback": strings.Join(o.Traceback, "\n")})
+		}
+	})
+	select {
+	case <-restarted:
+		out.fail("ContextRestarting", "Context was restarted")
+		return
+	default:
+	}
+	if errors.Is(err, jupyter.ErrDied) {
+		out.fail("KernelDied", fmt.Sprintf("the %s kernel exited while running this code (%v); its state is lost and it is being restarted", c.Language, k.ExitErr()))
+		// The next execution finds a fresh kernel: restart while still holding the context.
+		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), s.opts.StartTimeout)
+		defer rcancel()
+		if rerr := s.restart(rctx, c); rerr != nil {
+			s.log.Error("restart a kernel that died", "context", c.ID, "err", rerr)
+		}
+		return
+	}
+	switch {
+	case err != nil && !errSent:
+		out.fail("ExecutionError", err.Error())
+	case err == nil && rep.Status == "aborted" && !rep.Interrupted:
+		out.fail("ExecutionAborted", "Execution was aborted")
+	}
+	// Also after an interrupt (the client left): the kernel is idle again and keeps no variable
+	// of this execution.
+	if restore != "" && !errors.Is(err, jupyter.ErrDied) {
+		if rrep, rerr := k.Execute(context.WithoutCancel(ctx), restore, true, func(jupyter.Output) {}); rerr != nil || rrep.Status != "ok" {
+			s.log.Warn("restore environment after an execution", "context", c.ID, "err", rerr, "status", rrep.Status)
+		}
+	}
+}

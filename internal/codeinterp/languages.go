@@ -1,0 +1,93 @@
+package codeinterp
+
+import (
+	"encoding/json"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+)
+
+// Language says how to run one language's kernel and speak to it.
+type Language struct {
+	// Argv starts a Jupyter kernel; "{connection_file}" is replaced by its connection file.
+	Argv []string
+	// Chdir is code that changes the kernel's working directory.
+	Chdir func(dir string) string
+	// SetEnv is code that sets env for the next execution, and Restore code that puts back what
+	// was there before (run after it).
+	SetEnv func(env map[string]string) (set, restore string)
+}
+
+// lit quotes s as a string literal that Python, R and JavaScript all read the same way.
+func lit(s string) string {
+	b, _ := json.Marshal(s)
+	return string(b)
+}
+
+func sortedKeys(env map[string]string) []string {
+	return slices.Sorted(maps.Keys(env))
+}
+
+// Python runs ipykernel from python3 (Debian's python3-ipykernel).
+func Python(python string) Language {
+	return Language{
+		Argv: []string{python, "-m", "ipykernel_launcher", "-f", "{connection_file}"},
+		Chdir: func(dir string) string {
+			return "import os as __vmon_os\n__vmon_os.chdir(" + lit(dir) + ")\ndel __vmon_os"
+		},
+		SetEnv: func(env map[string]string) (string, string) {
+			keys := make([]string, 0, len(env))
+			pairs := make([]string, 0, len(env))
+			for _, k := range sortedKeys(env) {
+				keys = append(keys, lit(k))
+				pairs = append(pairs, lit(k)+": "+lit(env[k]))
+			}
+			set := "import os as __vmon_os\n" +
+				"__vmon_saved = {k: __vmon_os.environ.get(k) for k in [" + strings.Join(keys, ", ") + "]}\n" +
+				"__vmon_os.environ.update({" + strings.Join(pairs, ", ") + "})"
+			restore := "for __vmon_k, __vmon_v in __vmon_saved.items():\n" +
+				"    if __vmon_v is None: __vmon_os.environ.pop(__vmon_k, None)\n" +
+				"    else: __vmon_os.environ[__vmon_k] = __vmon_v\n" +
+				"del __vmon_saved, __vmon_os"
+			return set, restore
+		},
+	}
+}
+
+// R runs IRkernel (Debian's r-cran-irkernel).
+func R(rscript string) Language {
+	return Language{
+		Argv:  []string{rscript, "--slave", "-e", "IRkernel::main()", "--args", "{connection_file}"},
+		Chdir: func(dir string) string { return "invisible(setwd(" + lit(dir) + "))" },
+		SetEnv: func(env map[string]string) (string, string) {
+			keys := make([]string, 0, len(env))
+			args := make([]string, 0, len(env))
+			for _, k := range sortedKeys(env) {
+				keys = append(keys, lit(k))
+				args = append(args, fmt.Sprintf("%s = %s", lit(k), lit(env[k])))
+			}
+			set := ".vmon_saved <- Sys.getenv(c(" + strings.Join(keys, ", ") + "), unset = NA)\n" +
+				"invisible(Sys.setenv(" + strings.Join(args, ", ") + "))"
+			restore := "for (.vmon_k in names(.vmon_saved)) { if (is.na(.vmon_saved[[.vmon_k]])) Sys.unsetenv(.vmon_k) " +
+				"else do.call(Sys.setenv, setNames(list(.vmon_saved[[.vmon_k]]), .vmon_k)) }\n" +
+				"rm(.vmon_saved, .vmon_k)"
+			return set, restore
+		},
+	}
+}
+
+// normalize maps what a client names a language to the name contexts use, as E2B's service
+// does: case and surrounding space do not matter, js and ts are short names, empty is python.
+func normalize(lang string) string {
+	l := strings.ToLower(strings.TrimSpace(lang))
+	switch l {
+	case "":
+		return "python"
+	case "js":
+		return "javascript"
+	case "ts":
+		return "typescript"
+	}
+	return l
+}

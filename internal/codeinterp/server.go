@@ -1,0 +1,362 @@
+// Package codeinterp is the code-execution service on guest port 49999 of the
+// code-interpreter-v1 template, wire-compatible with what @e2b/code-interpreter sends and parses
+// (docs/design/code-interpreter-protocol.md): POST /execute streams one JSON object per line
+// while a kernel runs the code, and /contexts creates, lists, restarts and removes the kernels
+// (contexts) executions run in, each with its own language and working directory.
+//
+// It runs inside the sandbox, as the template's start command, and owns the kernel processes it
+// starts (package jupyter); it never talks to envd or the node.
+package codeinterp
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/vibemon/vmon/internal/codeinterp/jupyter"
+)
+
+// Options configure a Server.
+type Options struct {
+	// Languages are the kernels this sandbox can run, by normalized name.
+	Languages map[string]Language
+	// Cwd is a new context's working directory unless the client names one.
+	Cwd string
+	// RuntimeDir holds the kernels' connection files.
+	RuntimeDir string
+	// Env is the kernels' environment (nil: this process's).
+	Env []string
+	// StartTimeout bounds a kernel's start.
+	StartTimeout time.Duration
+	Log          *slog.Logger
+}
+
+// Server is the service's HTTP handler.
+type Server struct {
+	opts Options
+	log  *slog.Logger
+	mux  *http.ServeMux
+
+	mu sync.Mutex
+	// +checklocks:mu
+	contexts map[string]*kcontext
+	// defaults are the per-language contexts executions without a context_id run in.
+	// +checklocks:mu
+	defaults map[string]*kcontext
+	ready    chan struct{}
+}
+
+// kcontext is one context: a kernel, its language and working directory. Executions in it run
+// one at a time, in the order they arrive.
+type kcontext struct {
+	ID       string `json:"id"`
+	Language string `json:"language"`
+	Cwd      string `json:"cwd"`
+
+	run    sync.Mutex // held by the execution in progress (and by a restart)
+	kmu    sync.Mutex
+	kernel *jupyter.Kernel // +checklocks:kmu
+	// restarted is closed when the context's kernel is replaced or removed, ending what ran in
+	// the old one. +checklocks:kmu
+	restarted chan struct{}
+}
+
+// New returns a Server; Start brings up the default Python context.
+func New(opts Options) *Server {
+	if opts.Log == nil {
+		opts.Log = slog.New(slog.DiscardHandler)
+	}
+	if opts.Cwd == "" {
+		opts.Cwd = "/home/user"
+	}
+	if opts.StartTimeout == 0 {
+		opts.StartTimeout = 60 * time.Second
+	}
+	s := &Server{opts: opts, log: opts.Log, contexts: map[string]*kcontext{}, defaults: map[string]*kcontext{},
+		ready: make(chan struct{})}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /health", s.health)
+	mux.HandleFunc("POST /execute", s.execute)
+	mux.HandleFunc("POST /contexts", s.createContext)
+	mux.HandleFunc("GET /contexts", s.listContexts)
+	mux.HandleFunc("DELETE /contexts/{id}", s.deleteContext)
+	mux.HandleFunc("POST /contexts/{id}/restart", s.restartContext)
+	s.mux = mux
+	return s
+}
+
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+
+// Start starts the default Python context; /health answers 200 once it is up, so a template's
+// ready command (and its started snapshot) waits for a warm kernel.
+func (s *Server) Start(ctx context.Context) error {
+	if _, err := s.defaultContext(ctx, "python"); err != nil {
+		return err
+	}
+	close(s.ready)
+	return nil
+}
+
+// Close stops every kernel.
+func (s *Server) Close() {
+	s.mu.Lock()
+	all := make([]*kcontext, 0, len(s.contexts))
+	for _, c := range s.contexts {
+		all = append(all, c)
+	}
+	s.contexts = map[string]*kcontext{}
+	s.defaults = map[string]*kcontext{}
+	s.mu.Unlock()
+	for _, c := range all {
+		c.stop()
+	}
+}
+
+func (s *Server) health(w http.ResponseWriter, _ *http.Request) {
+	select {
+	case <-s.ready:
+		writeJSON(w, http.StatusOK, "OK")
+	default:
+		http.Error(w, "the default Python kernel is starting", http.StatusServiceUnavailable)
+	}
+}
+
+// errNoLanguage is returned for a language this sandbox has no kernel for.
+type errNoLanguage struct{ lang string }
+
+func (e errNoLanguage) Error() string {
+	return fmt.Sprintf("language %q is not available in this sandbox", e.lang)
+}
+
+func (s *Server) available() string {
+	names := make([]string, 0, len(s.opts.Languages))
+	for n := range s.opts.Languages {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	return strings.Join(names, ", ")
+}
+
+// newContext starts a kernel for lang (normalized) in cwd.
+func (s *Server) newContext(ctx context.Context, lang, cwd string) (*kcontext, error) {
+	if _, ok := s.opts.Languages[lang]; !ok {
+		return nil, errNoLanguage{lang}
+	}
+	c := &kcontext{ID: newContextID(), Language: lang, Cwd: cwd}
+	k, err := s.startKernel(ctx, c)
+	if err != nil {
+		return nil, err
+	}
+	c.kernel, c.restarted = k, make(chan struct{})
+	s.mu.Lock()
+	s.contexts[c.ID] = c
+	s.mu.Unlock()
+	s.log.Info("context created", "id", c.ID, "language", lang, "cwd", cwd)
+	return c, nil
+}
+
+// startKernel starts c's kernel and moves it to c's directory.
+func (s *Server) startKernel(ctx context.Context, c *kcontext) (*jupyter.Kernel, error) {
+	l := s.opts.Languages[c.Language]
+	if fi, err := os.Stat(c.Cwd); err != nil || !fi.IsDir() {
+		return nil, fmt.Errorf("working directory %s does not exist", c.Cwd)
+	}
+	k, err := jupyter.Start(ctx, jupyter.Spec{Argv: l.Argv, Env: s.opts.Env, Dir: c.Cwd, RuntimeDir: s.opts.RuntimeDir,
+		StartTimeout: s.opts.StartTimeout, Log: s.log.With("context", c.ID)})
+	if err != nil {
+		return nil, fmt.Errorf("start the %s kernel: %w", c.Language, err)
+	}
+	if l.Chdir != nil {
+		// The process started there; this also sets what the language itself reports.
+		rep, err := k.Execute(ctx, l.Chdir(c.Cwd), true, func(jupyter.Output) {})
+		if err == nil && rep.Status != "ok" {
+			err = fmt.Errorf("status %s", rep.Status)
+		}
+		if err != nil {
+			k.Shutdown()
+			return nil, fmt.Errorf("change the %s kernel's directory to %s: %w", c.Language, c.Cwd, err)
+		}
+	}
+	return k, nil
+}
+
+// defaultContext returns lang's default context, starting it the first time.
+func (s *Server) defaultContext(ctx context.Context, lang string) (*kcontext, error) {
+	s.mu.Lock()
+	c := s.defaults[lang]
+	s.mu.Unlock()
+	if c != nil {
+		return c, nil
+	}
+	// Two first executions of a language may race here; the loser's kernel is stopped.
+	c, err := s.newContext(ctx, lang, s.opts.Cwd)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if d := s.defaults[lang]; d != nil {
+		delete(s.contexts, c.ID)
+		go c.stop()
+		return d, nil
+	}
+	s.defaults[lang] = c
+	return c, nil
+}
+
+func (s *Server) lookup(id string) *kcontext {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.contexts[id]
+}
+
+// current returns c's kernel and the channel closed when it is replaced.
+func (c *kcontext) current() (*jupyter.Kernel, <-chan struct{}) {
+	c.kmu.Lock()
+	defer c.kmu.Unlock()
+	return c.kernel, c.restarted
+}
+
+// replace swaps c's kernel for k (nil: none), ending what ran in the old one.
+func (c *kcontext) replace(k *jupyter.Kernel) *jupyter.Kernel {
+	c.kmu.Lock()
+	defer c.kmu.Unlock()
+	old := c.kernel
+	close(c.restarted)
+	c.kernel, c.restarted = k, make(chan struct{})
+	return old
+}
+
+func (c *kcontext) stop() {
+	if old := c.replace(nil); old != nil {
+		old.Shutdown()
+	}
+}
+
+func (s *Server) createContext(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Language string `json:"language"`
+		Cwd      string `json:"cwd"`
+	}
+	if err := decodeBody(r, &req); err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	cwd := req.Cwd
+	if cwd == "" {
+		cwd = s.opts.Cwd
+	}
+	c, err := s.newContext(r.Context(), normalize(req.Language), cwd)
+	if err != nil {
+		s.contextError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, c)
+}
+
+// contextError answers a context that could not be made. A missing language is 404, whose body
+// the SDK shows (other statuses it reports by code alone).
+func (s *Server) contextError(w http.ResponseWriter, err error) {
+	var nl errNoLanguage
+	if errors.As(err, &nl) {
+		http.Error(w, fmt.Sprintf("%v (available: %s)", err, s.available()), http.StatusNotFound)
+		return
+	}
+	s.log.Warn("context failed", "err", err)
+	http.Error(w, err.Error(), http.StatusInternalServerError)
+}
+
+func (s *Server) listContexts(w http.ResponseWriter, _ *http.Request) {
+	s.mu.Lock()
+	list := make([]*kcontext, 0, len(s.contexts))
+	for _, c := range s.contexts {
+		list = append(list, c)
+	}
+	s.mu.Unlock()
+	slices.SortFunc(list, func(a, b *kcontext) int { return strings.Compare(a.ID, b.ID) })
+	writeJSON(w, http.StatusOK, list)
+}
+
+func (s *Server) deleteContext(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	s.mu.Lock()
+	c := s.contexts[id]
+	delete(s.contexts, id)
+	for lang, d := range s.defaults {
+		if d == c {
+			delete(s.defaults, lang)
+		}
+	}
+	s.mu.Unlock()
+	if c == nil {
+		http.Error(w, fmt.Sprintf("Context %s not found", id), http.StatusNotFound)
+		return
+	}
+	c.stop()
+	s.log.Info("context removed", "id", id)
+	writeJSON(w, http.StatusOK, nil)
+}
+
+func (s *Server) restartContext(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	c := s.lookup(id)
+	if c == nil {
+		http.Error(w, fmt.Sprintf("Context %s not found", id), http.StatusNotFound)
+		return
+	}
+	if err := s.restart(r.Context(), c); err != nil {
+		s.contextError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, nil)
+}
+
+// restart replaces c's kernel with a fresh one in c's directory (same id); an execution in the
+// old one ends with ContextRestarting.
+func (s *Server) restart(ctx context.Context, c *kcontext) error {
+	if old := c.replace(nil); old != nil {
+		old.Shutdown()
+	}
+	k, err := s.startKernel(ctx, c)
+	if err != nil {
+		return err
+	}
+	if old := c.replace(k); old != nil {
+		old.Shutdown()
+	}
+	s.log.Info("context restarted", "id", c.ID)
+	return nil
+}
+
+func newContextID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
+}
+
+func decodeBody(r *http.Request, v any) error {
+	dec := json.NewDecoder(http.MaxBytesReader(nil, r.Body, maxBody))
+	if err := dec.Decode(v); err != nil && !errors.Is(err, io.EOF) {
+		return fmt.Errorf("invalid JSON body: %v", err)
+	}
+	return nil
+}
+
+// maxBody bounds a request body (code is sent whole).
+const maxBody = 16 << 20
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}

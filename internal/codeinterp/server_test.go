@@ -1,0 +1,332 @@
+package codeinterp
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// python is Debian's interpreter, with python3-ipykernel (scripts/install-deps.sh installs it; a
+// python3 earlier on PATH may lack it).
+const python = "/usr/bin/python3"
+
+func newServer(t *testing.T) (*Server, *httptest.Server) {
+	t.Helper()
+	if err := exec.Command(python, "-c", "import ipykernel").Run(); err != nil {
+		t.Fatalf("%s with ipykernel is required (scripts/install-deps.sh installs python3-ipykernel): %v", python, err)
+	}
+	home := t.TempDir()
+	s := New(Options{Languages: map[string]Language{"python": Python(python)}, Cwd: home, RuntimeDir: t.TempDir()})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := s.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewServer(s)
+	t.Cleanup(func() { ts.Close(); s.Close() })
+	return s, ts
+}
+
+// execute posts body to /execute and returns the lines of the stream, decoded.
+func execute(t *testing.T, ctx context.Context, ts *httptest.Server, body map[string]any) ([]map[string]any, int) {
+	t.Helper()
+	b, _ := json.Marshal(body)
+	req, _ := http.NewRequestWithContext(ctx, "POST", ts.URL+"/execute", strings.NewReader(string(b)))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("execute: %v", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		msg, _ := io.ReadAll(resp.Body)
+		return []map[string]any{{"body": string(msg)}}, resp.StatusCode
+	}
+	var lines []map[string]any
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 16<<20)
+	for sc.Scan() {
+		var m map[string]any
+		if err := json.Unmarshal(sc.Bytes(), &m); err != nil {
+			t.Fatalf("line %q is not JSON: %v", sc.Text(), err)
+		}
+		lines = append(lines, m)
+	}
+	return lines, resp.StatusCode
+}
+
+func ofType(lines []map[string]any, typ string) []map[string]any {
+	var out []map[string]any
+	for _, l := range lines {
+		if l["type"] == typ {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+func mainText(lines []map[string]any) string {
+	for _, l := range ofType(lines, "result") {
+		if l["is_main_result"] == true {
+			s, _ := l["text"].(string)
+			return s
+		}
+	}
+	return ""
+}
+
+func TestExecuteStream(t *testing.T) {
+	_, ts := newServer(t)
+	ctx := context.Background()
+	if lines, _ := execute(t, ctx, ts, map[string]any{"code": "x = 1"}); len(ofType(lines, "error")) != 0 {
+		t.Fatalf("x = 1: %v", lines)
+	}
+	lines, _ := execute(t, ctx, ts, map[string]any{"code": "import sys\nprint('a')\nprint('b', file=sys.stderr)\nx + 1"})
+	var order []string
+	for _, l := range lines {
+		order = append(order, l["type"].(string))
+	}
+	want := "number_of_executions stdout stderr result end_of_execution"
+	if strings.Join(order, " ") != want || mainText(lines) != "2" || lines[1]["text"] != "a\n" || lines[2]["text"] != "b\n" {
+		t.Fatalf("stream %v, want %s with a, b and 2", lines, want)
+	}
+	if lines[0]["execution_count"] != float64(2) {
+		t.Fatalf("execution count %v", lines[0])
+	}
+
+	// Rich results: every MIME type under its short key, others in extra; a str loses its quotes.
+	lines, _ = execute(t, ctx, ts, map[string]any{"code": "from IPython.display import display, HTML, Markdown, Latex, JSON, SVG\n" +
+		"display(HTML('<b>h</b>'), Markdown('*m*'), Latex('$x$'), JSON({'k': 1}))\n" +
+		"display({'application/vnd.custom': 'c', 'text/plain': 'p'}, raw=True)\n'quoted'"})
+	res := ofType(lines, "result")
+	if len(res) != 6 {
+		t.Fatalf("results %v", res)
+	}
+	if res[0]["html"] != "<b>h</b>" || res[1]["markdown"] != "*m*" || res[2]["latex"] != "$x$" || res[0]["is_main_result"] != false {
+		t.Fatalf("display results %v", res[:3])
+	}
+	if j, ok := res[3]["json"].(map[string]any); !ok || j["k"] != float64(1) {
+		t.Fatalf("json result %v", res[3])
+	}
+	if extra, ok := res[4]["extra"].(map[string]any); !ok || extra["application/vnd.custom"] != "c" {
+		t.Fatalf("custom MIME type %v", res[4])
+	}
+	if mainText(lines) != "quoted" {
+		t.Fatalf("main result %v", res[5])
+	}
+
+	// An exception: name, value, traceback; the stream still ends normally.
+	lines, _ = execute(t, ctx, ts, map[string]any{"code": "raise ValueError('bad')"})
+	errs := ofType(lines, "error")
+	if len(errs) != 1 || errs[0]["name"] != "ValueError" || errs[0]["value"] != "bad" || !strings.Contains(errs[0]["traceback"].(string), "ValueError") {
+		t.Fatalf("error %v", lines)
+	}
+	if lines[len(lines)-1]["type"] != "end_of_execution" {
+		t.Fatalf("stream did not end with end_of_execution: %v", lines)
+	}
+}
+
+func TestEnvVarsAndBadRequests(t *testing.T) {
+	_, ts := newServer(t)
+	ctx := context.Background()
+	code := "import os\nprint(os.environ.get('VMON_T', 'unset'), end='')"
+	stdout := func(lines []map[string]any) string {
+		s := ""
+		for _, l := range ofType(lines, "stdout") {
+			s += l["text"].(string)
+		}
+		return s
+	}
+	if lines, _ := execute(t, ctx, ts, map[string]any{"code": code, "env_vars": map[string]string{"VMON_T": "it's \"set\"\n\\"}}); stdout(lines) != "it's \"set\"\n\\" {
+		t.Fatalf("with env_vars: %v", lines)
+	}
+	if lines, _ := execute(t, ctx, ts, map[string]any{"code": code}); stdout(lines) != "unset" {
+		t.Fatalf("env_vars leaked into the next execution: %v", lines)
+	}
+
+	if lines, st := execute(t, ctx, ts, map[string]any{"code": "1", "context_id": "x", "language": "python"}); st != 400 {
+		t.Fatalf("context and language: %d %v", st, lines)
+	}
+	if lines, st := execute(t, ctx, ts, map[string]any{"code": "1", "context_id": "nope"}); st != 404 || lines[0]["body"] != "Context nope not found\n" {
+		t.Fatalf("unknown context: %d %v", st, lines)
+	}
+	if _, st := execute(t, ctx, ts, map[string]any{"language": "python"}); st != 400 {
+		t.Fatalf("no code: %d", st)
+	}
+	lines, _ := execute(t, ctx, ts, map[string]any{"code": "1", "language": "Java"})
+	errs := ofType(lines, "error")
+	if len(errs) != 1 || errs[0]["name"] != "LanguageNotAvailable" || !strings.Contains(errs[0]["value"].(string), "available: python") {
+		t.Fatalf("unknown language: %v", lines)
+	}
+	// Language names are normalized: " PYTHON " is the default Python context.
+	if lines, _ := execute(t, ctx, ts, map[string]any{"code": "x = 5\nx", "language": " PYTHON "}); mainText(lines) != "5" {
+		t.Fatalf("normalized language: %v", lines)
+	}
+}
+
+func TestContexts(t *testing.T) {
+	_, ts := newServer(t)
+	ctx := context.Background()
+	post := func(path, body string) (int, string) {
+		resp, err := http.Post(ts.URL+path, "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	dir := t.TempDir()
+	st, body := post("/contexts", `{"cwd":`+lit(dir)+`}`)
+	var c struct{ ID, Language, Cwd string }
+	if err := json.Unmarshal([]byte(body), &c); st != 200 || err != nil || c.Language != "python" || c.Cwd != dir {
+		t.Fatalf("create: %d %s", st, body)
+	}
+	lines, _ := execute(t, ctx, ts, map[string]any{"code": "import os\nv = 'ctx'\nos.getcwd()", "context_id": c.ID})
+	if mainText(lines) != dir {
+		t.Fatalf("cwd in context: %v", lines)
+	}
+	// State is per context.
+	if lines, _ := execute(t, ctx, ts, map[string]any{"code": "'v' in globals()"}); mainText(lines) != "False" {
+		t.Fatalf("default context sees the other's variable: %v", lines)
+	}
+	if st, body := post("/contexts", `{"cwd":"/no/such/dir"}`); st != 500 || !strings.Contains(body, "/no/such/dir") {
+		t.Fatalf("bad cwd: %d %s", st, body)
+	}
+	if st, body := post("/contexts", `{"language":"cobol"}`); st != 404 || !strings.Contains(body, "not available") {
+		t.Fatalf("unknown language: %d %s", st, body)
+	}
+
+	resp, err := http.Get(ts.URL + "/contexts")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var list []struct{ ID, Language, Cwd string }
+	_ = json.NewDecoder(resp.Body).Decode(&list)
+	resp.Body.Close()
+	if len(list) != 2 {
+		t.Fatalf("list %v, want the default and the new context", list)
+	}
+
+	// Restart keeps the id and the directory, drops the state.
+	if st, body := post("/contexts/"+c.ID+"/restart", ""); st != 200 {
+		t.Fatalf("restart: %d %s", st, body)
+	}
+	lines, _ = execute(t, ctx, ts, map[string]any{"code": "import os\n('v' in globals(), os.getcwd())", "context_id": c.ID})
+	if mainText(lines) != "(False, '"+dir+"')" {
+		t.Fatalf("after restart: %v", lines)
+	}
+	if st, _ := post("/contexts/nope/restart", ""); st != 404 {
+		t.Fatalf("restart unknown: %d", st)
+	}
+
+	del := func(id string) int {
+		req, _ := http.NewRequest("DELETE", ts.URL+"/contexts/"+id, nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if st := del(c.ID); st != 200 {
+		t.Fatalf("delete: %d", st)
+	}
+	if st := del(c.ID); st != 404 {
+		t.Fatalf("delete again: %d", st)
+	}
+	if _, st := execute(t, ctx, ts, map[string]any{"code": "1", "context_id": c.ID}); st != 404 {
+		t.Fatalf("execute in a deleted context: %d", st)
+	}
+}
+
+// TestInterruptAndDeath: a client that gives up interrupts the run and the kernel keeps its
+// state; a kernel that exits is reported in the stream and the next call gets a fresh one; two
+// contexts run at the same time.
+func TestInterruptAndDeath(t *testing.T) {
+	s, ts := newServer(t)
+	ctx := context.Background()
+	execute(t, ctx, ts, map[string]any{"code": "kept = 7"})
+	tctx, cancel := context.WithTimeout(ctx, time.Second)
+	began := time.Now()
+	b, _ := json.Marshal(map[string]any{"code": "import time\nprint('started', flush=True)\ntime.sleep(60)"})
+	req, _ := http.NewRequestWithContext(tctx, "POST", ts.URL+"/execute", strings.NewReader(string(b)))
+	if resp, err := http.DefaultClient.Do(req); err == nil {
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	cancel()
+	lines, _ := execute(t, ctx, ts, map[string]any{"code": "kept"})
+	if mainText(lines) != "7" {
+		t.Fatalf("state after an interrupted run: %v", lines)
+	}
+	if time.Since(began) > 30*time.Second {
+		t.Fatalf("the interrupted sleep(60) held the context for %v", time.Since(began))
+	}
+
+	// Two contexts at once: each sleeps 1 s; together they take far less than 2 s... measured
+	// only as overlap (both started before either finished), never as a wall-clock bound.
+	c, err := s.newContext(ctx, "python", s.opts.Cwd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	marks := filepath.Join(t.TempDir(), "marks")
+	code := "import time\nopen(" + lit(marks) + ", 'a').write('start\\n')\ntime.sleep(1)\nopen(" + lit(marks) + ", 'a').write('end\\n')"
+	var wg sync.WaitGroup
+	for _, body := range []map[string]any{{"code": code}, {"code": code, "context_id": c.ID}} {
+		wg.Add(1)
+		go func() { defer wg.Done(); execute(t, ctx, ts, body) }()
+	}
+	wg.Wait()
+	got, _ := os.ReadFile(marks)
+	if string(got) != "start\nstart\nend\nend\n" {
+		t.Fatalf("two contexts did not run at the same time: %q", got)
+	}
+
+	lines, _ = execute(t, ctx, ts, map[string]any{"code": "import os\nos._exit(1)"})
+	errs := ofType(lines, "error")
+	if len(errs) != 1 || errs[0]["name"] != "KernelDied" {
+		t.Fatalf("kernel death: %v", lines)
+	}
+	lines, _ = execute(t, ctx, ts, map[string]any{"code": "'kept' in globals(), 1 + 1"})
+	if mainText(lines) != "(False, 2)" {
+		t.Fatalf("after the kernel died: %v", lines)
+	}
+}
+
+func TestHealth(t *testing.T) {
+	s := New(Options{Languages: map[string]Language{"python": Python(python)}, Cwd: t.TempDir(), RuntimeDir: t.TempDir()})
+	ts := httptest.NewServer(s)
+	defer ts.Close()
+	defer s.Close()
+	resp, err := http.Get(ts.URL + "/health")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("health before start: %d", resp.StatusCode)
+	}
+	if err := s.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	resp, err = http.Get(ts.URL + "/health")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || strings.TrimSpace(string(b)) != `"OK"` {
+		t.Fatalf("health: %d %s", resp.StatusCode, b)
+	}
+}
