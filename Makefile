@@ -9,10 +9,12 @@ export CGO_ENABLED := 0
 build:
 	$(GO) build -trimpath -o $(BIN)/vmon ./cmd/vmon
 	$(GO) build -trimpath -ldflags='-s -w' -o $(BIN)/envd ./cmd/envd
+	$(GO) build -trimpath -ldflags='-s -w' -o $(BIN)/vmon-code-interpreter ./cmd/vmon-code-interpreter
 
 install: build
 	install -m 0755 $(BIN)/vmon $(PREFIX)/bin/vmon
 	install -m 0755 $(BIN)/envd $(PREFIX)/bin/envd
+	install -m 0755 $(BIN)/vmon-code-interpreter $(PREFIX)/bin/vmon-code-interpreter
 
 lint:
 	test -z "$$(gofmt -l $$(git ls-files '*.go'))"

@@ -8,13 +8,19 @@ export VMON_BIN="${VMON_BIN:-$repo/bin/vmon}"
 export VMON_TEST_DATA_DIR="${VMON_TEST_DATA_DIR:-/var/lib/vmon-test}"
 mkdir -p "$VMON_TEST_DATA_DIR"
 
-# Reuse a base template already built for the default data dir: templates are read-only lower
-# layers, so hard links are safe and save a rebuild.
-if [ ! -e "$VMON_TEST_DATA_DIR/templates/base/manifest.json" ] && [ -e /var/lib/vmon/templates/base/manifest.json ]; then
-  mkdir -p "$VMON_TEST_DATA_DIR/templates"
-  cp -al /var/lib/vmon/templates/base "$VMON_TEST_DATA_DIR/templates/base"
-fi
+# Reuse templates already built for the default data dir: they are read-only lower layers, so
+# hard links are safe and save a rebuild. The code-interpreter tests need its rootfs (the servers
+# under test make code-interpreter-v1 from it when they start); it is built here, outside the
+# tests' network namespaces, from this machine's Debian sources.
+for t in base code-interpreter-v1-rootfs; do
+  if [ ! -e "$VMON_TEST_DATA_DIR/templates/$t/manifest.json" ] && [ -e "/var/lib/vmon/templates/$t/manifest.json" ]; then
+    mkdir -p "$VMON_TEST_DATA_DIR/templates"
+    rm -rf "${VMON_TEST_DATA_DIR:?}/templates/$t"
+    cp -al "/var/lib/vmon/templates/$t" "$VMON_TEST_DATA_DIR/templates/$t"
+  fi
+done
 "$VMON_BIN" template build base --data-dir "$VMON_TEST_DATA_DIR"
+"$VMON_BIN" template build code-interpreter-v1 --rootfs-only --data-dir "$VMON_TEST_DATA_DIR"
 
 # node:test with --test-concurrency/--test-timeout needs Node.js 20.11 or newer.
 node_major=$(node -p 'process.versions.node.split(".")[0]' 2>/dev/null || echo 0)

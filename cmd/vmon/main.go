@@ -58,13 +58,16 @@ func newLogger(level string) (*slog.Logger, error) {
 }
 
 // defaultEnvdPath is envd beside the running vmon binary.
-func defaultEnvdPath() string {
+func defaultEnvdPath() string { return besideVmon("envd") }
+
+// besideVmon is the path of a binary installed next to the running vmon.
+func besideVmon(name string) string {
 	exe, err := os.Executable()
 	if err != nil {
-		return "envd"
+		return name
 	}
 	if resolved, err := filepath.EvalSymlinks(exe); err == nil {
 		exe = resolved
 	}
-	return filepath.Join(filepath.Dir(exe), "envd")
+	return filepath.Join(filepath.Dir(exe), name)
 }

@@ -109,7 +109,7 @@ func serve(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	envdPath, err := installEnvd(c)
+	envdPath, err := installEnvd(c, log)
 	if err != nil {
 		return err
 	}
@@ -283,6 +283,7 @@ func serve(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 		return err
 	}
 	defer builds.Close()
+	ensureCodeInterpreter(ctx, builds, st, c.DataDir, envdPath, log.With("component", "templates"))
 	apiHandler, err := api.New(api.Options{Driver: d, Store: st, Logger: log.With("component", "api"), Domain: domain,
 		Builds: builds, Volumes: vols})
 	if err != nil {
@@ -699,33 +700,48 @@ func syncTemplates(ctx context.Context, st *store.Store, dataDir string, diskMB 
 	return ms, nil
 }
 
-// installEnvd copies envd into <data-dir>/envd/<content hash>/, the directory sandboxes mount
-// read-only. Each build of envd gets its own directory and keeps it while any checkpoint holds a
-// process of it: a restore maps the binary from the same path again, and another build's bytes
-// there would crash it. The node removes directories nothing refers to (node.SweepEnvd).
-func installEnvd(c *config.Serve) (string, error) {
+// installEnvd copies envd, with the code-execution service of code-interpreter-v1 when it is
+// installed beside vmon, into <data-dir>/envd/<content hash>/, the directory sandboxes mount
+// read-only at /opt/vmon/bin. Each build gets its own directory and keeps it while any checkpoint
+// holds a process of it: a restore maps the binary from the same path again, and another build's
+// bytes there would crash it. The node removes directories nothing refers to (node.SweepEnvd).
+func installEnvd(c *config.Serve, log *slog.Logger) (string, error) {
 	src := c.EnvdPath
 	if src == "" {
 		src = defaultEnvdPath()
 	}
-	data, err := os.ReadFile(src)
+	envd, err := os.ReadFile(src)
 	if err != nil {
 		return "", fmt.Errorf("read envd binary (build it with `make build`, or pass --envd-path): %w", err)
 	}
-	sum := sha256.Sum256(data)
-	dir := filepath.Join(c.DataDir, node.EnvdDir, hex.EncodeToString(sum[:8]))
-	dst := filepath.Join(dir, "envd")
-	if cur, err := os.ReadFile(dst); err == nil && bytes.Equal(cur, data) {
-		return dst, nil
+	files := map[string][]byte{"envd": envd}
+	h := sha256.New()
+	h.Write(envd)
+	if svc, err := os.ReadFile(filepath.Join(filepath.Dir(src), codeInterpreterBinary)); err == nil {
+		files[codeInterpreterBinary] = svc
+		h.Write([]byte{0})
+		h.Write(svc)
+	} else {
+		log.Warn("no code-execution service beside envd: code-interpreter-v1 cannot start", "err", err)
 	}
+	dir := filepath.Join(c.DataDir, node.EnvdDir, hex.EncodeToString(h.Sum(nil)[:8]))
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", err
 	}
-	tmp := dst + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o755); err != nil {
-		return "", err
+	for name, data := range files {
+		dst := filepath.Join(dir, name)
+		if cur, err := os.ReadFile(dst); err == nil && bytes.Equal(cur, data) {
+			continue
+		}
+		tmp := dst + ".tmp"
+		if err := os.WriteFile(tmp, data, 0o755); err != nil {
+			return "", err
+		}
+		if err := os.Rename(tmp, dst); err != nil {
+			return "", err
+		}
 	}
-	return dst, os.Rename(tmp, dst)
+	return filepath.Join(dir, "envd"), nil
 }
 
 // capacityFromMemory bounds sandboxes by host memory so that too many creates get a clear 429

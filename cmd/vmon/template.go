@@ -25,7 +25,7 @@ func templateCmd() *cobra.Command {
 	client := func() (*apiClient, error) { return newAPIClient(dataDir, apiURL, apiKey, 2*time.Hour) }
 
 	var (
-		force                    bool
+		force, rootfsOnly        bool
 		fromImage, fromTemplate  string
 		regUser, regPassword     string
 		steps, tags              []string
@@ -40,6 +40,11 @@ func templateCmd() *cobra.Command {
   vmon template build base [--force]
       builds the base template locally from this machine's Debian package sources (cached).
 
+  vmon template build code-interpreter-v1 [--force]
+      builds code-interpreter-v1-rootfs the same way (Python with the data stack, R, Node.js and
+      the code-execution service; a few minutes the first time), then has the running vmon serve
+      make code-interpreter-v1 from it (vmon serve also does so when it starts).
+
   vmon template build NAME[:TAG] (--from-image REF | --from-template NAME) [--step STEP]...
       builds through the running vmon serve, like the SDK's Template.build. Steps run in order:
         --step 'RUN <command>'          --step 'RUN@root <command>' (as a user)
@@ -50,6 +55,12 @@ func templateCmd() *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if args[0] == template.BaseID {
 				return buildBase(cmd, dataDir, force)
+			}
+			if args[0] == codeInterpreterID {
+				if rootfsOnly {
+					client = func() (*apiClient, error) { return nil, errors.New("--rootfs-only") }
+				}
+				return buildCodeInterpreter(cmd, dataDir, force, client)
 			}
 			c, err := client()
 			if err != nil {
@@ -62,6 +73,7 @@ func templateCmd() *cobra.Command {
 		},
 	}
 	build.Flags().BoolVar(&force, "force", false, "rebuild every step (base: rebuild even if built)")
+	build.Flags().BoolVar(&rootfsOnly, "rootfs-only", false, "code-interpreter-v1: build its rootfs only, leave the template to vmon serve's next start")
 	build.Flags().StringVar(&fromImage, "from-image", "", "OCI image to start from, e.g. python:3.12")
 	build.Flags().StringVar(&fromTemplate, "from-template", "", "template to start from (default base when no --from-image)")
 	build.Flags().StringVar(&regUser, "registry-user", "", "registry user for --from-image")

@@ -40,6 +40,18 @@ var BasePackages = []string{
 	"libnss-myhostname",
 }
 
+// CodeInterpreterRootfsID is the template the code-interpreter-v1 template is made from: base's
+// packages plus CodeInterpreterPackages and the code-execution service.
+const CodeInterpreterRootfsID = "code-interpreter-v1-rootfs"
+
+// CodeInterpreterPackages are what E2B's code-interpreter template offers that Debian packages:
+// Python with ipykernel and the data stack, R with IRkernel, and TypeScript for Node.js.
+var CodeInterpreterPackages = []string{
+	"python3-ipykernel", "python3-numpy", "python3-pandas", "python3-matplotlib", "python3-scipy",
+	"python3-sklearn", "python3-seaborn", "python3-plotly",
+	"r-base-core", "r-cran-irkernel", "node-typescript",
+}
+
 // Resources and user of sandboxes made from base, as E2B's base template.
 const (
 	baseCPUs     = 2

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -23,12 +24,37 @@ import (
 //go:embed customize.sh
 var customizeScript string
 
+//go:embed customize-code-interpreter.sh
+var customizeCodeInterpreter string
+
 // BuildBase builds the base template with mmdebstrap from Debian packages, unless it is already
 // built and opts.Force is false. The build goes to a temporary directory next to the final one;
 // only a complete build is renamed into place and made current by rewriting the manifest, so an
 // interrupted build leaves the previous template untouched. Builds of the same data dir are
 // serialised with a lock file.
 func BuildBase(ctx context.Context, opts BaseOptions) (Manifest, error) {
+	return buildRootfs(ctx, opts, rootfsSpec{id: BaseID, packages: opts.packages(), hooks: []string{customizeScript}})
+}
+
+// BuildCodeInterpreterRootfs builds CodeInterpreterRootfsID as BuildBase builds base, with
+// CodeInterpreterPackages on top. The code-execution service is not in it: like envd, the node
+// mounts it into every sandbox, so it follows vmon's upgrades without a rebuild of the rootfs.
+func BuildCodeInterpreterRootfs(ctx context.Context, opts BaseOptions) (Manifest, error) {
+	pkgs := append(opts.packages(), CodeInterpreterPackages...)
+	slices.Sort(pkgs)
+	return buildRootfs(ctx, opts, rootfsSpec{id: CodeInterpreterRootfsID, packages: slices.Compact(pkgs),
+		hooks: []string{customizeScript, customizeCodeInterpreter}})
+}
+
+// rootfsSpec is what one mmdebstrap template is made of.
+type rootfsSpec struct {
+	id       string
+	packages []string
+	// hooks are shell scripts run in order after the packages are installed, with the rootfs as $1.
+	hooks []string
+}
+
+func buildRootfs(ctx context.Context, opts BaseOptions, spec rootfsSpec) (Manifest, error) {
 	log := opts.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -37,19 +63,19 @@ func BuildBase(ctx context.Context, opts BaseOptions) (Manifest, error) {
 		msg := fmt.Sprintf(format, args...)
 		log.Info("template: " + msg)
 		if opts.Progress != nil {
-			fmt.Fprintf(opts.Progress, "template %s: %s\n", BaseID, msg)
+			fmt.Fprintf(opts.Progress, "template %s: %s\n", spec.id, msg)
 		}
 	}
 	if !filepath.IsAbs(opts.DataDir) {
 		return Manifest{}, errors.New("template: DataDir must be an absolute path")
 	}
 	if !opts.Force {
-		if m, err := Load(opts.DataDir, BaseID); err == nil {
+		if m, err := Load(opts.DataDir, spec.id); err == nil {
 			progress("ready (built %s)", m.BuiltAt.Format(time.RFC3339))
 			return m, nil
 		}
 	}
-	dir := Dir(opts.DataDir, BaseID)
+	dir := Dir(opts.DataDir, spec.id)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return Manifest{}, fmt.Errorf("create template dir: %w", err)
 	}
@@ -60,7 +86,7 @@ func BuildBase(ctx context.Context, opts BaseOptions) (Manifest, error) {
 	defer unlock()
 	// Another process may have built it while this one waited for the lock.
 	if !opts.Force {
-		if m, err := Load(opts.DataDir, BaseID); err == nil {
+		if m, err := Load(opts.DataDir, spec.id); err == nil {
 			progress("ready (built %s)", m.BuiltAt.Format(time.RFC3339))
 			return m, nil
 		}
@@ -107,18 +133,22 @@ func BuildBase(ctx context.Context, opts BaseOptions) (Manifest, error) {
 			}
 		}
 	}()
-	script := filepath.Join(dir, ".customize-"+buildID+".sh")
-	if err := os.WriteFile(script, []byte(customizeScript), 0o755); err != nil {
-		return Manifest{}, fmt.Errorf("write customize hook: %w", err)
+	var scripts []string
+	for i, h := range spec.hooks {
+		script := filepath.Join(dir, fmt.Sprintf(".customize-%s-%d.sh", buildID, i))
+		if err := os.WriteFile(script, []byte(h), 0o755); err != nil {
+			return Manifest{}, fmt.Errorf("write customize hook: %w", err)
+		}
+		defer os.Remove(script)
+		scripts = append(scripts, script)
 	}
-	defer os.Remove(script)
 
-	pkgs := opts.packages()
+	pkgs := spec.packages
 	progress("building from %s (%d packages); this takes a few minutes the first time", suite, len(pkgs))
 	for _, s := range sources {
 		progress("package source: %s", s)
 	}
-	args := mmdebstrapArgs(suite, tmp, sources, pkgs, cacheDir, script)
+	args := mmdebstrapArgs(suite, tmp, sources, pkgs, cacheDir, scripts...)
 	if err := runLogged(ctx, mmdebstrap, args, func(line string) {
 		if progressLine(line) {
 			progress("%s", line)
@@ -126,7 +156,7 @@ func BuildBase(ctx context.Context, opts BaseOptions) (Manifest, error) {
 			log.Debug("template: mmdebstrap", "out", line)
 		}
 	}); err != nil {
-		return Manifest{}, fmt.Errorf("build template %s: %w", BaseID, err)
+		return Manifest{}, fmt.Errorf("build template %s: %w", spec.id, err)
 	}
 	size, err := diskUsage(tmp)
 	if err != nil {
@@ -137,7 +167,7 @@ func BuildBase(ctx context.Context, opts BaseOptions) (Manifest, error) {
 	}
 	ok = true
 	m := Manifest{
-		Format: manifestFormat, ID: BaseID, BuildID: buildID, Rootfs: filepath.Base(final),
+		Format: manifestFormat, ID: spec.id, BuildID: buildID, Rootfs: filepath.Base(final),
 		CPUs: baseCPUs, MemoryMB: baseMemoryMB, DefaultUser: defaultUser, DefaultWorkdir: defaultHome,
 		DiskSizeMB: (size + 1<<20 - 1) >> 20, Suite: suite, Packages: pkgs,
 		BuiltAt: began.UTC().Truncate(time.Second), BuildSeconds: time.Since(began).Round(100 * time.Millisecond).Seconds(),
@@ -181,7 +211,7 @@ func newBuildDirs(dir string, now time.Time) (id, final, tmp string, err error) 
 // debian Docker image), which has useradd and su; recommends are not installed. Documentation
 // and translations are left out to keep the template small (copyright files stay). Downloaded packages are synced
 // with cacheDir so a rebuild does not download them again.
-func mmdebstrapArgs(suite, target string, sources, pkgs []string, cacheDir, customize string) []string {
+func mmdebstrapArgs(suite, target string, sources, pkgs []string, cacheDir string, customize ...string) []string {
 	args := []string{
 		"--mode=root", "--variant=minbase", "--format=directory",
 		"--include=" + strings.Join(pkgs, ","),
@@ -198,9 +228,11 @@ func mmdebstrapArgs(suite, target string, sources, pkgs []string, cacheDir, cust
 		`--setup-hook=mkdir -p "$1"/var/cache/apt/archives/`,
 		"--setup-hook=sync-in " + shellQuote(cacheDir) + " /var/cache/apt/archives/",
 		"--customize-hook=sync-out /var/cache/apt/archives " + shellQuote(cacheDir),
-		"--customize-hook=" + shellQuote(customize) + ` "$1"`,
-		suite, target,
 	}
+	for _, c := range customize {
+		args = append(args, "--customize-hook="+shellQuote(c)+` "$1"`)
+	}
+	args = append(args, suite, target)
 	return append(args, sources...)
 }
 

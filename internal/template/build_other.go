@@ -17,3 +17,8 @@ func BuildBase(ctx context.Context, opts BaseOptions) (Manifest, error) {
 func Prune(ctx context.Context, dataDir, id string) error {
 	return fmt.Errorf("%w (%s)", ErrUnsupported, runtime.GOOS)
 }
+
+// BuildCodeInterpreterRootfs is only implemented on Linux.
+func BuildCodeInterpreterRootfs(ctx context.Context, opts BaseOptions) (Manifest, error) {
+	return Manifest{}, fmt.Errorf("%w (%s)", ErrUnsupported, runtime.GOOS)
+}

@@ -248,3 +248,32 @@ func TestPruneKeepsRootfsUnderBuilds(t *testing.T) {
 		t.Fatalf("dirs after the child was removed = %v", dirs)
 	}
 }
+
+// TestBuildCodeInterpreterRootfs: its own template directory, base's packages plus the
+// code-interpreter ones, and both customize hooks (base's, then the one that checks Python and R).
+func TestBuildCodeInterpreterRootfs(t *testing.T) {
+	dataDir := t.TempDir()
+	m, err := BuildCodeInterpreterRootfs(context.Background(), BaseOptions{DataDir: dataDir, Mmdebstrap: fake(t),
+		Sources: []string{"deb http://x/debian bookworm main"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.ID != CodeInterpreterRootfsID || m.DefaultUser != "user" {
+		t.Fatalf("manifest %+v", m)
+	}
+	for _, p := range append(slices.Clone(BasePackages), CodeInterpreterPackages...) {
+		if !slices.Contains(m.Packages, p) {
+			t.Fatalf("package %s missing from %v", p, m.Packages)
+		}
+	}
+	args, err := os.ReadFile(filepath.Join(m.RootfsDir(), "etc", "build-args"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(args), "--customize-hook="); n != 3 { // sync-out, base, code interpreter
+		t.Fatalf("%d customize hooks in %s", n, args)
+	}
+	if _, err := Load(dataDir, BaseID); err == nil {
+		t.Fatal("building the code-interpreter rootfs built base too")
+	}
+}

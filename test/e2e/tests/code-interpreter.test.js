@@ -1,0 +1,134 @@
+// @e2b/code-interpreter (pinned in package-lock.json, unmodified) against a real `vmon serve`:
+// the server makes code-interpreter-v1 from its rootfs when it starts (saved started, with a warm
+// Python kernel), and runCode talks to the code-execution service on guest port 49999 through
+// ingress, in header mode.
+
+import assert from 'node:assert/strict';
+import { describe } from 'node:test';
+import { Sandbox } from '@e2b/code-interpreter';
+import { TimeoutError } from 'e2b';
+import { useServer, killQuietly, waitFor, apiFetch } from '../lib/harness.js';
+
+describe('code interpreter', () => {
+  const srv = useServer({ name: 'code-interpreter' });
+  const created = [];
+  srv.after(async () => killQuietly(srv.sdkOpts, ...created));
+
+  let sbx;
+  srv.before(async () => {
+    // The server builds code-interpreter-v1 in the background at its start: a start check of the
+    // service and a checkpoint of the sandbox with its kernel warm.
+    let last;
+    await waitFor(
+      async () => {
+        const r = await apiFetch(srv, '/templates');
+        last = (r.json ?? []).find((t) => t.aliases?.includes('code-interpreter-v1'));
+        if (last?.buildStatus === 'error') throw new Error(`code-interpreter-v1 failed to build: ${JSON.stringify(last)}`);
+        return last?.buildStatus === 'ready';
+      },
+      { timeoutMs: 300_000, intervalMs: 500, what: 'the code-interpreter-v1 template' },
+    );
+    sbx = await Sandbox.create({ ...srv.sdkOpts, timeoutMs: 600_000 });
+    created.push(sbx);
+  });
+
+  srv.test('state across calls, streams in order with callbacks, the value as text', async () => {
+    await sbx.runCode('x = 1');
+    const out = [];
+    // Flushed, so the kernel publishes each print on its own (it batches what comes within ~0.2 s).
+    const exec = await sbx.runCode('import sys\nprint("one", flush=True)\nprint("two", file=sys.stderr, flush=True)\nprint("three", flush=True)\nx + 1', {
+      onStdout: (m) => out.push(['out', m.line]),
+      onStderr: (m) => out.push(['err', m.line]),
+    });
+    assert.equal(exec.text, '2');
+    assert.deepEqual(out, [['out', 'one\n'], ['err', 'two\n'], ['out', 'three\n']]);
+    assert.deepEqual(exec.logs.stdout, ['one\n', 'three\n']);
+    assert.deepEqual(exec.logs.stderr, ['two\n']);
+    assert.equal(exec.error, undefined);
+    assert.ok(exec.executionCount >= 2, `execution count ${exec.executionCount}`);
+  });
+
+  srv.test('a pandas DataFrame (html and text) and a matplotlib plot (png)', async () => {
+    const df = await sbx.runCode("import pandas as pd\npd.DataFrame({'a': [1, 2], 'b': ['x', 'y']})");
+    const r = df.results[0];
+    assert.ok(r?.isMainResult, JSON.stringify(df));
+    assert.match(r.html, /<table/);
+    assert.match(r.text, /a\s+b/);
+    const plot = await sbx.runCode('import matplotlib.pyplot as plt\nplt.plot([1, 2, 3], [1, 4, 9])\nplt.title("sq")\nplt.show()');
+    const png = plot.results.find((x) => x.png);
+    assert.ok(png, `no png result: ${JSON.stringify(plot.results.map((x) => x.formats()))}`);
+    assert.equal(Buffer.from(png.png, 'base64').subarray(1, 4).toString(), 'PNG');
+  });
+
+  srv.test('an exception: name, value and traceback', async () => {
+    const exec = await sbx.runCode('def f():\n    raise KeyError("nope")\nf()');
+    assert.equal(exec.error.name, 'KeyError');
+    assert.equal(exec.error.value, "'nope'");
+    assert.match(exec.error.traceback, /KeyError/);
+    assert.equal(exec.results.length, 0);
+  });
+
+  srv.test('a long cell stopped by its timeoutMs; the kernel keeps its state', async () => {
+    await sbx.runCode('kept = 42');
+    await assert.rejects(sbx.runCode('import time\ntime.sleep(60)', { timeoutMs: 1500 }), (err) => err instanceof TimeoutError);
+    const exec = await sbx.runCode('kept');
+    assert.equal(exec.text, '42');
+  });
+
+  srv.test('envs apply to one execution only', async () => {
+    const code = 'import os\nos.environ.get("VMON_CI", "unset")';
+    assert.equal((await sbx.runCode(code, { envs: { VMON_CI: 'yes' } })).text, 'yes');
+    assert.equal((await sbx.runCode(code)).text, 'unset');
+  });
+
+  srv.test('contexts: create with cwd, list, state of their own, restart, remove', async () => {
+    const ctx = await sbx.createCodeContext({ cwd: '/tmp' });
+    assert.equal(ctx.language, 'python');
+    assert.equal(ctx.cwd, '/tmp');
+    const first = await sbx.runCode('import os\nmine = 1\nos.getcwd()', { context: ctx });
+    assert.equal(first.text, '/tmp', JSON.stringify(first));
+    assert.equal((await sbx.runCode("'mine' in globals()")).text, 'False');
+    const listed = await sbx.listCodeContexts();
+    assert.ok(listed.some((c) => c.id === ctx.id), JSON.stringify(listed));
+    await sbx.restartCodeContext(ctx);
+    assert.equal((await sbx.runCode("'mine' in globals()", { context: ctx })).text, 'False');
+    await sbx.removeCodeContext(ctx.id);
+    assert.ok(!(await sbx.listCodeContexts()).some((c) => c.id === ctx.id));
+    await assert.rejects(sbx.runCode('1', { context: ctx }), /not found/i);
+  });
+
+  srv.test('two executions at once in different contexts', async () => {
+    const a = await sbx.createCodeContext();
+    const b = await sbx.createCodeContext();
+    const code = (tag) => `import time\nopen('/tmp/overlap', 'a').write('${tag}+\\n')\ntime.sleep(1)\nopen('/tmp/overlap', 'a').write('${tag}-\\n')`;
+    await sbx.runCode('import os\nos.path.exists("/tmp/overlap") and os.remove("/tmp/overlap")');
+    await Promise.all([sbx.runCode(code('a'), { context: a }), sbx.runCode(code('b'), { context: b })]);
+    const marks = (await sbx.files.read('/tmp/overlap')).trim().split('\n');
+    assert.deepEqual(marks.slice(0, 2).map((m) => m.at(-1)), ['+', '+'], `did not overlap: ${marks}`);
+  });
+
+  srv.test('languages: each runs or says clearly it is not available', async () => {
+    // IRkernel shows a value as display data, not as the cell's result: results[0], not text.
+    const r = await sbx.runCode('x <- c(1, 2, 3)\nsum(x)', { language: 'r' });
+    assert.equal(r.error, undefined, JSON.stringify(r.error));
+    assert.match(r.results[0]?.text ?? '', /\[1\] 6/, JSON.stringify(r));
+    assert.match((await sbx.runCode('cat(Sys.getenv("VMON_R"))', { language: 'r', envs: { VMON_R: 'r-env' } })).logs.stdout.join(''), /r-env/);
+    for (const language of ['javascript', 'typescript', 'bash', 'java']) {
+      const e = await sbx.runCode('1', { language });
+      if (e.error) {
+        assert.equal(e.error.name, 'LanguageNotAvailable', `${language}: ${JSON.stringify(e.error)}`);
+        assert.match(e.error.value, new RegExp(`"${language}" is not available`));
+      } else {
+        assert.match(e.text ?? e.logs.stdout.join(''), /1/, `${language}: ${JSON.stringify(e)}`);
+      }
+    }
+  });
+
+  srv.test('a killed kernel is reported and the next call gets a fresh one', async () => {
+    await sbx.runCode('gone = 1');
+    const dead = await sbx.runCode('import os\nos._exit(1)');
+    assert.equal(dead.error?.name, 'KernelDied', JSON.stringify(dead.error));
+    const next = await sbx.runCode("'gone' in globals(), 1 + 1");
+    assert.equal(next.text, '(False, 2)');
+  });
+});
