@@ -41,6 +41,10 @@ snapshot_binaries() {
   mkdir -p "$OUT/bin"
   cp "$src" "$OUT/bin/vmon"
   cp "$(dirname "$src")/envd" "$OUT/bin/envd"
+  # The code-interpreter service is installed with envd (vmon serve looks for it beside envd).
+  if [ -e "$(dirname "$src")/vmon-code-interpreter" ]; then
+    cp "$(dirname "$src")/vmon-code-interpreter" "$OUT/bin/vmon-code-interpreter"
+  fi
   VMON="$OUT/bin/vmon"
 }
 

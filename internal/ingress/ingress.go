@@ -56,6 +56,10 @@ const (
 	HeaderTrafficToken = "E2b-Traffic-Access-Token"
 )
 
+// CodeInterpreterPort is the guest port of the code-interpreter-v1 template's code-execution
+// service, whose POST /execute needs the envd access token.
+const CodeInterpreterPort = 49999
+
 var sandboxIDRe = regexp.MustCompile(`^[a-z0-9]+$`)
 
 // orchestratorOnly are envd paths only the node may call.
@@ -232,6 +236,15 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		// The token is for the edge; the guest service never sees it.
 		r.Header.Del(HeaderTrafficToken)
+	}
+	if port == CodeInterpreterPort && r.Method == http.MethodPost && r.URL.Path == "/execute" && target.AccessToken != "" {
+		// E2B's code-execution service runs code only for whoever holds the sandbox's envd access
+		// token, which @e2b/code-interpreter sends on /execute alone; a sandbox id is no secret.
+		if subtle.ConstantTimeCompare([]byte(r.Header.Get("X-Access-Token")), []byte(target.AccessToken)) != 1 {
+			writeJSON(w, http.StatusUnauthorized, map[string]any{"sandboxId": id, "code": http.StatusUnauthorized,
+				"message": "running code needs the sandbox's access token (X-Access-Token)"})
+			return
+		}
 	}
 	p.ports.ServeHTTP(w, r)
 }

@@ -107,6 +107,14 @@ func TestRouting(t *testing.T) {
 			hdr: map[string]string{HeaderTrafficToken: "secret"}, wantStatus: 200, wantUp: "b", wantBody: "GET /"},
 		{name: "traffic token not needed for envd", method: "GET", target: "/health", host: "49983-def456.localhost",
 			wantStatus: 200, wantUp: "b"},
+		{name: "code execution without the access token", method: "POST", target: "/execute", host: "49999-abc123.localhost",
+			wantStatus: 401},
+		{name: "code execution with a wrong access token", method: "POST", target: "/execute", host: "49999-abc123.localhost",
+			hdr: map[string]string{"X-Access-Token": "tok-b"}, wantStatus: 401},
+		{name: "code execution with the access token", method: "POST", target: "/execute", host: "49999-abc123.localhost",
+			hdr: map[string]string{"X-Access-Token": "tok-a"}, wantStatus: 200, wantUp: "a", wantBody: "POST /execute"},
+		{name: "code contexts need no access token", method: "GET", target: "/contexts", host: "49999-abc123.localhost",
+			wantStatus: 200, wantUp: "a", wantBody: "GET /contexts"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

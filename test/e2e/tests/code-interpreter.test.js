@@ -4,10 +4,27 @@
 // ingress, in header mode.
 
 import assert from 'node:assert/strict';
+import path from 'node:path';
 import { describe } from 'node:test';
 import { Sandbox } from '@e2b/code-interpreter';
 import { TimeoutError } from 'e2b';
-import { useServer, killQuietly, waitFor, apiFetch } from '../lib/harness.js';
+import { useServer, killQuietly, waitFor, apiFetch, runNodeChild, E2E_DIR } from '../lib/harness.js';
+
+// The server builds code-interpreter-v1 in the background at its start (a start check of the
+// service, then a checkpoint of the sandbox with its kernel warm); a data dir that has it fresh
+// already answers at once.
+async function templateReady(srv) {
+  let last;
+  await waitFor(
+    async () => {
+      const r = await apiFetch(srv, '/templates');
+      last = (r.json ?? []).find((t) => t.aliases?.includes('code-interpreter-v1'));
+      if (last?.buildStatus === 'error') throw new Error(`code-interpreter-v1 failed to build: ${JSON.stringify(last)}`);
+      return last?.buildStatus === 'ready';
+    },
+    { timeoutMs: 300_000, intervalMs: 500, what: 'the code-interpreter-v1 template' },
+  );
+}
 
 describe('code interpreter', () => {
   const srv = useServer({ name: 'code-interpreter' });
@@ -16,18 +33,7 @@ describe('code interpreter', () => {
 
   let sbx;
   srv.before(async () => {
-    // The server builds code-interpreter-v1 in the background at its start: a start check of the
-    // service and a checkpoint of the sandbox with its kernel warm.
-    let last;
-    await waitFor(
-      async () => {
-        const r = await apiFetch(srv, '/templates');
-        last = (r.json ?? []).find((t) => t.aliases?.includes('code-interpreter-v1'));
-        if (last?.buildStatus === 'error') throw new Error(`code-interpreter-v1 failed to build: ${JSON.stringify(last)}`);
-        return last?.buildStatus === 'ready';
-      },
-      { timeoutMs: 300_000, intervalMs: 500, what: 'the code-interpreter-v1 template' },
-    );
+    await templateReady(srv);
     sbx = await Sandbox.create({ ...srv.sdkOpts, timeoutMs: 600_000 });
     created.push(sbx);
   });
@@ -130,5 +136,70 @@ describe('code interpreter', () => {
     assert.equal(dead.error?.name, 'KernelDied', JSON.stringify(dead.error));
     const next = await sbx.runCode("'gone' in globals(), 1 + 1");
     assert.equal(next.text, '(False, 2)');
+  });
+
+  srv.test('a context keeps its state across a memory pause and resume', async () => {
+    const own = await Sandbox.create({ ...srv.sdkOpts, timeoutMs: 600_000 });
+    created.push(own);
+    const ctx = await own.createCodeContext({ cwd: '/tmp' });
+    await own.runCode('import random\nsecret = random.random()');
+    await own.runCode('in_ctx = "kept"', { context: ctx });
+    const before = (await own.runCode('secret')).text;
+    assert.equal(await own.pause(), true);
+    const back = await Sandbox.connect(own.sandboxId, srv.sdkOpts);
+    assert.equal((await back.runCode('secret')).text, before, 'the default context lost its state');
+    assert.equal((await back.runCode('in_ctx', { context: ctx })).text, 'kept', 'a created context lost its state');
+    assert.ok((await back.listCodeContexts()).some((c) => c.id === ctx.id));
+  });
+
+  srv.test('running code needs the envd access token, as on E2B (the SDK sends it on /execute)', async () => {
+    const post = (headers) =>
+      fetch(`${srv.apiUrl}/execute`, {
+        method: 'POST',
+        headers: { 'E2b-Sandbox-Id': sbx.sandboxId, 'E2b-Sandbox-Port': '49999', 'Content-Type': 'application/json', ...headers },
+        body: JSON.stringify({ code: '1' }),
+      });
+    let res = await post({});
+    assert.equal(res.status, 401, await res.text());
+    res = await post({ 'X-Access-Token': 'wrong' });
+    assert.equal(res.status, 401, await res.text());
+    const contexts = await fetch(`${srv.apiUrl}/contexts`, { headers: { 'E2b-Sandbox-Id': sbx.sandboxId, 'E2b-Sandbox-Port': '49999' } });
+    assert.equal(contexts.status, 200, 'the context endpoints carry no token in the SDK');
+  });
+
+  srv.test('allowPublicTraffic: false: the SDK sends the traffic token, others are refused', async () => {
+    const priv = await Sandbox.create({ ...srv.sdkOpts, timeoutMs: 600_000, network: { allowPublicTraffic: false } });
+    created.push(priv);
+    assert.equal((await priv.runCode('6 * 7')).text, '42');
+    const res = await fetch(`${srv.apiUrl}/execute`, {
+      method: 'POST',
+      headers: { 'E2b-Sandbox-Id': priv.sandboxId, 'E2b-Sandbox-Port': '49999', 'Content-Type': 'application/json' },
+      body: JSON.stringify({ code: '1' }),
+    });
+    assert.equal(res.status, 403, await res.text());
+  });
+});
+
+describe('code interpreter over TLS with only E2B_DOMAIN (--tls self-signed)', () => {
+  // Port 443: the SDK reaches the service at https://49999-<id>.<domain> without a port.
+  const srv = useServer({ name: 'code-interpreter-tls', port: 443, tls: true, args: ['--tls', 'self-signed', '--domain', 'localhost'] });
+  srv.before(async () => templateReady(srv));
+
+  srv.test('runCode and contexts through https://49999-<id>.localhost', async () => {
+    const env = { ...process.env };
+    for (const k of Object.keys(env)) if (k.startsWith('E2B_')) delete env[k];
+    Object.assign(env, { NODE_EXTRA_CA_CERTS: srv.caPath, E2B_DOMAIN: 'localhost', E2B_API_KEY: srv.apiKey });
+    const { code, stdout, stderr } = await runNodeChild(path.join(E2E_DIR, 'lib', 'code-interpreter-tls-client.js'), env, {
+      args: ['--dns-result-order=ipv4first'],
+    });
+    const line = stdout.split('\n').find((l) => l.startsWith('E2E_RESULT='));
+    assert.ok(line, `child printed no result (exit ${code})\nstdout:\n${stdout}\nstderr:\n${stderr}`);
+    const out = JSON.parse(line.slice('E2E_RESULT='.length));
+    const ctx = `\nchild observations: ${JSON.stringify(out, null, 2)}\nchild stderr:\n${stderr.slice(-3000)}`;
+    assert.equal(out.error, undefined, `the child failed${ctx}`);
+    assert.equal(out.text, '2', ctx);
+    assert.deepEqual(out.stdout, ['hi\n'], ctx);
+    assert.equal(out.contextCwd, '/tmp', ctx);
+    assert.equal(out.killed, true, ctx);
   });
 });
