@@ -25,6 +25,8 @@ func main() {
 	cwd := flag.String("cwd", "", "working directory of new contexts (default: $HOME)")
 	python := flag.String("python", "/usr/bin/python3", "Python with ipykernel")
 	rBin := flag.String("r", "/usr/bin/R", "R with IRkernel (languages without their interpreter are reported unavailable)")
+	node := flag.String("node", "/usr/bin/node", "Node.js, for javascript and typescript")
+	bash := flag.String("bash", "/bin/bash", "bash, for bash cells")
 	runtimeDir := flag.String("runtime-dir", "", "directory for kernel connection files (default: a private one under /tmp)")
 	logLevel := flag.String("log-level", "info", "debug, info, warn or error")
 	flag.Parse()
@@ -35,13 +37,13 @@ func main() {
 		os.Exit(2)
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-	if err := run(log, *listen, *cwd, *python, *rBin, *runtimeDir); err != nil {
+	if err := run(log, *listen, *cwd, *python, *rBin, *node, *bash, *runtimeDir); err != nil {
 		log.Error("code interpreter stopped", "err", err)
 		os.Exit(1)
 	}
 }
 
-func run(log *slog.Logger, listen, cwd, python, rBin, runtimeDir string) error {
+func run(log *slog.Logger, listen, cwd, python, rBin, node, bash, runtimeDir string) error {
 	if cwd == "" {
 		cwd, _ = os.UserHomeDir()
 	}
@@ -58,6 +60,13 @@ func run(log *slog.Logger, listen, cwd, python, rBin, runtimeDir string) error {
 	}
 	if _, err := exec.LookPath(rBin); err == nil {
 		langs["r"] = codeinterp.R(rBin)
+	}
+	if _, err := exec.LookPath(node); err == nil {
+		langs["javascript"] = codeinterp.Node(node, "javascript")
+		langs["typescript"] = codeinterp.Node(node, "typescript")
+	}
+	if _, err := exec.LookPath(bash); err == nil {
+		langs["bash"] = codeinterp.Bash(bash)
 	}
 	srv := codeinterp.New(codeinterp.Options{Languages: langs, Cwd: cwd, RuntimeDir: runtimeDir, Log: log})
 	defer srv.Close()

@@ -1,17 +1,33 @@
 package codeinterp
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"maps"
 	"slices"
 	"strings"
+
+	"github.com/vibemon/vmon/internal/codeinterp/jupyter"
 )
+
+// kernel runs a context's code: a Jupyter kernel, or another runner with the same behaviour.
+type kernel interface {
+	// Execute runs code, calling emit with each output in order; when ctx ends it interrupts the
+	// run and waits for the kernel to settle. A kernel that exits ends it with jupyter.ErrDied.
+	Execute(ctx context.Context, code string, silent bool, emit func(jupyter.Output)) (jupyter.Reply, error)
+	// ExitErr says how the kernel's process ended, once it has.
+	ExitErr() error
+	// Shutdown stops the kernel and what it started.
+	Shutdown()
+}
 
 // Language says how to run one language's kernel and speak to it.
 type Language struct {
 	// Argv starts a Jupyter kernel; "{connection_file}" is replaced by its connection file.
 	Argv []string
+	// Start, when set, starts a kernel that is not a Jupyter one (spec's Argv is unused).
+	Start func(ctx context.Context, spec jupyter.Spec) (kernel, error)
 	// Chdir is code that changes the kernel's working directory.
 	Chdir func(dir string) string
 	// SetEnv is code that sets env for the next execution, and Restore code that puts back what

@@ -65,7 +65,7 @@ type kcontext struct {
 
 	run    sync.Mutex // held by the execution in progress (and by a restart)
 	kmu    sync.Mutex
-	kernel *jupyter.Kernel // +checklocks:kmu
+	kernel kernel // +checklocks:kmu
 	// restarted is closed when the context's kernel is replaced or removed, ending what ran in
 	// the old one. +checklocks:kmu
 	restarted chan struct{}
@@ -166,13 +166,20 @@ func (s *Server) newContext(ctx context.Context, lang, cwd string) (*kcontext, e
 }
 
 // startKernel starts c's kernel and moves it to c's directory.
-func (s *Server) startKernel(ctx context.Context, c *kcontext) (*jupyter.Kernel, error) {
+func (s *Server) startKernel(ctx context.Context, c *kcontext) (kernel, error) {
 	l := s.opts.Languages[c.Language]
 	if fi, err := os.Stat(c.Cwd); err != nil || !fi.IsDir() {
 		return nil, fmt.Errorf("working directory %s does not exist", c.Cwd)
 	}
-	k, err := jupyter.Start(ctx, jupyter.Spec{Argv: l.Argv, Env: s.opts.Env, Dir: c.Cwd, RuntimeDir: s.opts.RuntimeDir,
-		StartTimeout: s.opts.StartTimeout, Log: s.log.With("context", c.ID)})
+	spec := jupyter.Spec{Argv: l.Argv, Env: s.opts.Env, Dir: c.Cwd, RuntimeDir: s.opts.RuntimeDir,
+		StartTimeout: s.opts.StartTimeout, Log: s.log.With("context", c.ID)}
+	var k kernel
+	var err error
+	if l.Start != nil {
+		k, err = l.Start(ctx, spec)
+	} else {
+		k, err = jupyter.Start(ctx, spec)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("start the %s kernel: %w", c.Language, err)
 	}
@@ -221,14 +228,14 @@ func (s *Server) lookup(id string) *kcontext {
 }
 
 // current returns c's kernel and the channel closed when it is replaced.
-func (c *kcontext) current() (*jupyter.Kernel, <-chan struct{}) {
+func (c *kcontext) current() (kernel, <-chan struct{}) {
 	c.kmu.Lock()
 	defer c.kmu.Unlock()
 	return c.kernel, c.restarted
 }
 
 // replace swaps c's kernel for k (nil: none), ending what ran in the old one.
-func (c *kcontext) replace(k *jupyter.Kernel) *jupyter.Kernel {
+func (c *kcontext) replace(k kernel) kernel {
 	c.kmu.Lock()
 	defer c.kmu.Unlock()
 	old := c.kernel

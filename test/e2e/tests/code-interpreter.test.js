@@ -113,21 +113,33 @@ describe('code interpreter', () => {
     assert.deepEqual(marks.slice(0, 2).map((m) => m.at(-1)), ['+', '+'], `did not overlap: ${marks}`);
   });
 
-  srv.test('languages: each runs or says clearly it is not available', async () => {
+  srv.test('languages: python, r, javascript, typescript and bash run; others say so clearly', async () => {
     // IRkernel shows a value as display data, not as the cell's result: results[0], not text.
     const r = await sbx.runCode('x <- c(1, 2, 3)\nsum(x)', { language: 'r' });
     assert.equal(r.error, undefined, JSON.stringify(r.error));
     assert.match(r.results[0]?.text ?? '', /\[1\] 6/, JSON.stringify(r));
     assert.match((await sbx.runCode('cat(Sys.getenv("VMON_R"))', { language: 'r', envs: { VMON_R: 'r-env' } })).logs.stdout.join(''), /r-env/);
-    for (const language of ['javascript', 'typescript', 'bash', 'java']) {
-      const e = await sbx.runCode('1', { language });
-      if (e.error) {
-        assert.equal(e.error.name, 'LanguageNotAvailable', `${language}: ${JSON.stringify(e.error)}`);
-        assert.match(e.error.value, new RegExp(`"${language}" is not available`));
-      } else {
-        assert.match(e.text ?? e.logs.stdout.join(''), /1/, `${language}: ${JSON.stringify(e)}`);
-      }
-    }
+
+    await sbx.runCode('let n = 20', { language: 'javascript' });
+    const js = await sbx.runCode('console.log("from js"); n + 1', { language: 'js' });
+    assert.equal(js.text, '21', JSON.stringify(js));
+    assert.deepEqual(js.logs.stdout, ['from js\n']);
+    const jsErr = await sbx.runCode('null.x', { language: 'javascript' });
+    assert.equal(jsErr.error?.name, 'TypeError', JSON.stringify(jsErr));
+    assert.equal((await sbx.runCode('process.env.VMON_JS', { language: 'javascript', envs: { VMON_JS: 'js-env' } })).text, 'js-env');
+
+    const ts = await sbx.runCode('const m: number = 3;\nm * 2', { language: 'typescript' });
+    assert.equal(ts.text, '6', JSON.stringify(ts));
+
+    await sbx.runCode('cd /tmp; v=7', { language: 'bash' });
+    const sh = await sbx.runCode('echo "$v in $(pwd)"; echo err >&2', { language: 'bash' });
+    assert.deepEqual(sh.logs.stdout, ['7 in /tmp\n'], JSON.stringify(sh));
+    assert.deepEqual(sh.logs.stderr, ['err\n']);
+    assert.equal((await sbx.runCode('false', { language: 'bash' })).error?.name, 'ExitCodeError');
+
+    const java = await sbx.runCode('1', { language: 'java' });
+    assert.equal(java.error?.name, 'LanguageNotAvailable', JSON.stringify(java));
+    assert.match(java.error.value, /"java" is not available .*available: bash, javascript, python, r, typescript/);
   });
 
   srv.test('a killed kernel is reported and the next call gets a fresh one', async () => {

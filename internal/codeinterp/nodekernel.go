@@ -1,0 +1,228 @@
+package codeinterp
+
+import (
+	"bufio"
+	"context"
+	_ "embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/vibemon/vmon/internal/codeinterp/jupyter"
+)
+
+//go:embed node-runner.js
+var nodeRunner []byte
+
+// Node runs JavaScript (and TypeScript, transpiled with Debian's node-typescript) in a Node.js
+// process per context (node-runner.js), which speaks a small JSON-lines protocol instead of
+// Jupyter's: Debian packages no Jupyter kernel for JavaScript.
+func Node(node, lang string) Language {
+	return Language{
+		Start: func(ctx context.Context, spec jupyter.Spec) (kernel, error) { return startNode(ctx, node, lang, spec) },
+		Chdir: nil, // the process starts in the context's directory
+		SetEnv: func(env map[string]string) (string, string) {
+			b, _ := json.Marshal(env)
+			set := "globalThis.__vmonSaved = Object.fromEntries(Object.keys(" + string(b) + ").map((k) => [k, process.env[k]]));\n" +
+				"Object.assign(process.env, " + string(b) + ");\nundefined"
+			restore := "for (const [k, v] of Object.entries(globalThis.__vmonSaved)) { if (v === undefined) delete process.env[k]; else process.env[k] = v; }\n" +
+				"delete globalThis.__vmonSaved;\nundefined"
+			return set, restore
+		},
+	}
+}
+
+// nodeKernel is one node-runner.js process.
+type nodeKernel struct {
+	lang  string
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	log   *slog.Logger
+
+	mu sync.Mutex
+	// +checklocks:mu
+	waiters map[string]chan nodeEvent
+
+	exited  chan struct{}
+	exitErr error // set before exited closes
+	seq     int
+}
+
+type nodeEvent struct {
+	ID    *string `json:"id"`
+	Type  string  `json:"type"`
+	Name  string  `json:"name"`
+	Text  string  `json:"text"`
+	Value string  `json:"value"`
+	Stack string  `json:"stack"`
+	Count int     `json:"count"`
+}
+
+func startNode(ctx context.Context, node, lang string, spec jupyter.Spec) (kernel, error) {
+	if err := os.MkdirAll(spec.RuntimeDir, 0o700); err != nil {
+		return nil, err
+	}
+	script := filepath.Join(spec.RuntimeDir, "node-runner.js")
+	if err := os.WriteFile(script, nodeRunner, 0o644); err != nil {
+		return nil, fmt.Errorf("write the node runner: %w", err)
+	}
+	evR, evW, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	k := &nodeKernel{lang: lang, log: spec.Log, waiters: map[string]chan nodeEvent{}, exited: make(chan struct{})}
+	if k.log == nil {
+		k.log = slog.New(slog.DiscardHandler)
+	}
+	k.cmd = exec.Command(node, script)
+	k.cmd.Env, k.cmd.Dir = spec.Env, spec.Dir
+	k.cmd.ExtraFiles = []*os.File{evW} // fd 3: the runner's events
+	k.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	k.cmd.Stdout, k.cmd.Stderr = io.Discard, io.Discard // the runner reports its own output on fd 3
+	if k.stdin, err = k.cmd.StdinPipe(); err != nil {
+		evR.Close()
+		evW.Close()
+		return nil, err
+	}
+	if err := k.cmd.Start(); err != nil {
+		evR.Close()
+		evW.Close()
+		return nil, fmt.Errorf("start %s: %w", node, err)
+	}
+	evW.Close()
+	ready := make(chan struct{})
+	go k.readEvents(evR, ready)
+	go func() {
+		err := k.cmd.Wait()
+		if err == nil {
+			err = errors.New("exit status 0")
+		}
+		k.exitErr = err
+		close(k.exited)
+	}()
+	timeout := spec.StartTimeout
+	if timeout == 0 {
+		timeout = 60 * time.Second
+	}
+	select {
+	case <-ready:
+		return k, nil
+	case <-k.exited:
+		return nil, fmt.Errorf("%w while starting: %v", jupyter.ErrDied, k.exitErr)
+	case <-ctx.Done():
+		k.Shutdown()
+		return nil, ctx.Err()
+	case <-time.After(timeout):
+		k.Shutdown()
+		return nil, errors.New("the node runner did not start")
+	}
+}
+
+func (k *nodeKernel) readEvents(r *os.File, ready chan struct{}) {
+	defer r.Close()
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 64<<20)
+	for sc.Scan() {
+		var ev nodeEvent
+		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
+			k.log.Warn("bad event from the node runner", "err", err)
+			continue
+		}
+		if ev.Type == "ready" {
+			close(ready)
+			continue
+		}
+		if ev.ID == nil {
+			continue // output between cells (a timer's console.log): nobody to give it to
+		}
+		k.mu.Lock()
+		ch := k.waiters[*ev.ID]
+		k.mu.Unlock()
+		if ch != nil {
+			select {
+			case ch <- ev:
+			case <-k.exited:
+				return
+			}
+		}
+	}
+}
+
+func (k *nodeKernel) Execute(ctx context.Context, code string, silent bool, emit func(jupyter.Output)) (jupyter.Reply, error) {
+	k.mu.Lock()
+	k.seq++
+	id := strconv.Itoa(k.seq)
+	ch := make(chan nodeEvent, 64)
+	k.waiters[id] = ch
+	k.mu.Unlock()
+	defer func() {
+		k.mu.Lock()
+		delete(k.waiters, id)
+		k.mu.Unlock()
+	}()
+	req, _ := json.Marshal(map[string]string{"id": id, "code": code, "lang": k.lang})
+	if _, err := k.stdin.Write(append(req, '\n')); err != nil {
+		return jupyter.Reply{}, fmt.Errorf("%w: %v", jupyter.ErrDied, err)
+	}
+	var reply jupyter.Reply
+	done := ctx.Done()
+	var grace <-chan time.Time
+	status := "ok"
+	for {
+		select {
+		case ev := <-ch:
+			switch ev.Type {
+			case "stream":
+				if !silent {
+					emit(jupyter.Output{Kind: "stream", Stream: ev.Name, Text: ev.Text})
+				}
+			case "result":
+				if !silent {
+					emit(jupyter.Output{Kind: "result", Data: map[string]any{"text/plain": ev.Text}, Main: true})
+				}
+			case "error":
+				status = "error"
+				if !silent {
+					emit(jupyter.Output{Kind: "error", EName: ev.Name, EValue: ev.Value, Traceback: []string{ev.Stack}})
+				}
+			case "done":
+				reply.Status, reply.Count = status, ev.Count
+				if !silent {
+					emit(jupyter.Output{Kind: "count", Count: ev.Count})
+				}
+				return reply, nil
+			}
+		case <-done:
+			reply.Interrupted = true
+			done = nil
+			_ = syscall.Kill(-k.cmd.Process.Pid, syscall.SIGINT)
+			grace = time.After(10 * time.Second)
+		case <-grace:
+			return reply, errors.New("the node runner did not stop after an interrupt")
+		case <-k.exited:
+			return reply, fmt.Errorf("%w: %v", jupyter.ErrDied, k.exitErr)
+		}
+	}
+}
+
+func (k *nodeKernel) ExitErr() error { return k.exitErr }
+
+func (k *nodeKernel) Shutdown() {
+	if k.cmd.Process != nil {
+		_ = syscall.Kill(-k.cmd.Process.Pid, syscall.SIGKILL)
+		select {
+		case <-k.exited:
+		case <-time.After(5 * time.Second):
+		}
+	}
+	_ = k.stdin.Close()
+}

@@ -1,0 +1,136 @@
+package codeinterp
+
+import (
+	"context"
+	"net/http/httptest"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestJavaScript drives the Node.js runner through the HTTP service: state, console output in
+// order, the value, errors, top-level await, envs, interrupts of a busy loop and of a pending
+// promise, and a process that exits.
+func TestJavaScript(t *testing.T) {
+	node, err := exec.LookPath("node")
+	if err != nil {
+		t.Fatal("node is required (the e2e suite needs it too)")
+	}
+	s := New(Options{Languages: map[string]Language{"javascript": Node(node, "javascript")}, Cwd: t.TempDir(), RuntimeDir: t.TempDir()})
+	ts := httptest.NewServer(s)
+	t.Cleanup(func() { ts.Close(); s.Close() })
+	ctx := context.Background()
+	js := func(code string, extra ...map[string]any) []map[string]any {
+		body := map[string]any{"code": code, "language": "js"}
+		for _, e := range extra {
+			for k, v := range e {
+				body[k] = v
+			}
+		}
+		lines, st := execute(t, ctx, ts, body)
+		if st != 200 {
+			t.Fatalf("%q: status %d %v", code, st, lines)
+		}
+		return lines
+	}
+	js("let x = 41")
+	lines := js("console.log('a'); console.error('b'); x + 1")
+	var order []string
+	for _, l := range lines {
+		order = append(order, l["type"].(string))
+	}
+	if strings.Join(order, " ") != "stdout stderr result number_of_executions end_of_execution" || mainText(lines) != "42" || lines[0]["text"] != "a\n" {
+		t.Fatalf("stream %v", lines)
+	}
+	if m := mainText(js("({a: [1, 2], s: 'x'})")); m != "{ a: [ 1, 2 ], s: 'x' }" {
+		t.Fatalf("object value %q", m)
+	}
+	errs := ofType(js("null.f()"), "error")
+	if len(errs) != 1 || errs[0]["name"] != "TypeError" || !strings.Contains(errs[0]["traceback"].(string), "TypeError") {
+		t.Fatalf("error %v", errs)
+	}
+	if m := mainText(js("await new Promise((r) => setTimeout(() => r(7), 10))")); m != "" {
+		t.Fatalf("top-level await without return gave %q", m)
+	}
+	if m := mainText(js("const v = await Promise.resolve(5); return v * 2")); m != "10" {
+		t.Fatalf("top-level await with return gave %q", m)
+	}
+	if m := mainText(js("Promise.resolve('resolved')")); m != "resolved" {
+		t.Fatalf("a promise value is awaited (a string shows without its quotes): %q", m)
+	}
+	if m := mainText(js("process.env.VMON_JS", map[string]any{"env_vars": map[string]string{"VMON_JS": "on"}})); m != "on" {
+		t.Fatalf("env var %q", m)
+	}
+	if m := mainText(js("process.env.VMON_JS ?? 'unset'")); m != "unset" {
+		t.Fatalf("env var leaked: %q", m)
+	}
+	for _, code := range []string{"while (true) {}", "await new Promise(() => {})"} {
+		tctx, cancel := context.WithTimeout(ctx, time.Second)
+		execute(t, tctx, ts, map[string]any{"code": code, "language": "javascript"})
+		cancel()
+		if m := mainText(js("x")); m != "41" {
+			t.Fatalf("after interrupting %q: x = %q", code, m)
+		}
+	}
+	if errs := ofType(js("process.exit(3)"), "error"); len(errs) != 1 || errs[0]["name"] != "KernelDied" {
+		t.Fatalf("exit: %v", errs)
+	}
+	if m := mainText(js("typeof x")); m != "undefined" {
+		t.Fatalf("after the runner died: %q", m)
+	}
+}
+
+// TestBash: shell state across cells, both streams, a failing cell, envs, an interrupted sleep
+// that leaves the shell, and exit.
+func TestBash(t *testing.T) {
+	s := New(Options{Languages: map[string]Language{"bash": Bash("/bin/bash")}, Cwd: t.TempDir(), RuntimeDir: t.TempDir()})
+	ts := httptest.NewServer(s)
+	t.Cleanup(func() { ts.Close(); s.Close() })
+	ctx := context.Background()
+	sh := func(code string, extra ...map[string]any) ([]map[string]any, string, string) {
+		body := map[string]any{"code": code, "language": "bash"}
+		for _, e := range extra {
+			for k, v := range e {
+				body[k] = v
+			}
+		}
+		lines, st := execute(t, ctx, ts, body)
+		if st != 200 {
+			t.Fatalf("%q: status %d %v", code, st, lines)
+		}
+		var out, errOut string
+		for _, l := range ofType(lines, "stdout") {
+			out += l["text"].(string)
+		}
+		for _, l := range ofType(lines, "stderr") {
+			errOut += l["text"].(string)
+		}
+		return lines, out, errOut
+	}
+	sh("x=41; cd /tmp; f() { echo \"f:$1\"; }")
+	if _, out, errOut := sh("echo $((x + 1)); pwd; f a; echo oops >&2; printf 'no newline'"); out != "42\n/tmp\nf:a\nno newline" || errOut != "oops\n" {
+		t.Fatalf("out %q err %q", out, errOut)
+	}
+	if lines, _, _ := sh("false"); len(ofType(lines, "error")) != 1 {
+		t.Fatalf("a failing cell: %v", lines)
+	}
+	if _, out, _ := sh("echo \"$VMON_SH\"", map[string]any{"env_vars": map[string]string{"VMON_SH": "it's on"}}); out != "it's on\n" {
+		t.Fatalf("env var: %q", out)
+	}
+	if _, out, _ := sh("echo \"${VMON_SH-unset}\""); out != "unset\n" {
+		t.Fatalf("env var leaked: %q", out)
+	}
+	tctx, cancel := context.WithTimeout(ctx, time.Second)
+	execute(t, tctx, ts, map[string]any{"code": "sleep 60; echo never", "language": "bash"})
+	cancel()
+	if _, out, _ := sh("echo $x"); out != "41\n" {
+		t.Fatalf("after an interrupt: %q", out)
+	}
+	if lines, _, _ := sh("exit 2"); len(ofType(lines, "error")) != 1 || ofType(lines, "error")[0]["name"] != "KernelDied" {
+		t.Fatalf("exit: %v", lines)
+	}
+	if _, out, _ := sh("echo ${x-gone}"); out != "gone\n" {
+		t.Fatalf("after exit: %q", out)
+	}
+}
