@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"regexp"
 	"strings"
 	"time"
 
@@ -19,6 +20,8 @@ type executeRequest struct {
 	Language  string            `json:"language"`
 	EnvVars   map[string]string `json:"env_vars"`
 }
+
+var envNameRe = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
 // mimeKeys maps the MIME types kernels publish to the short keys the SDK reads.
 var mimeKeys = map[string]string{
@@ -159,6 +162,13 @@ func (s *Server) runIn(ctx context.Context, c *kcontext, req executeRequest, out
 	}()
 	lang := s.opts.Languages[c.Language]
 	restore := ""
+	for k := range req.EnvVars {
+		// Names go into each language's code (bash's unquoted): only what a shell accepts.
+		if !envNameRe.MatchString(k) {
+			out.fail("EnvVarsError", fmt.Sprintf("invalid environment variable name %q: use letters, digits and '_', not starting with a digit", k))
+			return
+		}
+	}
 	if len(req.EnvVars) > 0 && lang.SetEnv != nil {
 		set, undo := lang.SetEnv(req.EnvVars)
 		if rep, err := k.Execute(ctx, set, true, func(jupyter.Output) {}); err != nil || rep.Status != "ok" {

@@ -121,6 +121,9 @@ func TestBash(t *testing.T) {
 	if _, out, _ := sh("echo \"${VMON_SH-unset}\""); out != "unset\n" {
 		t.Fatalf("env var leaked: %q", out)
 	}
+	if lines, out, _ := sh("echo ran", map[string]any{"env_vars": map[string]string{"A;touch /tmp/pwned": "x"}}); out != "" || len(ofType(lines, "error")) != 1 {
+		t.Fatalf("an env var name that is shell code: out %q, %v", out, lines)
+	}
 	tctx, cancel := context.WithTimeout(ctx, time.Second)
 	execute(t, tctx, ts, map[string]any{"code": "sleep 60; echo never", "language": "bash"})
 	cancel()
