@@ -25,7 +25,7 @@ for (const [shape, label] of [['idle', 'idle'], ['touched256', '256 MiB touched'
   console.log(`| ${label} | pause (\`sbx.pause()\`) vs \`runsc checkpoint\` | ${ms(s.vmonPause.p50)} | ${ms(s.vmonPause.p95)} | ` +
     `${ms(s.rawCheckpoint.p50)} | ${ms(s.rawCheckpoint.p95)} | ${ratio(s.vmonPause.p50, s.rawCheckpoint.p50)} | ${ratio(s.vmonPause.p95, s.rawCheckpoint.p95)} | ` +
     `${pairRatio(s.samplesMs.vmonPause, s.samplesMs.rawCheckpoint, 0.5)} | ${pairRatio(s.samplesMs.vmonPause, s.samplesMs.rawCheckpoint, 0.95)} |`);
-  console.log(`| ${label} | resume (\`Sandbox.connect()\` + first \`commands.run\`) vs \`runsc restore\` + \`exec true\` | ${ms(s.vmonResume.p50)} | ` +
+  console.log(`| ${label} | resume (\`Sandbox.connect()\` + first \`commands.run\`) vs \`runsc restore\` + \`exec bash -l -c true\` | ${ms(s.vmonResume.p50)} | ` +
     `${ms(s.vmonResume.p95)} | ${ms(s.rawRestore.p50)} | ${ms(s.rawRestore.p95)} | ${ratio(s.vmonResume.p50, s.rawRestore.p50)} | ${ratio(s.vmonResume.p95, s.rawRestore.p95)} | ` +
     `${pairRatio(s.samplesMs.vmonResume, s.samplesMs.rawRestore, 0.5)} | ${pairRatio(s.samplesMs.vmonResume, s.samplesMs.rawRestore, 0.95)} |`);
 }

@@ -5,7 +5,8 @@
 //
 //   1. pause, then resume (connect + first commands.run('true')) through the SDK, alternating
 //      iteration by iteration with raw `runsc checkpoint` (its delete untimed), then `runsc restore` +
-//      `runsc exec true` of a sandbox on the same rootfs, config shape, flags and init (envd;
+//      `runsc exec --user 1000:1000 bash -l -c true` (what commands.run('true') runs in the guest)
+//      of a sandbox on the same rootfs, config shape, flags and init (envd;
 //      bench/runtime.mjs); the pause is timed until the SDK call returns, which vmon answers once
 //      the sandbox stopped with its memory saved (the runtime's removal and the snapshot's
 //      writing follow, untimed, as the raw side's delete is);
@@ -110,8 +111,9 @@ async function pairs(shape) {
         fs.closeSync(consoleFd);
       }
       if (r.code !== 0) throw new Error(`runsc restore exited ${r.code}: ${fs.readFileSync(path.join(it.dir, 'console.log'), 'utf8').slice(-600)}`);
-      r = await runsc('exec', [id, 'true'], { timeoutMs: 60_000 });
-      if (r.code !== 0) throw new Error(`runsc exec true after restore: ${r.stderr.trim()}`);
+      // The guest program commands.run('true') runs: bash -l -c, as the template's user.
+      r = await runsc('exec', ['--user', '1000:1000', id, '/bin/bash', '-l', '-c', 'true'], { timeoutMs: 60_000 });
+      if (r.code !== 0) throw new Error(`runsc exec bash -l -c true after restore: ${r.stderr.trim()}`);
       out.rawCheckpoint.push(t1 - t0);
       out.rawRestore.push(now() - t2);
       fs.rmSync(img, { recursive: true, force: true });

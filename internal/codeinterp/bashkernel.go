@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/vibemon/vmon/internal/codeinterp/jupyter"
@@ -43,14 +42,11 @@ func shellQuote(s string) string {
 const bashMarker = "\x1evmon-end:"
 
 type bashKernel struct {
-	cmd   *exec.Cmd
+	proc
 	stdin io.WriteCloser
 	dir   string
 	out   chan bashChunk
 	seq   int
-
-	exited  chan struct{}
-	exitErr error
 }
 
 // bashChunk is output of one stream, or (end set) the marker that closes a cell on it.
@@ -67,37 +63,27 @@ func startBash(bash string, spec jupyter.Spec) (kernel, error) {
 	if err != nil {
 		return nil, err
 	}
-	k := &bashKernel{dir: dir, out: make(chan bashChunk, 256), exited: make(chan struct{})}
-	k.cmd = exec.Command(bash, "--noprofile", "--norc")
-	k.cmd.Env, k.cmd.Dir = spec.Env, spec.Dir
-	k.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if k.stdin, err = k.cmd.StdinPipe(); err != nil {
+	k := &bashKernel{dir: dir, out: make(chan bashChunk, 256)}
+	cmd := exec.Command(bash, "--noprofile", "--norc")
+	cmd.Env, cmd.Dir = spec.Env, spec.Dir
+	if k.stdin, err = cmd.StdinPipe(); err != nil {
 		return nil, err
 	}
-	stdout, err := k.cmd.StdoutPipe()
+	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		return nil, err
 	}
-	stderr, err := k.cmd.StderrPipe()
+	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		return nil, err
-	}
-	if err := k.cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start %s: %w", bash, err)
 	}
 	var wg sync.WaitGroup
 	wg.Add(2)
+	if err := k.start(cmd, wg.Wait); err != nil {
+		return nil, fmt.Errorf("start %s: %w", bash, err)
+	}
 	go func() { defer wg.Done(); k.read("stdout", stdout) }()
 	go func() { defer wg.Done(); k.read("stderr", stderr) }()
-	go func() {
-		wg.Wait()
-		err := k.cmd.Wait()
-		if err == nil {
-			err = errors.New("exit status 0")
-		}
-		k.exitErr = err
-		close(k.exited)
-	}()
 	// An interrupt ends the cell being sourced, not the shell.
 	if _, err := io.WriteString(k.stdin, "trap 'return 130 2>/dev/null' INT\n"); err != nil {
 		k.Shutdown()
@@ -182,8 +168,7 @@ func (k *bashKernel) Execute(ctx context.Context, code string, silent bool, emit
 		case <-done:
 			reply.Interrupted = true
 			done = nil
-			_ = syscall.Kill(-k.cmd.Process.Pid, syscall.SIGINT)
-			grace = time.After(10 * time.Second)
+			grace = k.interrupt()
 		case <-grace:
 			return reply, errors.New("bash did not stop after an interrupt")
 		case <-k.exited:
@@ -202,16 +187,8 @@ func (k *bashKernel) Execute(ctx context.Context, code string, silent bool, emit
 	return reply, nil
 }
 
-func (k *bashKernel) ExitErr() error { return k.exitErr }
-
 func (k *bashKernel) Shutdown() {
-	if k.cmd.Process != nil {
-		_ = syscall.Kill(-k.cmd.Process.Pid, syscall.SIGKILL)
-		select {
-		case <-k.exited:
-		case <-time.After(5 * time.Second):
-		}
-	}
+	k.kill()
 	_ = k.stdin.Close()
 	_ = os.RemoveAll(k.dir)
 }

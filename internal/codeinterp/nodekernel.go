@@ -14,7 +14,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/vibemon/vmon/internal/codeinterp/jupyter"
@@ -43,17 +42,14 @@ func Node(node, lang string) Language {
 
 // nodeKernel is one node-runner.js process.
 type nodeKernel struct {
+	proc
 	lang  string
-	cmd   *exec.Cmd
 	stdin io.WriteCloser
 	log   *slog.Logger
 
 	mu sync.Mutex
 	// +checklocks:mu
 	waiters map[string]chan nodeEvent
-
-	exited  chan struct{}
-	exitErr error // set before exited closes
 	seq     int
 }
 
@@ -79,21 +75,20 @@ func startNode(ctx context.Context, node, lang string, spec jupyter.Spec) (kerne
 	if err != nil {
 		return nil, err
 	}
-	k := &nodeKernel{lang: lang, log: spec.Log, waiters: map[string]chan nodeEvent{}, exited: make(chan struct{})}
+	k := &nodeKernel{lang: lang, log: spec.Log, waiters: map[string]chan nodeEvent{}}
 	if k.log == nil {
 		k.log = slog.New(slog.DiscardHandler)
 	}
-	k.cmd = exec.Command(node, script)
-	k.cmd.Env, k.cmd.Dir = spec.Env, spec.Dir
-	k.cmd.ExtraFiles = []*os.File{evW} // fd 3: the runner's events
-	k.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	k.cmd.Stdout, k.cmd.Stderr = io.Discard, io.Discard // the runner reports its own output on fd 3
-	if k.stdin, err = k.cmd.StdinPipe(); err != nil {
+	cmd := exec.Command(node, script)
+	cmd.Env, cmd.Dir = spec.Env, spec.Dir
+	cmd.ExtraFiles = []*os.File{evW} // fd 3: the runner's events
+	cmd.Stdout, cmd.Stderr = io.Discard, io.Discard // the runner reports its own output on fd 3
+	if k.stdin, err = cmd.StdinPipe(); err != nil {
 		evR.Close()
 		evW.Close()
 		return nil, err
 	}
-	if err := k.cmd.Start(); err != nil {
+	if err := k.start(cmd, nil); err != nil {
 		evR.Close()
 		evW.Close()
 		return nil, fmt.Errorf("start %s: %w", node, err)
@@ -101,14 +96,6 @@ func startNode(ctx context.Context, node, lang string, spec jupyter.Spec) (kerne
 	evW.Close()
 	ready := make(chan struct{})
 	go k.readEvents(evR, ready)
-	go func() {
-		err := k.cmd.Wait()
-		if err == nil {
-			err = errors.New("exit status 0")
-		}
-		k.exitErr = err
-		close(k.exited)
-	}()
 	timeout := spec.StartTimeout
 	if timeout == 0 {
 		timeout = 60 * time.Second
@@ -204,8 +191,7 @@ func (k *nodeKernel) Execute(ctx context.Context, code string, silent bool, emit
 		case <-done:
 			reply.Interrupted = true
 			done = nil
-			_ = syscall.Kill(-k.cmd.Process.Pid, syscall.SIGINT)
-			grace = time.After(10 * time.Second)
+			grace = k.interrupt()
 		case <-grace:
 			return reply, errors.New("the node runner did not stop after an interrupt")
 		case <-k.exited:
@@ -214,15 +200,7 @@ func (k *nodeKernel) Execute(ctx context.Context, code string, silent bool, emit
 	}
 }
 
-func (k *nodeKernel) ExitErr() error { return k.exitErr }
-
 func (k *nodeKernel) Shutdown() {
-	if k.cmd.Process != nil {
-		_ = syscall.Kill(-k.cmd.Process.Pid, syscall.SIGKILL)
-		select {
-		case <-k.exited:
-		case <-time.After(5 * time.Second):
-		}
-	}
+	k.kill()
 	_ = k.stdin.Close()
 }

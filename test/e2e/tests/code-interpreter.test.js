@@ -66,6 +66,29 @@ describe('code interpreter', () => {
     assert.equal(Buffer.from(png.png, 'base64').subarray(1, 4).toString(), 'PNG');
   });
 
+  srv.test('every MIME type the kernel shows arrives under its key', async () => {
+    const code = [
+      'from IPython.display import display, HTML, Markdown, Latex, JSON, SVG, Javascript, Image',
+      'import io, base64, matplotlib.pyplot as plt',
+      "display(HTML('<i>h</i>'), Markdown('**m**'), Latex('$y$'), JSON({'k': [1]}))",
+      "display(SVG('<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"1\" height=\"1\"/>'), Javascript('1 + 1'))",
+      "buf = io.BytesIO(); plt.figure(); plt.plot([1, 2]); plt.savefig(buf, format='jpeg'); plt.close()",
+      "display(Image(data=buf.getvalue(), format='jpeg'))",
+      "display({'application/pdf': base64.b64encode(b'%PDF-1.4 x').decode(), 'text/plain': 'pdf'}, raw=True)",
+    ].join('\n');
+    const exec = await sbx.runCode(code);
+    assert.equal(exec.error, undefined, JSON.stringify(exec.error));
+    const formats = exec.results.flatMap((r) => r.formats());
+    for (const f of ['html', 'markdown', 'latex', 'json', 'svg', 'javascript', 'jpeg', 'pdf']) {
+      assert.ok(formats.includes(f), `${f} missing from ${JSON.stringify(formats)}`);
+    }
+    const byFormat = (f) => exec.results.find((r) => r[f]);
+    assert.deepEqual(byFormat('json').json, { k: [1] });
+    assert.equal(Buffer.from(byFormat('jpeg').jpeg, 'base64').subarray(0, 2).toString('hex'), 'ffd8');
+    assert.equal(Buffer.from(byFormat('pdf').pdf, 'base64').toString().slice(0, 5), '%PDF-');
+    assert.match(byFormat('svg').svg, /<svg/);
+  });
+
   srv.test('an exception: name, value and traceback', async () => {
     const exec = await sbx.runCode('def f():\n    raise KeyError("nope")\nf()');
     assert.equal(exec.error.name, 'KeyError');
