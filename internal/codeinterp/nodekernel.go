@@ -81,7 +81,7 @@ func startNode(ctx context.Context, node, lang string, spec jupyter.Spec) (kerne
 	}
 	cmd := exec.Command(node, script)
 	cmd.Env, cmd.Dir = spec.Env, spec.Dir
-	cmd.ExtraFiles = []*os.File{evW} // fd 3: the runner's events
+	cmd.ExtraFiles = []*os.File{evW}                // fd 3: the runner's events
 	cmd.Stdout, cmd.Stderr = io.Discard, io.Discard // the runner reports its own output on fd 3
 	if k.stdin, err = cmd.StdinPipe(); err != nil {
 		evR.Close()
