@@ -89,7 +89,17 @@ func (s *Server) getTemplate(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	builds := []templateBuildJSON{}
-	if t.BuildID != "" {
+	// Every build of a template made from steps, newest first: a rebuild in progress shows while
+	// the template still serves its previous one.
+	if list, err := s.store.ListBuilds(r.Context(), t.ID); err == nil {
+		for _, b := range list {
+			j := templateBuildJSON{BuildID: b.ID, Status: string(b.Status), CreatedAt: b.CreatedAt, UpdatedAt: b.UpdatedAt,
+				FinishedAt: optTime(b.FinishedAt), CPUCount: b.CPU, MemoryMB: b.MemoryMB, DiskSizeMB: b.DiskMB,
+				EnvdVersion: t.EnvdVersion}
+			builds = append(builds, j)
+		}
+	}
+	if len(builds) == 0 && t.BuildID != "" {
 		b := templateBuildJSON{BuildID: t.BuildID, Status: string(t.Status), CreatedAt: t.CreatedAt,
 			UpdatedAt: t.UpdatedAt, CPUCount: t.CPU, MemoryMB: t.MemoryMB, DiskSizeMB: t.DiskMB,
 			EnvdVersion: t.EnvdVersion}

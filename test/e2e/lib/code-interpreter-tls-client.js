@@ -7,7 +7,16 @@ import { Sandbox } from '@e2b/code-interpreter';
 const out = {};
 let sbx;
 try {
-  sbx = await Sandbox.create();
+  // The server may still be making code-interpreter-v1 (a missing template is a 404 until then).
+  for (let i = 0; ; i++) {
+    try {
+      sbx = await Sandbox.create();
+      break;
+    } catch (err) {
+      if (i >= 300) throw err;
+      await new Promise((r) => setTimeout(r, 1000));
+    }
+  }
   out.sandboxId = sbx.sandboxId;
   const exec = await sbx.runCode('print("hi")\n1 + 1');
   out.text = exec.text;

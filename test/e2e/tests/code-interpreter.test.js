@@ -10,19 +10,22 @@ import { Sandbox } from '@e2b/code-interpreter';
 import { TimeoutError } from 'e2b';
 import { useServer, killQuietly, waitFor, apiFetch, runNodeChild, E2E_DIR } from '../lib/harness.js';
 
-// The server builds code-interpreter-v1 in the background at its start (a start check of the
-// service, then a checkpoint of the sandbox with its kernel warm); a data dir that has it fresh
-// already answers at once.
+// The server (re)builds code-interpreter-v1 in the background at its start when it is missing or
+// stale (a start check of the service, then a checkpoint of the sandbox with its kernel warm):
+// wait until no build of it is in progress and its newest one is ready.
 async function templateReady(srv) {
   let last;
   await waitFor(
     async () => {
       const r = await apiFetch(srv, '/templates');
-      last = (r.json ?? []).find((t) => t.aliases?.includes('code-interpreter-v1'));
-      if (last?.buildStatus === 'error') throw new Error(`code-interpreter-v1 failed to build: ${JSON.stringify(last)}`);
-      return last?.buildStatus === 'ready';
+      const t = (r.json ?? []).find((x) => x.aliases?.includes('code-interpreter-v1'));
+      if (!t) return false;
+      last = (await apiFetch(srv, `/templates/${t.templateID}`)).json;
+      const newest = last?.builds?.[0];
+      if (newest?.status === 'error') throw new Error(`code-interpreter-v1 failed to build: ${JSON.stringify(last)}`);
+      return newest?.status === 'ready';
     },
-    { timeoutMs: 300_000, intervalMs: 500, what: 'the code-interpreter-v1 template' },
+    { timeoutMs: 300_000, intervalMs: 500, what: `the code-interpreter-v1 template (last: ${JSON.stringify(last)})` },
   );
 }
 
@@ -217,8 +220,8 @@ describe('code interpreter', () => {
 
 describe('code interpreter over TLS with only E2B_DOMAIN (--tls self-signed)', () => {
   // Port 443: the SDK reaches the service at https://49999-<id>.<domain> without a port.
+  // The API speaks TLS with vmon's own CA, which only the child trusts: it waits for the template.
   const srv = useServer({ name: 'code-interpreter-tls', port: 443, tls: true, args: ['--tls', 'self-signed', '--domain', 'localhost'] });
-  srv.before(async () => templateReady(srv));
 
   srv.test('runCode and contexts through https://49999-<id>.localhost', async () => {
     const env = { ...process.env };
