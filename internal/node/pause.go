@@ -377,15 +377,27 @@ func (n *Node) ResumeSandbox(ctx context.Context, spec CreateSpec, memory bool) 
 		return Info{}, err
 	}
 	// The sandbox runs on its own files now; the snapshot is spent. Deleting its memory image
-	// takes a while (hundreds of MiB on a journaling filesystem), so it goes in the background;
-	// the mark goes last, so recovery finishes the job after a crash.
-	n.inBackground(spec.ID, func() {
-		if err := os.RemoveAll(final); err != nil {
-			n.log.Warn("remove the snapshot of a resumed sandbox", "sandbox", spec.ID, "err", err)
-			return
-		}
+	// takes a while (hundreds of MiB on a journaling filesystem): it is renamed out of the way,
+	// so a pause right after this one need not wait, and deleted in the background (a crash
+	// leaves it to Sweep). The mark goes once the snapshot is gone from its place.
+	if trash, err := snapshot.Discard(final); err == nil {
 		_ = os.Remove(filepath.Join(n.sandboxDir(spec.ID), resumingFile))
-	})
+		n.finishWG.Add(1)
+		go func() {
+			defer n.finishWG.Done()
+			if err := os.RemoveAll(trash); err != nil {
+				n.log.Warn("remove the snapshot of a resumed sandbox", "sandbox", spec.ID, "err", err)
+			}
+		}()
+	} else {
+		n.inBackground(spec.ID, func() {
+			if err := os.RemoveAll(final); err != nil {
+				n.log.Warn("remove the snapshot of a resumed sandbox", "sandbox", spec.ID, "err", err)
+				return
+			}
+			_ = os.Remove(filepath.Join(n.sandboxDir(spec.ID), resumingFile))
+		})
+	}
 	n.log.Info("sandbox resumed", "sandbox", spec.ID, "memory", useMemory, "verify", verified.Round(time.Millisecond),
 		"booted", booted.Round(time.Millisecond), "took", time.Since(began).Round(time.Millisecond))
 	return info, nil

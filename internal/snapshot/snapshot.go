@@ -14,7 +14,9 @@ package snapshot
 
 import (
 	"bytes"
+	"crypto/rand"
 	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -42,6 +44,7 @@ const (
 	CheckpointDir = "checkpoint" // the runtime's image; absent for filesystem-only snapshots
 	LayerDir      = "layer"      // the writable layer (disk.img, or an upper directory)
 	tmpPrefix     = ".tmp-"
+	spentPrefix   = ".spent-"
 )
 
 // formatVersion changes when a reader of an older format could misread a newer snapshot. Version 1
@@ -210,7 +213,20 @@ func corrupt(dir, format string, args ...any) error {
 		filepath.Base(dir), fmt.Sprintf(format, args...))
 }
 
-// Sweep removes temporary snapshot directories under parent (left by a crash mid-write).
+// Discard moves the snapshot at final out of the way under a name Sweep removes, and returns
+// where it went: the caller deletes it at leisure while final's name is free again at once.
+func Discard(final string) (string, error) {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	trash := filepath.Join(filepath.Dir(final), spentPrefix+filepath.Base(final)+"-"+hex.EncodeToString(b[:]))
+	if err := os.Rename(final, trash); err != nil {
+		return "", fmt.Errorf("discard snapshot: %w", err)
+	}
+	return trash, nil
+}
+
+// Sweep removes temporary snapshot directories under parent (left by a crash mid-write) and
+// discarded ones a crash left before they were deleted.
 func Sweep(parent string) error {
 	ents, err := os.ReadDir(parent)
 	if errors.Is(err, os.ErrNotExist) {
@@ -221,7 +237,7 @@ func Sweep(parent string) error {
 	}
 	var errs []error
 	for _, e := range ents {
-		if strings.HasPrefix(e.Name(), tmpPrefix) {
+		if strings.HasPrefix(e.Name(), tmpPrefix) || strings.HasPrefix(e.Name(), spentPrefix) {
 			errs = append(errs, os.RemoveAll(filepath.Join(parent, e.Name())))
 		}
 	}

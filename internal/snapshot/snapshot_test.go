@@ -122,6 +122,19 @@ func TestSweepRemovesUnpublished(t *testing.T) {
 		t.Fatal(err)
 	}
 	writeAt(t, filepath.Join(tmp, "half"), 0, "x")
+	// A discarded snapshot frees its name at once and is swept if nobody deleted it.
+	spent := filepath.Join(parent, "sb3")
+	if err := os.Mkdir(spent, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	writeAt(t, filepath.Join(spent, MetaFile), 0, "{}")
+	trash, err := Discard(spent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(spent); !os.IsNotExist(err) || filepath.Dir(trash) != parent {
+		t.Fatalf("Discard left %s (%v) / moved it to %s", spent, err, trash)
+	}
 	if err := Sweep(parent); err != nil {
 		t.Fatal(err)
 	}

@@ -127,6 +127,12 @@ describe('code interpreter', () => {
     await sbx.removeCodeContext(ctx.id);
     assert.ok(!(await sbx.listCodeContexts()).some((c) => c.id === ctx.id));
     await assert.rejects(sbx.runCode('1', { context: ctx }), /not found/i);
+    // A context of another language runs that language.
+    const jsCtx = await sbx.createCodeContext({ language: 'javascript', cwd: '/home/user' });
+    assert.equal(jsCtx.language, 'javascript');
+    const js = await sbx.runCode('process.cwd() + " " + typeof window', { context: jsCtx });
+    assert.equal(js.text, '/home/user undefined', JSON.stringify(js));
+    await sbx.removeCodeContext(jsCtx);
   });
 
   srv.test('two executions at once in different contexts', async () => {
