@@ -55,6 +55,14 @@ func (k *Kernel) Execute(ctx context.Context, code string, silent bool, emit fun
 	id := msg.Header.MsgID
 	w := k.register(id)
 	defer k.unregister(id)
+	k.mu.Lock()
+	k.executing = id
+	k.mu.Unlock()
+	defer func() {
+		k.mu.Lock()
+		k.executing = ""
+		k.mu.Unlock()
+	}()
 	if err := k.send(msg); err != nil {
 		return Reply{}, err
 	}

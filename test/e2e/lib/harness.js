@@ -214,7 +214,8 @@ export class VmonServer {
     const args = ['serve', '--data-dir', this.dataDir, '--listen', this.listen, ...this.extraArgs];
     await fsp.mkdir(logDir(), { recursive: true });
     this.starts += 1;
-    const stamp = new Date().toISOString().replace(/[:.]/g, '-');
+    this.startedAt = new Date();
+    const stamp = this.startedAt.toISOString().replace(/[:.]/g, '-');
     this.logFile = path.join(logDir(), `${this.name}-${stamp}-${this.starts}.log`);
     this.logStream = fs.createWriteStream(this.logFile, { flags: 'a' });
     const argv = [...this.wrap, bin, ...args];

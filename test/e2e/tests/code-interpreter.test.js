@@ -12,7 +12,9 @@ import { useServer, killQuietly, waitFor, apiFetch, runNodeChild, E2E_DIR } from
 
 // The server (re)builds code-interpreter-v1 in the background at its start when it is missing or
 // stale (a start check of the service, then a checkpoint of the sandbox with its kernel warm):
-// wait until no build of it is in progress and its newest one is ready.
+// wait until no build of it is in progress and the template is ready. A build this server
+// started that failed fails the suite; older failed builds (servers stopped mid-build by other
+// tests) do not matter.
 async function templateReady(srv) {
   let last;
   await waitFor(
@@ -21,11 +23,13 @@ async function templateReady(srv) {
       const t = (r.json ?? []).find((x) => x.aliases?.includes('code-interpreter-v1'));
       if (!t) return false;
       last = (await apiFetch(srv, `/templates/${t.templateID}`)).json;
-      const newest = last?.builds?.[0];
-      if (newest?.status === 'error') throw new Error(`code-interpreter-v1 failed to build: ${JSON.stringify(last)}`);
-      return newest?.status === 'ready';
+      const builds = last?.builds ?? [];
+      if (builds.some((b) => b.status === 'waiting' || b.status === 'building')) return false;
+      const failedNow = builds.find((b) => b.status === 'error' && new Date(b.createdAt) >= srv.startedAt);
+      if (failedNow) throw new Error(`code-interpreter-v1 failed to build: ${JSON.stringify(last)}`);
+      return t.buildStatus === 'ready';
     },
-    { timeoutMs: 300_000, intervalMs: 500, what: `the code-interpreter-v1 template (last: ${JSON.stringify(last)})` },
+    { timeoutMs: 300_000, intervalMs: 500, what: 'the code-interpreter-v1 template' },
   );
 }
 

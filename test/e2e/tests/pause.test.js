@@ -311,6 +311,9 @@ describe('pause and resume', () => {
     fs.copyFileSync(path.join(path.dirname(vmonBin()), 'envd'), upgraded);
     fs.appendFileSync(upgraded, Buffer.from('\0vmon e2e upgrade marker\0'));
     fs.chmodSync(upgraded, 0o755);
+    // The code-interpreter service is installed with envd, from beside it.
+    const service = path.join(path.dirname(vmonBin()), 'vmon-code-interpreter');
+    if (fs.existsSync(service)) fs.copyFileSync(service, path.join(srv.dataDir, 'vmon-code-interpreter'));
     const saved = [...srv.extraArgs];
     srv.extraArgs.push('--envd-path', upgraded);
     try {
@@ -331,6 +334,8 @@ describe('pause and resume', () => {
     } finally {
       srv.extraArgs.length = 0;
       srv.extraArgs.push(...saved);
+      fs.rmSync(upgraded, { force: true });
+      fs.rmSync(path.join(srv.dataDir, 'vmon-code-interpreter'), { force: true });
     }
     // With nothing on the upgraded build any more, the next start removes it and keeps its own
     // (and any other a snapshot of this data dir still needs).
