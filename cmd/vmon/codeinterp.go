@@ -73,11 +73,11 @@ func ensureCodeInterpreter(ctx context.Context, svc *templates.Service, st *stor
 			"(a few minutes and about 200 MB of Debian packages the first time)\n", codeInterpreterID, codeInterpreterID)
 		return
 	}
-	if fresh, why := codeInterpreterFresh(ctx, st, dataDir, rootfs, envdPath); fresh {
+	fresh, why := codeInterpreterFresh(ctx, st, dataDir, rootfs, envdPath)
+	if fresh {
 		return
-	} else {
-		log.Info("making the code-interpreter template", "template", codeInterpreterID, "why", why)
 	}
+	log.Info("making the code-interpreter template", "template", codeInterpreterID, "why", why)
 	created, err := svc.Create(ctx, templates.CreateRequest{Name: codeInterpreterID, CPUs: codeInterpreterCPUs, MemoryMB: codeInterpreterMemoryMB})
 	if err == nil {
 		err = svc.StartBuild(ctx, created.TemplateID, created.BuildID, templates.StartSpec{FromTemplate: template.CodeInterpreterRootfsID,

@@ -17,22 +17,10 @@ func TestJavaScript(t *testing.T) {
 	if err != nil {
 		t.Fatal("node is required (the e2e suite needs it too)")
 	}
-	s := New(Options{Languages: map[string]Language{"javascript": Node(node, "javascript")}, Cwd: t.TempDir(), RuntimeDir: t.TempDir()})
-	ts := httptest.NewServer(s)
-	t.Cleanup(func() { ts.Close(); s.Close() })
+	ts := serveLanguage(t, "javascript", Node(node, "javascript"))
 	ctx := context.Background()
 	js := func(code string, extra ...map[string]any) []map[string]any {
-		body := map[string]any{"code": code, "language": "js"}
-		for _, e := range extra {
-			for k, v := range e {
-				body[k] = v
-			}
-		}
-		lines, st := execute(t, ctx, ts, body)
-		if st != 200 {
-			t.Fatalf("%q: status %d %v", code, st, lines)
-		}
-		return lines
+		return executeOK(t, ts, "js", code, extra...)
 	}
 	js("let x = 41")
 	lines := js("console.log('a'); console.error('b'); x + 1")
@@ -84,29 +72,11 @@ func TestJavaScript(t *testing.T) {
 // TestBash: shell state across cells, both streams, a failing cell, envs, an interrupted sleep
 // that leaves the shell, and exit.
 func TestBash(t *testing.T) {
-	s := New(Options{Languages: map[string]Language{"bash": Bash("/bin/bash")}, Cwd: t.TempDir(), RuntimeDir: t.TempDir()})
-	ts := httptest.NewServer(s)
-	t.Cleanup(func() { ts.Close(); s.Close() })
+	ts := serveLanguage(t, "bash", Bash("/bin/bash"))
 	ctx := context.Background()
 	sh := func(code string, extra ...map[string]any) ([]map[string]any, string, string) {
-		body := map[string]any{"code": code, "language": "bash"}
-		for _, e := range extra {
-			for k, v := range e {
-				body[k] = v
-			}
-		}
-		lines, st := execute(t, ctx, ts, body)
-		if st != 200 {
-			t.Fatalf("%q: status %d %v", code, st, lines)
-		}
-		var out, errOut string
-		for _, l := range ofType(lines, "stdout") {
-			out += l["text"].(string)
-		}
-		for _, l := range ofType(lines, "stderr") {
-			errOut += l["text"].(string)
-		}
-		return lines, out, errOut
+		lines := executeOK(t, ts, "bash", code, extra...)
+		return lines, streamText(lines, "stdout"), streamText(lines, "stderr")
 	}
 	sh("x=41; cd /tmp; f() { echo \"f:$1\"; }")
 	if _, out, errOut := sh("echo $((x + 1)); pwd; f a; echo oops >&2; printf 'no newline'"); out != "42\n/tmp\nf:a\nno newline" || errOut != "oops\n" {
@@ -136,4 +106,29 @@ func TestBash(t *testing.T) {
 	if _, out, _ := sh("echo ${x-gone}"); out != "gone\n" {
 		t.Fatalf("after exit: %q", out)
 	}
+}
+
+// serveLanguage serves a Server running only lang.
+func serveLanguage(t *testing.T, name string, lang Language) *httptest.Server {
+	t.Helper()
+	s := New(Options{Languages: map[string]Language{name: lang}, Cwd: t.TempDir(), RuntimeDir: t.TempDir()})
+	ts := httptest.NewServer(s)
+	t.Cleanup(func() { ts.Close(); s.Close() })
+	return ts
+}
+
+// executeOK runs code in language lang (extra merged into the request body) and wants a 200.
+func executeOK(t *testing.T, ts *httptest.Server, lang, code string, extra ...map[string]any) []map[string]any {
+	t.Helper()
+	body := map[string]any{"code": code, "language": lang}
+	for _, e := range extra {
+		for k, v := range e {
+			body[k] = v
+		}
+	}
+	lines, st := execute(t, context.Background(), ts, body)
+	if st != 200 {
+		t.Fatalf("%q: status %d %v", code, st, lines)
+	}
+	return lines
 }

@@ -75,6 +75,15 @@ func ofType(lines []map[string]any, typ string) []map[string]any {
 	return out
 }
 
+// streamText is everything a stream ("stdout" or "stderr") carried.
+func streamText(lines []map[string]any, stream string) string {
+	s := ""
+	for _, l := range ofType(lines, stream) {
+		s += l["text"].(string)
+	}
+	return s
+}
+
 func mainText(lines []map[string]any) string {
 	for _, l := range ofType(lines, "result") {
 		if l["is_main_result"] == true {
@@ -140,13 +149,7 @@ func TestEnvVarsAndBadRequests(t *testing.T) {
 	_, ts := newServer(t)
 	ctx := context.Background()
 	code := "import os\nprint(os.environ.get('VMON_T', 'unset'), end='')"
-	stdout := func(lines []map[string]any) string {
-		s := ""
-		for _, l := range ofType(lines, "stdout") {
-			s += l["text"].(string)
-		}
-		return s
-	}
+	stdout := func(lines []map[string]any) string { return streamText(lines, "stdout") }
 	if lines, _ := execute(t, ctx, ts, map[string]any{"code": code, "env_vars": map[string]string{"VMON_T": "it's \"set\"\n\\"}}); stdout(lines) != "it's \"set\"\n\\" {
 		t.Fatalf("with env_vars: %v", lines)
 	}

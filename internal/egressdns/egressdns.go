@@ -205,7 +205,18 @@ func (r *Resolver) serveDNS(w dns.ResponseWriter, req *dns.Msg) {
 	}
 	r.learn(g, resp)
 	resp.Id = req.Id
-	_ = w.WriteMsg(resp)
+	if _, udp := w.LocalAddr().(*net.UDPAddr); udp {
+		// An answer fetched again over TCP may not fit the guest's UDP buffer: send what fits,
+		// marked truncated, so the guest asks again over TCP.
+		size := dns.MinMsgSize
+		if o := req.IsEdns0(); o != nil {
+			size = max(size, int(o.UDPSize()))
+		}
+		resp.Truncate(size)
+	}
+	if err := w.WriteMsg(resp); err != nil {
+		r.log.Debug("egress resolver: answer not sent", "name", q.Name, "err", err)
+	}
 }
 
 // forward asks the upstreams in turn over UDP, whatever the guest used; a truncated answer is

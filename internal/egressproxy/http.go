@@ -38,6 +38,15 @@ type flowConn struct {
 	transport *http.Transport
 }
 
+// Close also ends the flow. A connection the server hijacked (an Upgrade, e.g. a WebSocket) is
+// closed by the reverse proxy when the upgraded stream ends; until then it stays tracked, so
+// Proxy.Close still reaches it.
+func (c *flowConn) Close() error {
+	err := c.Conn.Close()
+	c.finish()
+	return err
+}
+
 func (c *flowConn) finish() {
 	c.once.Do(func() {
 		c.mu.Lock()
@@ -63,7 +72,7 @@ func (p *Proxy) newHTTPServer() *http.Server {
 			return context.WithValue(ctx, flowKey{}, c)
 		},
 		ConnState: func(c net.Conn, s http.ConnState) {
-			if fc, ok := c.(*flowConn); ok && (s == http.StateClosed || s == http.StateHijacked) {
+			if fc, ok := c.(*flowConn); ok && s == http.StateClosed {
 				fc.finish()
 			}
 		},

@@ -6,8 +6,9 @@
 // the rule for HTTP, an access_denied alert for TLS, a reset otherwise.
 //
 // The proxy knows sandboxes only as guest addresses with their policies (Set, Remove); it must
-// never touch iptables, links or addresses (firewall and netpool own those), and it never
-// terminates TLS here: the ClientHello is read, then replayed to the origin byte for byte.
+// never touch iptables, links or addresses (firewall and netpool own those). It terminates TLS
+// only for flows a header rule applies to (intercept, with the node's egress CA); every other
+// TLS flow's ClientHello is read, then replayed to the origin byte for byte.
 package egressproxy
 
 import (

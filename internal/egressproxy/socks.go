@@ -65,6 +65,9 @@ func (h *hopDialer) DialContext(ctx context.Context, _, addr string) (net.Conn, 
 	} else if addrs, err = h.p.cfg.Resolver.LookupNetIP(ctx, "ip", host); err != nil {
 		return nil, fmt.Errorf("resolve egress proxy %s: %w", host, err)
 	}
+	if len(addrs) == 0 {
+		return nil, fmt.Errorf("resolve egress proxy %s: no addresses", host)
+	}
 	targets := h.p.cfg.Env.DialTargets(addrs)
 	if len(targets) == 0 {
 		return nil, fmt.Errorf("egress proxy %s is in an always-denied range (%s)", host, addrs[0])
@@ -73,7 +76,7 @@ func (h *hopDialer) DialContext(ctx context.Context, _, addr string) (net.Conn, 
 	if err != nil || !h.px.TLS {
 		return c, err
 	}
-	cfg := &tls.Config{ServerName: h.px.ServerName, NextProtos: nil}
+	cfg := &tls.Config{ServerName: h.px.ServerName}
 	if cfg.ServerName == "" {
 		cfg.ServerName = host
 	}

@@ -13,7 +13,7 @@
 //	                jumps to VMON-DENIED first and ends in a verdict
 //	mangle PREROUTING -i vmon<N> -j CONNMARK --set-mark N+1  tags every guest flow for conntrack flushes
 //	nat POSTROUTING -s guest ! -d pool -j VMON-M<N>         MASQUERADE, never towards another lease
-//	nat PREROUTING  -i vmon<N> tcp 80,443 -j VMON-T<N>      the transparent proxy: empty (RETURN)
+//	nat PREROUTING  -i vmon<N> -j VMON-T<N>                 the transparent proxy: empty (RETURN)
 //	                until a policy with domains is attached, then a REDIRECT to the node's proxy
 //	                port for flows no allowOut CIDR already allows
 //
