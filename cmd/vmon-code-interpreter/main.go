@@ -29,6 +29,7 @@ func main() {
 	bash := flag.String("bash", "/bin/bash", "bash, for bash cells")
 	runtimeDir := flag.String("runtime-dir", "", "directory for kernel connection files (default: a private one under /tmp)")
 	logLevel := flag.String("log-level", "info", "debug, info, warn or error")
+	logFile := flag.String("log-file", "", "append the log to this file instead of stderr (the template's start command has no reader)")
 	flag.Parse()
 
 	var level slog.Level
@@ -36,7 +37,16 @@ func main() {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
 	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	out := os.Stderr
+	if *logFile != "" {
+		f, err := os.OpenFile(*logFile, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		out = f
+	}
+	log := slog.New(slog.NewTextHandler(out, &slog.HandlerOptions{Level: level}))
 	if err := run(log, *listen, *cwd, *python, *rBin, *node, *bash, *runtimeDir); err != nil {
 		log.Error("code interpreter stopped", "err", err)
 		os.Exit(1)

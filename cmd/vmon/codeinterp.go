@@ -24,7 +24,7 @@ import (
 // with a warm Python kernel.
 const (
 	codeInterpreterID       = "code-interpreter-v1"
-	codeInterpreterStart    = "/opt/vmon/bin/vmon-code-interpreter --cwd /home/user"
+	codeInterpreterStart    = "/opt/vmon/bin/vmon-code-interpreter --cwd /home/user --log-file /tmp/.vmon-code-interpreter.log"
 	codeInterpreterReady    = "curl -sf http://127.0.0.1:49999/health"
 	codeInterpreterCPUs     = 2
 	codeInterpreterMemoryMB = 1024

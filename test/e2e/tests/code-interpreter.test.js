@@ -45,6 +45,12 @@ describe('code interpreter', () => {
     created.push(sbx);
   });
 
+  // What a failed assertion shows: the execution and the service's log in the sandbox.
+  async function diag(exec) {
+    const log = await sbx.files.read('/tmp/.vmon-code-interpreter.log').catch((err) => `(no service log: ${err.message})`);
+    return `${JSON.stringify(exec)}\nservice log:\n${log.slice(-4000)}`;
+  }
+
   srv.test('state across calls, streams in order with callbacks, the value as text', async () => {
     await sbx.runCode('x = 1');
     const out = [];
@@ -53,7 +59,7 @@ describe('code interpreter', () => {
       onStdout: (m) => out.push(['out', m.line]),
       onStderr: (m) => out.push(['err', m.line]),
     });
-    assert.equal(exec.text, '2');
+    if (exec.text !== '2') assert.fail(`no value: ${await diag(exec)}`);
     assert.deepEqual(out, [['out', 'one\n'], ['err', 'two\n'], ['out', 'three\n']]);
     assert.deepEqual(exec.logs.stdout, ['one\n', 'three\n']);
     assert.deepEqual(exec.logs.stderr, ['two\n']);
@@ -64,7 +70,7 @@ describe('code interpreter', () => {
   srv.test('a pandas DataFrame (html and text) and a matplotlib plot (png)', async () => {
     const df = await sbx.runCode("import pandas as pd\npd.DataFrame({'a': [1, 2], 'b': ['x', 'y']})");
     const r = df.results[0];
-    assert.ok(r?.isMainResult, JSON.stringify(df));
+    if (!r?.isMainResult) assert.fail(`no DataFrame: ${await diag(df)}`);
     assert.match(r.html, /<table/);
     assert.match(r.text, /a\s+b/);
     const plot = await sbx.runCode('import matplotlib.pyplot as plt\nplt.plot([1, 2, 3], [1, 4, 9])\nplt.title("sq")\nplt.show()');
