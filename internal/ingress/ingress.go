@@ -215,6 +215,11 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	rt := &route{target: target, port: port}
 	r = r.WithContext(context.WithValue(r.Context(), ctxKey{}, rt))
+	// The guest may answer before the upstream transport has finished with the client's body
+	// (read its EOF). Left half-duplex, net/http consumes and closes that body when the response
+	// starts, the transport's last read fails and it drops the guest connection mid-response,
+	// which the guest sees as its client leaving. HTTP/2 is always full duplex (ErrNotSupported).
+	_ = http.NewResponseController(w).EnableFullDuplex()
 	if port == agentproto.EnvdPort {
 		if orchestratorOnly[r.URL.Path] {
 			writeJSON(w, http.StatusForbidden, map[string]any{"code": http.StatusForbidden, "message": "this envd endpoint is not reachable through ingress"})
@@ -253,12 +258,10 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // envd's own largest, stdin input, is far below this).
 const maxRPCBody = 8 << 20
 
-// bufferRPCBody reads a Connect request's body in full before it is proxied. envd answers a
-// server stream as soon as it has parsed the request message, which can be before the upstream
-// transport has read the EOF of the client's body; writing those response headers makes net/http
-// close the unread client body, the transport's next read fails, and it drops the connection to
-// envd, which cancels the call ("canceled" at the SDK, about 1 in 100 commands). /files uploads
-// stream: envd answers them only after reading the whole body.
+// bufferRPCBody reads a Connect request's body in full before it is proxied, bounding it (envd
+// reads these whole anyway). It also made envd's server streams immune to the half-duplex race
+// (see EnableFullDuplex in ServeHTTP) before that was fixed at its cause. /files uploads stream:
+// envd answers them only after reading the whole body.
 func bufferRPCBody(r *http.Request) error {
 	if r.Body == nil || r.Body == http.NoBody || r.URL.Path == "/files" {
 		return nil

@@ -1,9 +1,11 @@
 package ingress
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -11,6 +13,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/vibemon/vmon/internal/agentproto"
 )
@@ -268,4 +271,85 @@ func TestMaskRequestHost(t *testing.T) {
 	if rec := do(t, p, "GET", "/health", "49983-abc123.localhost", nil); rec.Header().Get("X-Host") != "49983-abc123.localhost" {
 		t.Fatalf("envd Host %q", rec.Header().Get("X-Host"))
 	}
+}
+
+// A guest service that answers before the proxy has finished forwarding the client's body (the
+// code-execution service streams /execute as soon as it has parsed the JSON) keeps its request
+// until it ends. Before the fix, net/http's server consumed and closed the client's body when the
+// proxy wrote the response headers; the upstream transport's final read of that body (the check
+// that nothing follows Content-Length) then failed, and it dropped the connection: the guest saw
+// its request canceled and the code-execution service interrupted the running cell.
+func TestBodyAfterResponseStarted(t *testing.T) {
+	canceled := make(chan bool, 1)
+	tg := upstream(t, "abc123", "tok", "", func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusOK)
+		_ = http.NewResponseController(w).Flush()
+		gone := false
+		for i := 0; i < 5 && !gone; i++ {
+			select {
+			case <-r.Context().Done():
+				gone = true
+			case <-time.After(20 * time.Millisecond):
+				fmt.Fprintf(w, "line %d\n", i)
+				_ = http.NewResponseController(w).Flush()
+			}
+		}
+		canceled <- gone
+	})
+	// The transport's write of the body returns only once the client has the response headers,
+	// which fixes the order the race needs.
+	headersSeen := make(chan struct{}, 1)
+	dial := tg.Dial
+	tg.Dial = func(ctx context.Context, port int) (net.Conn, error) {
+		c, err := dial(ctx, port)
+		if err != nil {
+			return nil, err
+		}
+		return &holdBodyConn{Conn: c, release: headersSeen}, nil
+	}
+	front := httptest.NewServer(New(slog.New(slog.DiscardHandler), fakeSandboxes{"abc123": tg}, ""))
+	defer front.Close()
+
+	const body = `{"code":"1"}`
+	c, err := net.Dial("tcp", front.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	// Keep-alive, as the SDK's fetch: net/http's server only consumes an unread request body
+	// when it means to read the connection's next request.
+	fmt.Fprintf(c, "POST /execute HTTP/1.1\r\nHost: x\r\n%s: abc123\r\n%s: 8080\r\nContent-Length: %d\r\n\r\n%s",
+		HeaderSandboxID, HeaderSandboxPort, len(body), body)
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	res, err := http.ReadResponse(bufio.NewReader(c), &http.Request{Method: http.MethodPost})
+	if err != nil || res.StatusCode != http.StatusOK {
+		t.Fatalf("response: %v %v", res, err)
+	}
+	headersSeen <- struct{}{}
+	resp, err := io.ReadAll(res.Body)
+	if gone := <-canceled; gone {
+		t.Fatal("the guest saw its request canceled mid-response")
+	}
+	if err != nil || !strings.Contains(string(resp), "line 4") {
+		t.Fatalf("response cut short: %q, %v", resp, err)
+	}
+}
+
+// holdBodyConn passes every write through but holds the return of those after the request
+// headers (the body) until release.
+type holdBodyConn struct {
+	net.Conn
+	release <-chan struct{}
+	writes  int
+}
+
+func (c *holdBodyConn) Write(p []byte) (int, error) {
+	n, err := c.Conn.Write(p)
+	if c.writes++; c.writes > 1 {
+		select {
+		case <-c.release:
+		case <-time.After(5 * time.Second):
+		}
+	}
+	return n, err
 }

@@ -55,14 +55,6 @@ func (k *Kernel) Execute(ctx context.Context, code string, silent bool, emit fun
 	id := msg.Header.MsgID
 	w := k.register(id)
 	defer k.unregister(id)
-	k.mu.Lock()
-	k.executing = id
-	k.mu.Unlock()
-	defer func() {
-		k.mu.Lock()
-		k.executing = ""
-		k.mu.Unlock()
-	}()
 	if err := k.send(msg); err != nil {
 		return Reply{}, err
 	}
@@ -87,6 +79,7 @@ func (k *Kernel) Execute(ctx context.Context, code string, silent bool, emit fun
 		case <-done:
 			reply.Interrupted = true
 			done = nil
+			k.log.Info("interrupting the kernel: its client left or the timeout passed", "request", id, "err", context.Cause(ctx))
 			if err := k.Interrupt(); err != nil {
 				k.log.Warn("interrupt kernel", "err", err)
 			}

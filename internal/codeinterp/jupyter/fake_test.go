@@ -95,13 +95,14 @@ func startFake(t *testing.T, onExecute func(f *fakeKernel, parent Header)) *Kern
 	return k
 }
 
-// TestStaleParentOutput: output published under a parent header no request has (ipykernel can do
-// that) is the running execution's; a status under such a parent never ends it.
-func TestStaleParentOutput(t *testing.T) {
-	stale := Header{MsgID: "not-a-request", MsgType: "execute_request"}
+// TestForeignParent: what the kernel publishes under a parent header no request has belongs to
+// nobody: a status under it never ends the running execution, and its output is not the
+// execution's.
+func TestForeignParent(t *testing.T) {
+	foreign := Header{MsgID: "not-a-request", MsgType: "execute_request"}
 	k := startFake(t, func(f *fakeKernel, parent Header) {
-		f.publish("status", stale, map[string]string{"execution_state": "idle"})
-		f.publish("execute_result", stale, map[string]any{"data": map[string]any{"text/plain": "42"}, "execution_count": 1})
+		f.publish("status", foreign, map[string]string{"execution_state": "idle"})
+		f.publish("execute_result", foreign, map[string]any{"data": map[string]any{"text/plain": "42"}, "execution_count": 1})
 		f.publish("stream", parent, map[string]string{"name": "stdout", "text": "after\n"})
 	})
 	var outs []Output
@@ -109,7 +110,7 @@ func TestStaleParentOutput(t *testing.T) {
 	if err != nil || rep.Status != "ok" {
 		t.Fatalf("execute: %+v %v", rep, err)
 	}
-	if len(outs) != 2 || outs[0].Kind != "result" || outs[0].Data["text/plain"] != "42" || outs[1].Text != "after\n" {
-		t.Fatalf("outputs %+v: want the stale-parent result, then the stream the stale idle did not cut off", outs)
+	if len(outs) != 1 || outs[0].Kind != "stream" || outs[0].Text != "after\n" {
+		t.Fatalf("outputs %+v: want only the execution's own stream, which the foreign idle did not cut off", outs)
 	}
 }

@@ -57,9 +57,6 @@ type Kernel struct {
 	mu sync.Mutex
 	// +checklocks:mu
 	waiters map[string]*waiter
-	// executing is the execute_request in progress (Execute runs one at a time per kernel).
-	// +checklocks:mu
-	executing string
 
 	exited  chan struct{}
 	exitErr error // set before exited closes
@@ -268,16 +265,10 @@ func (k *Kernel) readLoop(s zmq4.Socket, shell bool) {
 			k.log.Warn("dropped a kernel message", "err", err)
 			continue
 		}
+		// Routed by parent header only: output under a parent no request has (a cell that ended,
+		// a kernel_info of the start) belongs to nobody waiting now.
 		k.mu.Lock()
 		w := k.waiters[msg.Parent.MsgID]
-		if w == nil && !shell && outputTypes[msg.Header.MsgType] && k.executing != "" {
-			// Output whose parent header names no request we know (ipykernel can publish with a
-			// stale parent, e.g. right after a restore): only one execution runs at a time, so it
-			// is that one's. Status messages are never guessed: a stale idle would end it early.
-			w = k.waiters[k.executing]
-			k.log.Info("kernel output with an unknown parent given to the running execution",
-				"type", msg.Header.MsgType, "parent", msg.Parent.MsgID)
-		}
 		k.mu.Unlock()
 		if w == nil {
 			continue
@@ -293,10 +284,6 @@ func (k *Kernel) readLoop(s zmq4.Socket, shell bool) {
 		}
 	}
 }
-
-// outputTypes are the iopub messages that carry what a cell produced.
-var outputTypes = map[string]bool{"stream": true, "execute_input": true, "execute_result": true, "display_data": true,
-	"update_display_data": true, "error": true}
 
 // Exited is closed once the kernel process is gone.
 func (k *Kernel) Exited() <-chan struct{} { return k.exited }
