@@ -74,8 +74,7 @@ func TestFilteringResolver(t *testing.T) {
 	ln, _ := net.Listen("tcp", "127.0.0.1:0")
 	r.Serve(pc, ln)
 	t.Cleanup(func() { r.Close(); pc.Close(); ln.Close() })
-	// Let the servers start before the first query.
-	time.Sleep(50 * time.Millisecond)
+	// No wait for the servers: the sockets are bound, so a query sent before Serve reads queues.
 
 	guest := netip.MustParseAddr("127.0.0.1")
 	deny, _ := egress.Parse(egress.Config{AllowOut: []string{"a.test", "*.b.test"}, DenyOut: []string{egress.AllTraffic}})
