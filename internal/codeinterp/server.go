@@ -205,8 +205,12 @@ func (s *Server) defaultContext(ctx context.Context, lang string) (*kcontext, er
 	if c != nil {
 		return c, nil
 	}
-	// Two first executions of a language may race here; the loser's kernel is stopped.
-	c, err := s.newContext(ctx, lang, s.opts.Cwd)
+	// Two first executions of a language may race here; the loser's kernel is stopped. A client
+	// that leaves does not stop the start (the language's next execution would only start it
+	// again); StartTimeout bounds it.
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opts.StartTimeout)
+	defer cancel()
+	c, err := s.newContext(sctx, lang, s.opts.Cwd)
 	if err != nil {
 		return nil, err
 	}

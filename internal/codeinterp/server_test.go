@@ -14,6 +14,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/vibemon/vmon/internal/codeinterp/jupyter"
 )
 
 // python is Debian's interpreter, with python3-ipykernel (scripts/install-deps.sh installs it; a
@@ -331,5 +333,66 @@ func TestHealth(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != 200 || strings.TrimSpace(string(b)) != `"OK"` {
 		t.Fatalf("health: %d %s", resp.StatusCode, b)
+	}
+}
+
+// A client that leaves while its language's default kernel is starting does not stop that start:
+// the next execution finds the kernel ready instead of starting another.
+func TestDefaultKernelStartOutlivesItsClient(t *testing.T) {
+	bash, err := exec.LookPath("bash")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gate, entered := make(chan struct{}), make(chan struct{}, 1)
+	var mu sync.Mutex
+	starts := 0
+	slow := Bash(bash)
+	start := slow.Start
+	slow.Start = func(ctx context.Context, spec jupyter.Spec) (kernel, error) {
+		mu.Lock()
+		starts++
+		mu.Unlock()
+		entered <- struct{}{}
+		select {
+		case <-gate:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		return start(ctx, spec)
+	}
+	s := New(Options{Languages: map[string]Language{"bash": slow}, Cwd: t.TempDir(), RuntimeDir: t.TempDir()})
+	ts := httptest.NewServer(s)
+	t.Cleanup(func() { ts.Close(); s.Close() })
+
+	ctx, cancel := context.WithCancel(context.Background())
+	b, _ := json.Marshal(map[string]any{"code": "echo first", "language": "bash"})
+	req, _ := http.NewRequestWithContext(ctx, "POST", ts.URL+"/execute", strings.NewReader(string(b)))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-entered
+	cancel() // the client leaves while the kernel starts
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	close(gate)
+	// The start goes on without its client; the context appears once it is done.
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		s.mu.Lock()
+		ready := s.defaults["bash"] != nil
+		s.mu.Unlock()
+		if ready {
+			break
+		}
+	}
+
+	lines, _ := execute(t, context.Background(), ts, map[string]any{"code": "echo second", "language": "bash"})
+	if got := streamText(lines, "stdout"); got != "second\n" {
+		t.Fatalf("stdout %q (%v)", got, lines)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if starts != 1 {
+		t.Fatalf("the bash kernel was started %d times, want once", starts)
 	}
 }
