@@ -77,7 +77,7 @@ func serve(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 	if err := os.MkdirAll(c.DataDir, 0o700); err != nil {
 		return fmt.Errorf("create data dir: %w", err)
 	}
-	unlock, err := lockDataDir(c.DataDir)
+	unlock, err := lockDataDir(ctx, c.DataDir, lockWait)
 	if err != nil {
 		return err
 	}
@@ -424,21 +424,65 @@ func ensureAdminKey(ctx context.Context, st *store.Store, dataDir string) (strin
 	return plain, nil
 }
 
+// lockWait is how long a start waits for the data dir's lock. A node restarted right after a
+// crash can find it held for a moment: a child forked at the instant of the crash keeps a copy
+// of the descriptor until its exec closes it.
+const lockWait = 5 * time.Second
+
 // lockDataDir makes sure one vmon serve owns a data dir: a second one would adopt the first one's
 // sandboxes while their agents stay connected to the first, and remove its links and rules.
-func lockDataDir(dir string) (func(), error) {
-	f, err := os.OpenFile(filepath.Join(dir, "serve.lock"), os.O_CREATE|os.O_RDWR, 0o600)
+func lockDataDir(ctx context.Context, dir string, wait time.Duration) (func(), error) {
+	path := filepath.Join(dir, "serve.lock")
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("open data dir lock: %w", err)
 	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		f.Close()
-		if errors.Is(err, unix.EWOULDBLOCK) {
-			return nil, fmt.Errorf("another vmon serve is running on %s", dir)
+	deadline := time.Now().Add(wait)
+	for {
+		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		if err == nil {
+			return func() { f.Close() }, nil
 		}
-		return nil, fmt.Errorf("lock data dir: %w", err)
+		if !errors.Is(err, unix.EWOULDBLOCK) {
+			f.Close()
+			return nil, fmt.Errorf("lock data dir: %w", err)
+		}
+		if !time.Now().Before(deadline) {
+			holder := ""
+			if pid := lockHolder(f); pid != "" {
+				holder = " (pid " + pid + " holds " + path + ")"
+			}
+			f.Close()
+			return nil, fmt.Errorf("another vmon serve is running on %s%s", dir, holder)
+		}
+		select {
+		case <-ctx.Done():
+			f.Close()
+			return nil, ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
 	}
-	return func() { f.Close() }, nil
+}
+
+// lockHolder finds the process holding the flock on f in /proc/locks ("" if it cannot tell).
+func lockHolder(f *os.File) string {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return ""
+	}
+	locks, err := os.ReadFile("/proc/locks")
+	if err != nil {
+		return ""
+	}
+	// "1: FLOCK  ADVISORY  WRITE 1234 08:01:1024615 0 EOF"; the device is major:minor in hex.
+	want := fmt.Sprintf("%02x:%02x:%d", unix.Major(st.Dev), unix.Minor(st.Dev), st.Ino)
+	for line := range strings.Lines(string(locks)) {
+		fields := strings.Fields(line)
+		if len(fields) >= 6 && fields[1] == "FLOCK" && fields[5] == want {
+			return fields[4]
+		}
+	}
+	return ""
 }
 
 // noNetAdmin is the seed's exact warning for --net auto without CAP_NET_ADMIN.
