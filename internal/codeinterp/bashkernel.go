@@ -42,7 +42,7 @@ func shellQuote(s string) string {
 const bashMarker = "\x1evmon-end:"
 
 type bashKernel struct {
-	proc
+	jupyter.Process
 	stdin io.WriteCloser
 	dir   string
 	out   chan bashChunk
@@ -79,7 +79,7 @@ func startBash(bash string, spec jupyter.Spec) (kernel, error) {
 	}
 	var wg sync.WaitGroup
 	wg.Add(2)
-	if err := k.start(cmd, wg.Wait); err != nil {
+	if err := k.Start(cmd, wg.Wait); err != nil {
 		return nil, fmt.Errorf("start %s: %w", bash, err)
 	}
 	go func() { defer wg.Done(); k.read("stdout", stdout) }()
@@ -168,11 +168,12 @@ func (k *bashKernel) Execute(ctx context.Context, code string, silent bool, emit
 		case <-done:
 			reply.Interrupted = true
 			done = nil
-			grace = k.interrupt()
+			_ = k.Interrupt()
+			grace = time.After(jupyter.InterruptGrace)
 		case <-grace:
 			return reply, errors.New("bash did not stop after an interrupt")
-		case <-k.exited:
-			return reply, fmt.Errorf("%w: %v", jupyter.ErrDied, k.exitErr)
+		case <-k.Exited():
+			return reply, fmt.Errorf("%w: %v", jupyter.ErrDied, k.ExitErr())
 		}
 	}
 	if !silent {
@@ -188,7 +189,7 @@ func (k *bashKernel) Execute(ctx context.Context, code string, silent bool, emit
 }
 
 func (k *bashKernel) Shutdown() {
-	k.kill()
+	k.Kill()
 	_ = k.stdin.Close()
 	_ = os.RemoveAll(k.dir)
 }

@@ -42,7 +42,7 @@ func Node(node, lang string) Language {
 
 // nodeKernel is one node-runner.js process.
 type nodeKernel struct {
-	proc
+	jupyter.Process
 	lang  string
 	stdin io.WriteCloser
 	log   *slog.Logger
@@ -88,7 +88,7 @@ func startNode(ctx context.Context, node, lang string, spec jupyter.Spec) (kerne
 		evW.Close()
 		return nil, err
 	}
-	if err := k.start(cmd, nil); err != nil {
+	if err := k.Start(cmd, nil); err != nil {
 		evR.Close()
 		evW.Close()
 		return nil, fmt.Errorf("start %s: %w", node, err)
@@ -103,8 +103,8 @@ func startNode(ctx context.Context, node, lang string, spec jupyter.Spec) (kerne
 	select {
 	case <-ready:
 		return k, nil
-	case <-k.exited:
-		return nil, fmt.Errorf("%w while starting: %v", jupyter.ErrDied, k.exitErr)
+	case <-k.Exited():
+		return nil, fmt.Errorf("%w while starting: %v", jupyter.ErrDied, k.ExitErr())
 	case <-ctx.Done():
 		k.Shutdown()
 		return nil, ctx.Err()
@@ -137,7 +137,7 @@ func (k *nodeKernel) readEvents(r *os.File, ready chan struct{}) {
 		if ch != nil {
 			select {
 			case ch <- ev:
-			case <-k.exited:
+			case <-k.Exited():
 				return
 			}
 		}
@@ -191,16 +191,17 @@ func (k *nodeKernel) Execute(ctx context.Context, code string, silent bool, emit
 		case <-done:
 			reply.Interrupted = true
 			done = nil
-			grace = k.interrupt()
+			_ = k.Interrupt()
+			grace = time.After(jupyter.InterruptGrace)
 		case <-grace:
 			return reply, errors.New("the node runner did not stop after an interrupt")
-		case <-k.exited:
-			return reply, fmt.Errorf("%w: %v", jupyter.ErrDied, k.exitErr)
+		case <-k.Exited():
+			return reply, fmt.Errorf("%w: %v", jupyter.ErrDied, k.ExitErr())
 		}
 	}
 }
 
 func (k *nodeKernel) Shutdown() {
-	k.kill()
+	k.Kill()
 	_ = k.stdin.Close()
 }

@@ -34,9 +34,6 @@ type Reply struct {
 	Interrupted bool
 }
 
-// interruptGrace bounds the wait for a kernel to come back to idle after an interrupt.
-const interruptGrace = 10 * time.Second
-
 // Execute runs code and calls emit with each output as it is published. Silent runs record no
 // history and publish nothing (setup code). When ctx ends first, the kernel is interrupted and
 // Execute waits for it to settle, so the next execution finds it idle. A kernel that exits
@@ -83,11 +80,11 @@ func (k *Kernel) Execute(ctx context.Context, code string, silent bool, emit fun
 			if err := k.Interrupt(); err != nil {
 				k.log.Warn("interrupt kernel", "err", err)
 			}
-			grace = time.After(interruptGrace)
+			grace = time.After(InterruptGrace)
 		case <-grace:
 			return reply, fmt.Errorf("the kernel did not stop after an interrupt")
-		case <-k.exited:
-			return reply, fmt.Errorf("%w: %v", ErrDied, k.exitErr)
+		case <-k.proc.Exited():
+			return reply, fmt.Errorf("%w: %v", ErrDied, k.proc.ExitErr())
 		}
 	}
 	return reply, nil

@@ -12,7 +12,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/go-zeromq/zmq4"
@@ -31,9 +30,7 @@ type Spec struct {
 	RuntimeDir string
 	// StartTimeout bounds the wait for the kernel's first answer.
 	StartTimeout time.Duration
-	// SysProcAttr, when set, is the kernel process's (credentials of the sandbox's user).
-	SysProcAttr *syscall.SysProcAttr
-	Log         *slog.Logger
+	Log          *slog.Logger
 }
 
 // ErrDied is returned (wrapped) by calls on a kernel whose process exited.
@@ -41,8 +38,8 @@ var ErrDied = errors.New("the kernel exited")
 
 // Kernel is one running kernel process and the client's sockets to it.
 type Kernel struct {
+	proc    Process
 	spec    Spec
-	cmd     *exec.Cmd
 	connFn  string
 	signer  signer
 	session string
@@ -57,9 +54,6 @@ type Kernel struct {
 	mu sync.Mutex
 	// +checklocks:mu
 	waiters map[string]*waiter
-
-	exited  chan struct{}
-	exitErr error // set before exited closes
 }
 
 // waiter collects what the kernel sends about one request.
@@ -104,42 +98,24 @@ func Start(ctx context.Context, spec Spec) (_ *Kernel, err error) {
 	if err := os.WriteFile(connFn, b, 0o600); err != nil {
 		return nil, fmt.Errorf("write kernel connection file: %w", err)
 	}
-	if spec.SysProcAttr != nil && spec.SysProcAttr.Credential != nil {
-		// The kernel runs as the sandbox's user and must read its own connection file.
-		_ = os.Chown(connFn, int(spec.SysProcAttr.Credential.Uid), int(spec.SysProcAttr.Credential.Gid))
-	}
 	argv := make([]string, len(spec.Argv))
 	for i, a := range spec.Argv {
 		argv[i] = strings.ReplaceAll(a, "{connection_file}", connFn)
 	}
 	kctx, cancel := context.WithCancel(context.Background())
 	k := &Kernel{spec: spec, connFn: connFn, signer: signer{key: []byte(key)}, session: newID(),
-		log: spec.Log, ctx: kctx, cancel: cancel, waiters: map[string]*waiter{}, exited: make(chan struct{})}
+		log: spec.Log, ctx: kctx, cancel: cancel, waiters: map[string]*waiter{}}
 	defer func() {
 		if err != nil {
 			k.Shutdown()
 		}
 	}()
-	k.cmd = exec.Command(argv[0], argv[1:]...)
-	k.cmd.Env, k.cmd.Dir = spec.Env, spec.Dir
-	k.cmd.SysProcAttr = spec.SysProcAttr
-	if k.cmd.SysProcAttr == nil {
-		k.cmd.SysProcAttr = &syscall.SysProcAttr{}
-	}
-	// Its own process group: an interrupt or a shutdown reaches what the kernel started too.
-	k.cmd.SysProcAttr.Setpgid = true
-	k.cmd.Stdout, k.cmd.Stderr = logWriter{k.log, "kernel stdout"}, logWriter{k.log, "kernel stderr"}
-	if err := k.cmd.Start(); err != nil {
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Env, cmd.Dir = spec.Env, spec.Dir
+	cmd.Stdout, cmd.Stderr = logWriter{k.log, "kernel stdout"}, logWriter{k.log, "kernel stderr"}
+	if err := k.proc.Start(cmd, nil); err != nil {
 		return nil, fmt.Errorf("start kernel %s: %w", argv[0], err)
 	}
-	go func() {
-		err := k.cmd.Wait()
-		if err == nil {
-			err = errors.New("exit status 0")
-		}
-		k.exitErr = err
-		close(k.exited)
-	}()
 
 	addr := func(port int) string { return fmt.Sprintf("tcp://127.0.0.1:%d", port) }
 	k.shell = zmq4.NewDealer(kctx, zmq4.WithDialerRetry(50*time.Millisecond), zmq4.WithDialerMaxRetries(-1))
@@ -173,8 +149,8 @@ func (k *Kernel) dial(ctx context.Context, s zmq4.Socket, addr string) error {
 			return fmt.Errorf("connect to kernel at %s: %w", addr, err)
 		}
 		return nil
-	case <-k.exited:
-		return fmt.Errorf("%w while starting: %v", ErrDied, k.exitErr)
+	case <-k.proc.Exited():
+		return fmt.Errorf("%w while starting: %v", ErrDied, k.proc.ExitErr())
 	case <-ctx.Done():
 		return fmt.Errorf("kernel did not listen at %s: %w", addr, ctx.Err())
 	}
@@ -205,9 +181,9 @@ func (k *Kernel) waitReady(ctx context.Context) error {
 				iopubSeen = true
 			case <-tick.C:
 				break wait
-			case <-k.exited:
+			case <-k.proc.Exited():
 				k.unregister(msg.Header.MsgID)
-				return fmt.Errorf("%w while starting: %v", ErrDied, k.exitErr)
+				return fmt.Errorf("%w while starting: %v", ErrDied, k.proc.ExitErr())
 			case <-ctx.Done():
 				k.unregister(msg.Header.MsgID)
 				return fmt.Errorf("kernel did not answer: %w", ctx.Err())
@@ -286,29 +262,17 @@ func (k *Kernel) readLoop(s zmq4.Socket, shell bool) {
 }
 
 // Exited is closed once the kernel process is gone.
-func (k *Kernel) Exited() <-chan struct{} { return k.exited }
+func (k *Kernel) Exited() <-chan struct{} { return k.proc.Exited() }
 
 // ExitErr says how the kernel process ended (valid once Exited is closed).
-func (k *Kernel) ExitErr() error { return k.exitErr }
+func (k *Kernel) ExitErr() error { return k.proc.ExitErr() }
 
-// Interrupt interrupts what the kernel runs, as Jupyter's signal interrupt mode does: SIGINT to
-// the kernel's process group.
-func (k *Kernel) Interrupt() error {
-	if k.cmd.Process == nil {
-		return nil
-	}
-	return syscall.Kill(-k.cmd.Process.Pid, syscall.SIGINT)
-}
+// Interrupt interrupts what the kernel runs: SIGINT to its process group.
+func (k *Kernel) Interrupt() error { return k.proc.Interrupt() }
 
 // Shutdown kills the kernel and everything in its process group and closes the sockets.
 func (k *Kernel) Shutdown() {
-	if k.cmd != nil && k.cmd.Process != nil {
-		_ = syscall.Kill(-k.cmd.Process.Pid, syscall.SIGKILL)
-		select {
-		case <-k.exited:
-		case <-time.After(5 * time.Second):
-		}
-	}
+	k.proc.Kill()
 	k.cancel()
 	if k.shell != nil {
 		_ = k.shell.Close()
