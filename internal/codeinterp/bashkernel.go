@@ -21,7 +21,7 @@ import (
 // stdin closed; markers written after it on stdout and stderr end its output.
 func Bash(bash string) Language {
 	return Language{
-		Start: func(ctx context.Context, spec jupyter.Spec) (kernel, error) { return startBash(bash, spec) },
+		Start: func(ctx context.Context, spec jupyter.Spec) (kernel, error) { return startBash(ctx, bash, spec) },
 		SetEnv: func(env map[string]string) (string, string) {
 			var set, restore bytes.Buffer
 			for _, k := range sortedKeys(env) {
@@ -58,7 +58,7 @@ type bashChunk struct {
 	code   int
 }
 
-func startBash(bash string, spec jupyter.Spec) (kernel, error) {
+func startBash(ctx context.Context, bash string, spec jupyter.Spec) (kernel, error) {
 	dir, err := os.MkdirTemp(spec.RuntimeDir, "bash-")
 	if err != nil {
 		return nil, err
@@ -84,12 +84,35 @@ func startBash(bash string, spec jupyter.Spec) (kernel, error) {
 	}
 	go func() { defer wg.Done(); k.read("stdout", stdout) }()
 	go func() { defer wg.Done(); k.read("stderr", stderr) }()
-	// An interrupt ends the cell being sourced, not the shell.
-	if _, err := io.WriteString(k.stdin, "trap 'return 130 2>/dev/null' INT\n"); err != nil {
+	// An interrupt ends the cell being sourced, not the shell. Until bash has run the trap, SIGINT
+	// kills it, so the kernel is ready only once the marker written after the trap comes back.
+	if _, err := fmt.Fprintf(k.stdin, "trap 'return 130 2>/dev/null' INT; printf '%sready:0\\n'\n", bashMarker); err != nil {
 		k.Shutdown()
-		return nil, err
+		return nil, fmt.Errorf("%w while starting: %v", jupyter.ErrDied, err)
 	}
-	return k, nil
+	timeout := spec.StartTimeout
+	if timeout == 0 {
+		timeout = 60 * time.Second
+	}
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	for {
+		select {
+		case c := <-k.out:
+			if c.end && c.id == "ready" {
+				return k, nil
+			}
+		case <-k.Exited():
+			k.Shutdown()
+			return nil, fmt.Errorf("%w while starting: %v", jupyter.ErrDied, k.ExitErr())
+		case <-ctx.Done():
+			k.Shutdown()
+			return nil, ctx.Err()
+		case <-deadline.C:
+			k.Shutdown()
+			return nil, errors.New("bash did not start")
+		}
+	}
 }
 
 // read splits one stream into output and cell markers ("\x1evmon-end:<id>:<code>\n").

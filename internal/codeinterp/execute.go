@@ -140,6 +140,9 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer c.run.Unlock()
+	if ctx.Err() != nil {
+		return // the client left while the kernel started or the lock came free: nothing to run for
+	}
 	s.runIn(ctx, c, req, out)
 }
 

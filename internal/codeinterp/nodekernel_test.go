@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/vibemon/vmon/internal/codeinterp/jupyter"
 )
 
 // TestJavaScript drives the Node.js runner through the HTTP service: state, console output in
@@ -105,6 +107,26 @@ func TestBash(t *testing.T) {
 	}
 	if _, out, _ := sh("echo ${x-gone}"); out != "gone\n" {
 		t.Fatalf("after exit: %q", out)
+	}
+}
+
+// A bash kernel is returned only once an interrupt ends a cell rather than the shell: interrupted
+// at once (a client that left while its kernel started), it still runs the next cell.
+func TestBashInterruptRightAfterStart(t *testing.T) {
+	for i := range 20 {
+		k, err := startBash(context.Background(), "/bin/bash", jupyter.Spec{Dir: t.TempDir(), RuntimeDir: t.TempDir()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := k.(*bashKernel).Interrupt(); err != nil {
+			t.Fatal(err)
+		}
+		var out strings.Builder
+		rep, err := k.Execute(context.Background(), "echo alive", false, func(o jupyter.Output) { out.WriteString(o.Text) })
+		k.Shutdown()
+		if err != nil || rep.Status != "ok" || out.String() != "alive\n" {
+			t.Fatalf("start %d: interrupted right after start, the next cell got %q, %+v, %v", i, out.String(), rep, err)
+		}
 	}
 }
 
