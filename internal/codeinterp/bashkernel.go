@@ -173,31 +173,22 @@ func (k *bashKernel) Execute(ctx context.Context, code string, silent bool, emit
 	reply := jupyter.Reply{Status: "ok", Count: k.seq}
 	ended := map[string]bool{}
 	exit := 0
-	done := ctx.Done()
-	var grace <-chan time.Time
-	for !(ended["stdout"] && ended["stderr"]) {
-		select {
-		case c := <-k.out:
-			switch {
-			case c.end && c.id == id:
-				ended[c.stream] = true
-				if c.stream == "stdout" {
-					exit = c.code
-				}
-			case c.end: // a marker of an earlier, interrupted cell
-			case !silent && c.text != "":
-				emit(jupyter.Output{Kind: "stream", Stream: c.stream, Text: c.text})
+	var err error
+	reply.Interrupted, err = awaitCell(ctx, &k.Process, "bash", k.out, func(c bashChunk) bool {
+		switch {
+		case c.end && c.id == id:
+			ended[c.stream] = true
+			if c.stream == "stdout" {
+				exit = c.code
 			}
-		case <-done:
-			reply.Interrupted = true
-			done = nil
-			_ = k.Interrupt()
-			grace = time.After(jupyter.InterruptGrace)
-		case <-grace:
-			return reply, errors.New("bash did not stop after an interrupt")
-		case <-k.Exited():
-			return reply, fmt.Errorf("%w: %v", jupyter.ErrDied, k.ExitErr())
+		case c.end: // a marker of an earlier, interrupted cell
+		case !silent && c.text != "":
+			emit(jupyter.Output{Kind: "stream", Stream: c.stream, Text: c.text})
 		}
+		return ended["stdout"] && ended["stderr"]
+	})
+	if err != nil {
+		return reply, err
 	}
 	if !silent {
 		emit(jupyter.Output{Kind: "count", Count: k.seq})

@@ -7,6 +7,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/vibemon/vmon/internal/codeinterp/jupyter"
 )
@@ -20,6 +21,31 @@ type kernel interface {
 	ExitErr() error
 	// Shutdown stops the kernel and what it started.
 	Shutdown()
+}
+
+// awaitCell gives a runner's events for one cell to handle until handle reports the cell ended.
+// When ctx ends it interrupts p's process group once; a runner that has not ended the cell
+// within jupyter.InterruptGrace after that, or whose process exits, ends the wait with an error
+// (jupyter.ErrDied for an exit).
+func awaitCell[E any](ctx context.Context, p *jupyter.Process, runner string, events <-chan E, handle func(E) (ended bool)) (interrupted bool, err error) {
+	done := ctx.Done()
+	var grace <-chan time.Time
+	for {
+		select {
+		case ev := <-events:
+			if handle(ev) {
+				return interrupted, nil
+			}
+		case <-done:
+			interrupted, done = true, nil
+			_ = p.Interrupt()
+			grace = time.After(jupyter.InterruptGrace)
+		case <-grace:
+			return true, fmt.Errorf("%s did not stop after an interrupt", runner)
+		case <-p.Exited():
+			return interrupted, fmt.Errorf("%w: %v", jupyter.ErrDied, p.ExitErr())
+		}
+	}
 }
 
 // Language says how to run one language's kernel and speak to it.

@@ -161,44 +161,33 @@ func (k *nodeKernel) Execute(ctx context.Context, code string, silent bool, emit
 		return jupyter.Reply{}, fmt.Errorf("%w: %v", jupyter.ErrDied, err)
 	}
 	var reply jupyter.Reply
-	done := ctx.Done()
-	var grace <-chan time.Time
 	status := "ok"
-	for {
-		select {
-		case ev := <-ch:
-			switch ev.Type {
-			case "stream":
-				if !silent {
-					emit(jupyter.Output{Kind: "stream", Stream: ev.Name, Text: ev.Text})
-				}
-			case "result":
-				if !silent {
-					emit(jupyter.Output{Kind: "result", Data: map[string]any{"text/plain": ev.Text}, Main: true})
-				}
-			case "error":
-				status = "error"
-				if !silent {
-					emit(jupyter.Output{Kind: "error", EName: ev.Name, EValue: ev.Value, Traceback: []string{ev.Stack}})
-				}
-			case "done":
-				reply.Status, reply.Count = status, ev.Count
-				if !silent {
-					emit(jupyter.Output{Kind: "count", Count: ev.Count})
-				}
-				return reply, nil
+	interrupted, err := awaitCell(ctx, &k.Process, "the node runner", ch, func(ev nodeEvent) bool {
+		switch ev.Type {
+		case "stream":
+			if !silent {
+				emit(jupyter.Output{Kind: "stream", Stream: ev.Name, Text: ev.Text})
 			}
-		case <-done:
-			reply.Interrupted = true
-			done = nil
-			_ = k.Interrupt()
-			grace = time.After(jupyter.InterruptGrace)
-		case <-grace:
-			return reply, errors.New("the node runner did not stop after an interrupt")
-		case <-k.Exited():
-			return reply, fmt.Errorf("%w: %v", jupyter.ErrDied, k.ExitErr())
+		case "result":
+			if !silent {
+				emit(jupyter.Output{Kind: "result", Data: map[string]any{"text/plain": ev.Text}, Main: true})
+			}
+		case "error":
+			status = "error"
+			if !silent {
+				emit(jupyter.Output{Kind: "error", EName: ev.Name, EValue: ev.Value, Traceback: []string{ev.Stack}})
+			}
+		case "done":
+			reply.Status, reply.Count = status, ev.Count
+			if !silent {
+				emit(jupyter.Output{Kind: "count", Count: ev.Count})
+			}
+			return true
 		}
-	}
+		return false
+	})
+	reply.Interrupted = interrupted
+	return reply, err
 }
 
 func (k *nodeKernel) Shutdown() {
