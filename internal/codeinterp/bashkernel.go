@@ -58,11 +58,16 @@ type bashChunk struct {
 	code   int
 }
 
-func startBash(ctx context.Context, bash string, spec jupyter.Spec) (kernel, error) {
+func startBash(ctx context.Context, bash string, spec jupyter.Spec) (_ kernel, err error) {
 	dir, err := os.MkdirTemp(spec.RuntimeDir, "bash-")
 	if err != nil {
 		return nil, err
 	}
+	defer func() {
+		if err != nil {
+			_ = os.RemoveAll(dir)
+		}
+	}()
 	k := &bashKernel{dir: dir, out: make(chan bashChunk, 256)}
 	cmd := exec.Command(bash, "--noprofile", "--norc")
 	cmd.Env, cmd.Dir = spec.Env, spec.Dir

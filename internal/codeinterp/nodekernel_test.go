@@ -3,7 +3,9 @@ package codeinterp
 import (
 	"context"
 	"net/http/httptest"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -127,6 +129,17 @@ func TestBashInterruptRightAfterStart(t *testing.T) {
 		if err != nil || rep.Status != "ok" || out.String() != "alive\n" {
 			t.Fatalf("start %d: interrupted right after start, the next cell got %q, %+v, %v", i, out.String(), rep, err)
 		}
+	}
+}
+
+// A bash that cannot start (its working directory is gone) leaves nothing in the runtime dir.
+func TestBashStartFailureCleansUp(t *testing.T) {
+	rt := t.TempDir()
+	if _, err := startBash(context.Background(), "/bin/bash", jupyter.Spec{Dir: filepath.Join(rt, "gone"), RuntimeDir: rt}); err == nil {
+		t.Fatal("bash started in a directory that does not exist")
+	}
+	if left, _ := os.ReadDir(rt); len(left) != 0 {
+		t.Fatalf("a failed start left %v in the runtime dir", left)
 	}
 }
 
