@@ -67,8 +67,8 @@ func startNode(ctx context.Context, node, lang string, spec jupyter.Spec) (kerne
 	if err := os.MkdirAll(spec.RuntimeDir, 0o700); err != nil {
 		return nil, err
 	}
-	script := filepath.Join(spec.RuntimeDir, "node-runner.js")
-	if err := os.WriteFile(script, nodeRunner, 0o644); err != nil {
+	script, err := writeNodeRunner(spec.RuntimeDir)
+	if err != nil {
 		return nil, fmt.Errorf("write the node runner: %w", err)
 	}
 	evR, evW, err := os.Pipe()
@@ -112,6 +112,31 @@ func startNode(ctx context.Context, node, lang string, spec jupyter.Spec) (kerne
 		k.Shutdown()
 		return nil, errors.New("the node runner did not start")
 	}
+}
+
+// writeNodeRunner puts the runner script in dir by renaming a complete copy over it: a context
+// starting at the same time may be reading the script, and must never see it half written.
+func writeNodeRunner(dir string) (string, error) {
+	script := filepath.Join(dir, "node-runner.js")
+	f, err := os.CreateTemp(dir, ".node-runner-*.js")
+	if err != nil {
+		return "", err
+	}
+	_, err = f.Write(nodeRunner)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Chmod(f.Name(), 0o644)
+	}
+	if err == nil {
+		err = os.Rename(f.Name(), script)
+	}
+	if err != nil {
+		_ = os.Remove(f.Name())
+		return "", err
+	}
+	return script, nil
 }
 
 func (k *nodeKernel) readEvents(r *os.File, ready chan struct{}) {

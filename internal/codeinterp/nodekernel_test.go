@@ -2,6 +2,7 @@ package codeinterp
 
 import (
 	"context"
+	"fmt"
 	"net/http/httptest"
 	"os"
 	"os/exec"
@@ -109,6 +110,41 @@ func TestBash(t *testing.T) {
 	}
 	if _, out, _ := sh("echo ${x-gone}"); out != "gone\n" {
 		t.Fatalf("after exit: %q", out)
+	}
+}
+
+// JavaScript contexts started at the same time share the runtime dir, where each start puts the
+// runner script: none may find it half written.
+func TestNodeConcurrentStarts(t *testing.T) {
+	node, err := exec.LookPath("node")
+	if err != nil {
+		t.Fatal("node is required (the e2e suite needs it too)")
+	}
+	rt := t.TempDir()
+	errs := make(chan error, 6)
+	for range cap(errs) {
+		go func() {
+			k, err := startNode(context.Background(), node, "javascript", jupyter.Spec{Dir: rt, RuntimeDir: rt})
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer k.Shutdown()
+			var out strings.Builder
+			rep, err := k.Execute(context.Background(), "console.log(6 * 7)", false, func(o jupyter.Output) { out.WriteString(o.Text) })
+			if err == nil && (rep.Status != "ok" || out.String() != "42\n") {
+				err = fmt.Errorf("status %s, output %q", rep.Status, out.String())
+			}
+			errs <- err
+		}()
+	}
+	for range cap(errs) {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+	if left, _ := filepath.Glob(filepath.Join(rt, ".node-runner-*")); len(left) != 0 {
+		t.Errorf("temporary runner copies left: %v", left)
 	}
 }
 
