@@ -83,10 +83,11 @@ func Start(ctx context.Context, spec Spec) (_ *Kernel, err error) {
 	if spec.StartTimeout == 0 {
 		spec.StartTimeout = 60 * time.Second
 	}
-	ports, err := freePorts(5)
+	ports, release, err := freePorts(5)
 	if err != nil {
 		return nil, err
 	}
+	defer release() // by then the kernel listens on them, or is gone
 	key := newID() + newID()
 	info := connectionInfo{IP: "127.0.0.1", Transport: "tcp", ShellPort: ports[0], IOPubPort: ports[1],
 		StdinPort: ports[2], ControlPort: ports[3], HBPort: ports[4], Key: key, SignatureScheme: "hmac-sha256"}
@@ -283,25 +284,49 @@ func (k *Kernel) Shutdown() {
 	_ = os.Remove(k.connFn)
 }
 
+// handedOut holds the ports given to kernels that may not have bound them yet. The OS can give a
+// port freePorts closed to the next caller, and two contexts started at once must not share one.
+var handedOut = struct {
+	sync.Mutex
+	ports map[int]bool
+}{ports: map[int]bool{}}
+
 // freePorts reserves n distinct loopback ports (released just before the kernel binds them, as
-// jupyter_client does).
-func freePorts(n int) ([]int, error) {
+// jupyter_client does), none handed to another kernel start still in progress. release ends the
+// reservation once the kernel has bound them or given up.
+func freePorts(n int) (ports []int, release func(), err error) {
 	var ls []net.Listener
 	defer func() {
 		for _, l := range ls {
 			_ = l.Close()
 		}
 	}()
-	ports := make([]int, 0, n)
-	for range n {
+	handedOut.Lock()
+	defer handedOut.Unlock()
+	for len(ports) < n {
+		// A port that is handed out stays open here meanwhile, so the next bind gets another.
+		if len(ls) > n+64 {
+			return nil, nil, errors.New("reserve kernel ports: the OS keeps offering ports other kernel starts hold")
+		}
 		l, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
-			return nil, fmt.Errorf("reserve a kernel port: %w", err)
+			return nil, nil, fmt.Errorf("reserve a kernel port: %w", err)
 		}
 		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+		if p := l.Addr().(*net.TCPAddr).Port; !handedOut.ports[p] {
+			ports = append(ports, p)
+		}
 	}
-	return ports, nil
+	for _, p := range ports {
+		handedOut.ports[p] = true
+	}
+	return ports, func() {
+		handedOut.Lock()
+		defer handedOut.Unlock()
+		for _, p := range ports {
+			delete(handedOut.ports, p)
+		}
+	}, nil
 }
 
 // logWriter sends a kernel's own output to the service log.

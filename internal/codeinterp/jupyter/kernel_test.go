@@ -101,3 +101,31 @@ func TestPythonKernel(t *testing.T) {
 		t.Fatalf("os._exit: err = %v, want ErrDied", err)
 	}
 }
+
+// Kernel starts in progress never get the same port, although the OS may offer a port again as
+// soon as freePorts has closed it.
+func TestFreePortsNotSharedBetweenStarts(t *testing.T) {
+	seen := map[int]bool{}
+	var releases []func()
+	for range 200 {
+		ports, release, err := freePorts(5)
+		if err != nil {
+			t.Fatal(err)
+		}
+		releases = append(releases, release)
+		for _, p := range ports {
+			if seen[p] {
+				t.Fatalf("port %d handed to two kernel starts at once", p)
+			}
+			seen[p] = true
+		}
+	}
+	for _, release := range releases {
+		release()
+	}
+	handedOut.Lock()
+	defer handedOut.Unlock()
+	if len(handedOut.ports) != 0 {
+		t.Fatalf("%d ports still reserved after every start released them", len(handedOut.ports))
+	}
+}
