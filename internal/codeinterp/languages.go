@@ -2,6 +2,7 @@ package codeinterp
 
 import (
 	"context"
+	_ "embed"
 	"encoding/json"
 	"fmt"
 	"maps"
@@ -54,6 +55,9 @@ type Language struct {
 	Argv []string
 	// Start, when set, starts a kernel that is not a Jupyter one (spec's Argv is unused).
 	Start func(ctx context.Context, spec jupyter.Spec) (kernel, error)
+	// Startup is code run once in each new kernel, before Chdir; a kernel whose startup fails
+	// still serves (without what the startup adds).
+	Startup string
 	// Chdir is code that changes the kernel's working directory.
 	Chdir func(dir string) string
 	// SetEnv is code that sets env for the next execution, and Restore code that puts back what
@@ -71,10 +75,17 @@ func sortedKeys(env map[string]string) []string {
 	return slices.Sorted(maps.Keys(env))
 }
 
+// displayPy registers the display formatters behind E2B's data and chart results.
+//
+//go:embed display.py
+var displayPy string
+
 // Python runs ipykernel from python3 (Debian's python3-ipykernel).
 func Python(python string) Language {
 	return Language{
 		Argv: []string{python, "-m", "ipykernel_launcher", "-f", "{connection_file}"},
+		// Run in a namespace of its own: the user's globals stay as a fresh kernel's.
+		Startup: "exec(compile(" + lit(displayPy) + ", \"vmon-display\", \"exec\"), {\"__name__\": \"__vmon_display__\"})",
 		Chdir: func(dir string) string {
 			return "import os as __vmon_os\n__vmon_os.chdir(" + lit(dir) + ")\ndel __vmon_os"
 		},

@@ -183,6 +183,19 @@ func (s *Server) startKernel(ctx context.Context, c *kcontext) (kernel, error) {
 	if err != nil {
 		return nil, fmt.Errorf("start the %s kernel: %w", c.Language, err)
 	}
+	if l.Startup != "" {
+		rep, err := k.Execute(ctx, l.Startup, true, func(jupyter.Output) {})
+		if err == nil && rep.Status != "ok" {
+			err = fmt.Errorf("status %s", rep.Status)
+		}
+		if errors.Is(err, jupyter.ErrDied) || ctx.Err() != nil {
+			k.Shutdown()
+			return nil, fmt.Errorf("start the %s kernel: %w", c.Language, err)
+		}
+		if err != nil {
+			s.log.Warn("kernel startup code failed; rich results it adds are missing", "context", c.ID, "language", c.Language, "err", err)
+		}
+	}
 	if l.Chdir != nil {
 		// The process started there; this also sets what the language itself reports.
 		rep, err := k.Execute(ctx, l.Chdir(c.Cwd), true, func(jupyter.Output) {})

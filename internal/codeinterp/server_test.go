@@ -396,3 +396,47 @@ func TestDefaultKernelStartOutlivesItsClient(t *testing.T) {
 		t.Fatalf("the bash kernel was started %d times, want once", starts)
 	}
 }
+
+// Every Python kernel starts with the formatters behind E2B's data and chart results, defined
+// outside the user's namespace and without a history entry. (The e2e suite checks them with real
+// pandas and matplotlib, which the host need not have: a class named like pandas' DataFrame
+// stands in here.)
+func TestPythonDisplayFormatters(t *testing.T) {
+	_, ts := newServer(t)
+	ctx := context.Background()
+	lines, _ := execute(t, ctx, ts, map[string]any{"code": "f = get_ipython().display_formatter.formatters\n" +
+		"print('e2b/data' in f, 'e2b/chart' in f, [n for n in globals() if n.startswith('_') and 'Formatter' in n or n in ('_plain', '_shell')])"})
+	if got := streamText(lines, "stdout"); got != "True True []\n" {
+		t.Fatalf("formatters registered, namespace clean: %q (%v)", got, lines)
+	}
+	if lines[0]["execution_count"] != float64(1) {
+		t.Fatalf("the startup code counted as an execution: %v", lines[0])
+	}
+	lines, _ = execute(t, ctx, ts, map[string]any{"code": "class DataFrame:\n" +
+		"    __module__ = 'pandas.core.frame'\n" +
+		"    columns = ['a', 1]\n" +
+		"    size = 4\n" +
+		"    def __getitem__(self, c):\n" +
+		"        vals = [1.5, float('nan')] if c == 'a' else ['x', None]\n" +
+		"        return type('Col', (), {'tolist': lambda _: vals})()\n" +
+		"    def __repr__(self):\n" +
+		"        return 'frame'\n" +
+		"DataFrame()"})
+	res := ofType(lines, "result")
+	if len(res) != 1 || res[0]["text"] != "frame" {
+		t.Fatalf("result %v", lines)
+	}
+	b, _ := json.Marshal(res[0]["data"])
+	if string(b) != `{"1":["x",null],"a":[1.5,null]}` {
+		t.Fatalf("data %s, want the columns as lists with NaN as null", b)
+	}
+	// A frame at the limit has its data; one past it gets its usual results only.
+	lines, _ = execute(t, ctx, ts, map[string]any{"code": "big = DataFrame()\nbig.size = 200_000\nbig"})
+	if res := ofType(lines, "result"); len(res) != 1 || res[0]["data"] == nil {
+		t.Fatalf("a frame of 200,000 cells: %v", lines)
+	}
+	lines, _ = execute(t, ctx, ts, map[string]any{"code": "big.size = 200_001\nbig"})
+	if res := ofType(lines, "result"); len(res) != 1 || res[0]["text"] != "frame" || res[0]["data"] != nil {
+		t.Fatalf("a frame of 200,001 cells: %v", lines)
+	}
+}

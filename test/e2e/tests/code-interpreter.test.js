@@ -79,6 +79,66 @@ describe('code interpreter', () => {
     assert.equal(Buffer.from(png.png, 'base64').subarray(1, 4).toString(), 'PNG');
   });
 
+  srv.test('result.data of a DataFrame and result.chart of each kind of matplotlib figure, as on E2B', async () => {
+    const df = await sbx.runCode("import pandas as pd\npd.DataFrame({'a': [1.5, None], 'b': ['x', 'y'], 't': pd.to_datetime(['2024-01-02', None])})");
+    if (!df.results[0]?.data) assert.fail(`no data: ${await diag(df)}`);
+    assert.deepEqual(df.results[0].data, { a: [1.5, null], b: ['x', 'y'], t: ['2024-01-02T00:00:00', null] });
+    assert.match(df.results[0].html, /<table/);
+
+    const chartOf = async (code) => {
+      const exec = await sbx.runCode(`import matplotlib.pyplot as plt\nplt.figure()\n${code}\nplt.show()`);
+      const r = exec.results.find((x) => x.png);
+      if (!r?.chart) assert.fail(`no chart for ${code}: ${await diag(exec)}`);
+      assert.ok(r.formats().includes('png'), 'the png travels with the chart');
+      return r.chart;
+    };
+    const line = await chartOf("plt.plot([1, 2, 3], [4, 5, 6], label='up')\nplt.title('T')\nplt.xlabel('Time (s)')\nplt.ylabel('Dist [m]')");
+    assert.equal(line.type, 'line');
+    assert.equal(line.title, 'T');
+    assert.deepEqual([line.x_label, line.x_unit, line.y_unit, line.x_scale], ['Time (s)', 's', 'm', 'linear']);
+    assert.deepEqual(line.elements, [{ label: 'up', points: [[1, 4], [2, 5], [3, 6]] }]);
+    assert.equal(line.x_ticks.length, line.x_tick_labels.length);
+
+    const scatter = await chartOf("plt.scatter([1, 2], [3, 4], label='pts')");
+    assert.equal(scatter.type, 'scatter');
+    assert.deepEqual(scatter.elements, [{ label: 'pts', points: [[1, 3], [2, 4]] }]);
+
+    const bar = await chartOf("plt.bar(['A', 'B'], [10, 20], label='Sold')\nplt.xlabel('Authors')");
+    assert.equal(bar.type, 'bar');
+    assert.equal(bar.x_label, 'Authors');
+    assert.deepEqual(bar.elements, [{ label: 'A', value: 10, group: 'Sold' }, { label: 'B', value: 20, group: 'Sold' }]);
+
+    const pie = await chartOf("plt.pie([1, 3], labels=['x', 'y'])");
+    assert.equal(pie.type, 'pie');
+    assert.deepEqual(pie.elements.map((e) => [e.label, e.angle]), [['x', 90], ['y', 270]]);
+
+    const box = await chartOf("plt.boxplot([[1, 2, 3, 4, 5, 20], [2, 3, 4, 5, 6]], patch_artist=True, labels=['p', 'q'])");
+    assert.equal(box.type, 'box_and_whisker');
+    assert.deepEqual(box.elements[0], { label: 'p', min: 1, first_quartile: 2.25, median: 3.5, third_quartile: 4.75, max: 5, outliers: [20] });
+    assert.equal(box.elements[1].label, 'q');
+
+    const dates = await chartOf("plt.plot(pd.to_datetime(['2024-01-01', '2024-01-02']), [1, 2])");
+    assert.equal(dates.x_scale, 'datetime');
+    assert.deepEqual(dates.elements[0].points.map((p) => p[0].slice(0, 10)), ['2024-01-01', '2024-01-02']);
+
+    const both = await chartOf("plt.subplot(1, 2, 1)\nplt.plot([1, 2])\nplt.subplot(1, 2, 2)\nplt.bar([1, 2], [3, 4])\nplt.suptitle('Both')");
+    assert.equal(both.type, 'superchart');
+    assert.equal(both.title, 'Both');
+    assert.deepEqual(both.elements.map((e) => e.type), ['line', 'bar']);
+
+    const img = await sbx.runCode('import numpy as np\nplt.figure()\nplt.imshow(np.zeros((2, 2)))\nplt.show()');
+    assert.equal(img.results.find((x) => x.png)?.chart?.type, 'unknown', 'a figure no extractor knows is an unknown chart, its png intact');
+
+    // At most 200,000 points in a chart (and cells in a frame's data): past that, png (and html) only.
+    const atLimit = await chartOf('plt.plot(range(200_000))');
+    assert.equal(atLimit.elements[0].points.length, 200_000);
+    const past = await sbx.runCode('plt.figure()\nplt.plot(range(200_001))\nplt.show()');
+    const pastPng = past.results.find((x) => x.png);
+    assert.ok(pastPng && pastPng.chart === undefined, `past the limit: ${JSON.stringify(past.results.map((x) => x.formats()))}`);
+    const bigFrame = await sbx.runCode('pd.DataFrame({"a": range(200_001)})');
+    assert.ok(bigFrame.results[0]?.html && bigFrame.results[0].data === undefined, 'a frame past the limit has no data');
+  });
+
   srv.test('every MIME type the kernel shows arrives under its key', async () => {
     const code = [
       'from IPython.display import display, HTML, Markdown, Latex, JSON, SVG, Javascript, Image',
