@@ -77,6 +77,19 @@ async function run(code, lang) {
   return value;
 }
 
+// text is String(v) for anything a cell can throw, even an object whose conversion throws.
+function text(v) {
+  try {
+    return String(v);
+  } catch {
+    try {
+      return util.inspect(v);
+    } catch {
+      return '(a value that cannot be shown)';
+    }
+  }
+}
+
 const queue = [];
 let busy = false;
 async function next() {
@@ -89,8 +102,9 @@ async function next() {
     const value = await run(req.code, req.lang);
     if (value !== undefined) send({ id: req.id, type: 'result', text: util.inspect(value, { depth: 4, colors: false }) });
   } catch (err) {
-    const e = err instanceof Error || (err && typeof err === 'object') ? err : { name: 'Error', message: String(err) };
-    send({ id: req.id, type: 'error', name: e.name || 'Error', value: e.message ?? String(err), stack: e.stack || String(err) });
+    const e = err instanceof Error || (err && typeof err === 'object') ? err : { name: 'Error', message: text(err) };
+    // Whatever was thrown, the fields go out as strings (the service reads them as such).
+    send({ id: req.id, type: 'error', name: text(e.name || 'Error'), value: text(e.message ?? err), stack: text(e.stack || err) });
   } finally {
     interrupt = null;
     send({ id: req.id, type: 'done', count });

@@ -150,7 +150,11 @@ func (k *nodeKernel) readEvents(r *os.File, ready chan struct{}) {
 			continue
 		}
 		if ev.Type == "ready" {
-			close(ready)
+			// Once: a cell can write to fd 3 too.
+			if ready != nil {
+				close(ready)
+				ready = nil
+			}
 			continue
 		}
 		if ev.ID == nil {

@@ -113,6 +113,31 @@ func TestBash(t *testing.T) {
 	}
 }
 
+// Whatever a cell throws arrives as an error with string fields, and a cell that writes the
+// runner's own "ready" event does not bring the service down.
+func TestJavaScriptOddThrowsAndForgedEvents(t *testing.T) {
+	node, err := exec.LookPath("node")
+	if err != nil {
+		t.Fatal("node is required (the e2e suite needs it too)")
+	}
+	ts := serveLanguage(t, "javascript", Node(node, "javascript"))
+	for code, want := range map[string][2]string{
+		"throw {name: 42, message: 'boom'}":                    {"42", "boom"},
+		"throw {name: 'E', message: {toString() { throw 1 }}}": {"E", "{ toString: [Function: toString] }"},
+		"throw 7": {"Error", "7"},
+		"throw Object.assign(new TypeError('t'), {stack: undefined})": {"TypeError", "t"},
+	} {
+		errs := ofType(executeOK(t, ts, "js", code), "error")
+		if len(errs) != 1 || errs[0]["name"] != want[0] || errs[0]["value"] != want[1] {
+			t.Errorf("%s: errors %v, want name %q value %q", code, errs, want[0], want[1])
+		}
+	}
+	executeOK(t, ts, "js", `require('fs').writeSync(3, '{"type":"ready"}\n')`)
+	if got := mainText(executeOK(t, ts, "js", "1 + 1")); got != "2" {
+		t.Fatalf("after a forged ready event: %q", got)
+	}
+}
+
 // JavaScript contexts started at the same time share the runtime dir, where each start puts the
 // runner script: none may find it half written.
 func TestNodeConcurrentStarts(t *testing.T) {
