@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/vibemon/vmon/internal/codeinterp/jupyter"
@@ -47,6 +48,12 @@ type bashKernel struct {
 	dir   string
 	out   chan bashChunk
 	seq   int
+	// active is set while a cell (or the start) waits for output; output between cells (a
+	// background job's) has nobody to go to and is dropped, so bash's streams never back up.
+	active atomic.Bool
+	// done is closed by Shutdown: output still on its way is dropped.
+	done     chan struct{}
+	doneOnce sync.Once
 }
 
 // bashChunk is output of one stream, or (end set) the marker that closes a cell on it.
@@ -68,27 +75,19 @@ func startBash(ctx context.Context, bash string, spec jupyter.Spec) (_ kernel, e
 			_ = os.RemoveAll(dir)
 		}
 	}()
-	k := &bashKernel{dir: dir, out: make(chan bashChunk, 256)}
+	k := &bashKernel{dir: dir, out: make(chan bashChunk, 256), done: make(chan struct{})}
 	cmd := exec.Command(bash, "--noprofile", "--norc")
 	cmd.Env, cmd.Dir = spec.Env, spec.Dir
+	// Writers rather than pipes we read: Wait then returns once bash exits, even while a
+	// background job it left still holds the streams (after exec's WaitDelay).
+	cmd.Stdout, cmd.Stderr = &bashStream{k: k, name: "stdout"}, &bashStream{k: k, name: "stderr"}
 	if k.stdin, err = cmd.StdinPipe(); err != nil {
 		return nil, err
 	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		return nil, err
-	}
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		return nil, err
-	}
-	var wg sync.WaitGroup
-	wg.Add(2)
-	if err := k.Start(cmd, wg.Wait); err != nil {
+	k.active.Store(true) // for the ready marker
+	if err := k.Start(cmd); err != nil {
 		return nil, fmt.Errorf("start %s: %w", bash, err)
 	}
-	go func() { defer wg.Done(); k.read("stdout", stdout) }()
-	go func() { defer wg.Done(); k.read("stderr", stderr) }()
 	// An interrupt ends the cell being sourced, not the shell. Until bash has run the trap, SIGINT
 	// kills it, so the kernel is ready only once the marker written after the trap comes back.
 	if _, err := fmt.Fprintf(k.stdin, "trap 'return 130 2>/dev/null' INT; printf '%sready:0\\n'\n", bashMarker); err != nil {
@@ -105,6 +104,7 @@ func startBash(ctx context.Context, bash string, spec jupyter.Spec) (_ kernel, e
 		select {
 		case c := <-k.out:
 			if c.end && c.id == "ready" {
+				k.active.Store(false)
 				return k, nil
 			}
 		case <-k.Exited():
@@ -120,45 +120,53 @@ func startBash(ctx context.Context, bash string, spec jupyter.Spec) (_ kernel, e
 	}
 }
 
-// read splits one stream into output and cell markers ("\x1evmon-end:<id>:<code>\n").
-func (k *bashKernel) read(stream string, r io.Reader) {
-	buf := make([]byte, 0, 64<<10)
-	tmp := make([]byte, 32<<10)
-	for {
-		n, err := r.Read(tmp)
-		buf = append(buf, tmp[:n]...)
-		for len(buf) > 0 {
-			i := bytes.IndexByte(buf, 0x1e)
-			if i < 0 {
-				k.out <- bashChunk{stream: stream, text: string(buf)}
-				buf = buf[:0]
-				break
-			}
-			if i > 0 {
-				k.out <- bashChunk{stream: stream, text: string(buf[:i])}
-				buf = buf[i:]
-				continue
-			}
-			nl := bytes.IndexByte(buf, '\n')
-			if nl < 0 && len(buf) < 64 && bytes.HasPrefix([]byte(bashMarker), buf[:min(len(buf), len(bashMarker))]) {
-				break // maybe a marker: wait for the rest of it
-			}
-			if nl < 0 || !bytes.HasPrefix(buf, []byte(bashMarker)) {
-				k.out <- bashChunk{stream: stream, text: string(buf[:1])} // a stray \x1e of the cell's own
-				buf = buf[1:]
-				continue
-			}
-			id, codeStr, _ := bytes.Cut(buf[len(bashMarker):nl], []byte(":"))
-			code, _ := strconv.Atoi(string(codeStr))
-			k.out <- bashChunk{stream: stream, end: true, id: string(id), code: code}
-			buf = buf[nl+1:]
+// bashStream splits one of bash's streams into output and cell markers
+// ("\x1evmon-end:<id>:<code>\n") for the cell in progress.
+type bashStream struct {
+	k    *bashKernel
+	name string
+	buf  []byte
+}
+
+func (s *bashStream) Write(p []byte) (int, error) {
+	s.buf = append(s.buf, p...)
+	for len(s.buf) > 0 {
+		i := bytes.IndexByte(s.buf, 0x1e)
+		if i < 0 {
+			s.send(bashChunk{text: string(s.buf)})
+			s.buf = s.buf[:0]
+			break
 		}
-		if err != nil {
-			if len(buf) > 0 {
-				k.out <- bashChunk{stream: stream, text: string(buf)}
-			}
-			return
+		if i > 0 {
+			s.send(bashChunk{text: string(s.buf[:i])})
+			s.buf = s.buf[i:]
+			continue
 		}
+		nl := bytes.IndexByte(s.buf, '\n')
+		if nl < 0 && len(s.buf) < 64 && bytes.HasPrefix([]byte(bashMarker), s.buf[:min(len(s.buf), len(bashMarker))]) {
+			break // maybe a marker: wait for the rest of it
+		}
+		if nl < 0 || !bytes.HasPrefix(s.buf, []byte(bashMarker)) {
+			s.send(bashChunk{text: string(s.buf[:1])}) // a stray \x1e of the cell's own
+			s.buf = s.buf[1:]
+			continue
+		}
+		id, codeStr, _ := bytes.Cut(s.buf[len(bashMarker):nl], []byte(":"))
+		code, _ := strconv.Atoi(string(codeStr))
+		s.send(bashChunk{end: true, id: string(id), code: code})
+		s.buf = s.buf[nl+1:]
+	}
+	return len(p), nil
+}
+
+func (s *bashStream) send(c bashChunk) {
+	if !s.k.active.Load() {
+		return
+	}
+	c.stream = s.name
+	select {
+	case s.k.out <- c:
+	case <-s.k.done:
 	}
 }
 
@@ -172,6 +180,8 @@ func (k *bashKernel) Execute(ctx context.Context, code string, silent bool, emit
 	defer os.Remove(cell)
 	line := fmt.Sprintf("source %s </dev/null; printf '%s%s:%%d\\n' $?; printf '%s%s:0\\n' >&2\n",
 		shellQuote(cell), bashMarker, id, bashMarker, id)
+	k.active.Store(true)
+	defer k.active.Store(false)
 	if _, err := io.WriteString(k.stdin, line); err != nil {
 		return jupyter.Reply{}, fmt.Errorf("%w: %v", jupyter.ErrDied, err)
 	}
@@ -208,6 +218,7 @@ func (k *bashKernel) Execute(ctx context.Context, code string, silent bool, emit
 }
 
 func (k *bashKernel) Shutdown() {
+	k.doneOnce.Do(func() { close(k.done) })
 	k.Kill()
 	_ = k.stdin.Close()
 	_ = os.RemoveAll(k.dir)

@@ -148,9 +148,15 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request) {
 
 // runIn runs req in c and streams what it produces.
 func (s *Server) runIn(ctx context.Context, c *kcontext, req executeRequest, out lineWriter) {
-	k, restarted := c.current()
-	if k == nil {
-		out.fail("ContextRestarting", "Context was restarted")
+	k, restarted, err := s.kernelFor(ctx, c)
+	switch {
+	case errors.Is(err, errRemoved):
+		out.fail("ContextRestarting", "Context was removed")
+		return
+	case err != nil && ctx.Err() != nil:
+		return // the client left while the kernel started
+	case err != nil:
+		out.fail("ContextError", fmt.Sprintf("the context has no kernel and a new one did not start: %v", err))
 		return
 	}
 	// A restart or removal of the context ends this execution.
@@ -204,14 +210,13 @@ func (s *Server) runIn(ctx context.Context, c *kcontext, req executeRequest, out
 		return
 	default:
 	}
-	if errors.Is(err, jupyter.ErrDied) {
-		out.fail("KernelDied", fmt.Sprintf("the %s kernel exited while running this code (%v); its state is lost and it is being restarted", c.Language, k.ExitErr()))
-		// The next execution finds a fresh kernel: restart while still holding the context.
-		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), s.opts.StartTimeout)
-		defer rcancel()
-		if rerr := s.restart(rctx, c); rerr != nil {
-			s.log.Error("restart a kernel that died", "context", c.ID, "err", rerr)
+	if broken(err) {
+		if errors.Is(err, jupyter.ErrDied) {
+			out.fail("KernelDied", fmt.Sprintf("the %s kernel exited while running this code (%v); its state is lost and it is being restarted", c.Language, k.ExitErr()))
+		} else {
+			out.fail("KernelUnresponsive", fmt.Sprintf("the %s kernel did not stop within %v of an interrupt; its state is lost and it is being restarted", c.Language, jupyter.InterruptGrace))
 		}
+		s.renew(ctx, c, k)
 		return
 	}
 	switch {
@@ -221,10 +226,39 @@ func (s *Server) runIn(ctx context.Context, c *kcontext, req executeRequest, out
 		out.fail("ExecutionAborted", "Execution was aborted")
 	}
 	// Also after an interrupt (the client left): the kernel is idle again and keeps no variable
-	// of this execution.
-	if restore != "" && !errors.Is(err, jupyter.ErrDied) {
-		if rrep, rerr := k.Execute(context.WithoutCancel(ctx), restore, true, func(jupyter.Output) {}); rerr != nil || rrep.Status != "ok" {
+	// of this execution. Bounded, as a kernel that is idle answers at once.
+	if restore != "" {
+		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), jupyter.InterruptGrace)
+		rrep, rerr := k.Execute(rctx, restore, true, func(jupyter.Output) {})
+		rcancel()
+		if rerr != nil || rrep.Status != "ok" {
 			s.log.Warn("restore environment after an execution", "context", c.ID, "err", rerr, "status", rrep.Status)
 		}
+		if broken(rerr) {
+			s.renew(ctx, c, k)
+		}
+	}
+}
+
+// broken says whether an execution's error leaves its kernel unusable: exited, or deaf to
+// interrupts.
+func broken(err error) bool {
+	return errors.Is(err, jupyter.ErrDied) || errors.Is(err, jupyter.ErrStuck)
+}
+
+// renew restarts c after its kernel k died or stopped answering, while the execution still holds
+// the context, so the next one finds a fresh kernel; unless c has moved on from k already.
+func (s *Server) renew(ctx context.Context, c *kcontext, k kernel) {
+	c.kmu.Lock()
+	current := c.kernel == k
+	c.kmu.Unlock()
+	if !current {
+		return
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opts.StartTimeout)
+	defer cancel()
+	if err := s.restart(rctx, c); err != nil && !errors.Is(err, errRemoved) {
+		// The context is left without a kernel; its next execution tries again.
+		s.log.Error("restart a kernel that died or stopped answering", "context", c.ID, "err", err)
 	}
 }

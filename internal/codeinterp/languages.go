@@ -26,8 +26,8 @@ type kernel interface {
 
 // awaitCell gives a runner's events for one cell to handle until handle reports the cell ended.
 // When ctx ends it interrupts p's process group once; a runner that has not ended the cell
-// within jupyter.InterruptGrace after that, or whose process exits, ends the wait with an error
-// (jupyter.ErrDied for an exit).
+// within jupyter.InterruptGrace after that, or whose process exits, ends the wait with
+// jupyter.ErrStuck or jupyter.ErrDied.
 func awaitCell[E any](ctx context.Context, p *jupyter.Process, runner string, events <-chan E, handle func(E) (ended bool)) (interrupted bool, err error) {
 	done := ctx.Done()
 	var grace <-chan time.Time
@@ -42,7 +42,7 @@ func awaitCell[E any](ctx context.Context, p *jupyter.Process, runner string, ev
 			_ = p.Interrupt()
 			grace = time.After(jupyter.InterruptGrace)
 		case <-grace:
-			return true, fmt.Errorf("%s did not stop after an interrupt", runner)
+			return true, fmt.Errorf("%w (%s)", jupyter.ErrStuck, runner)
 		case <-p.Exited():
 			return interrupted, fmt.Errorf("%w: %v", jupyter.ErrDied, p.ExitErr())
 		}

@@ -88,7 +88,7 @@ func startNode(ctx context.Context, node, lang string, spec jupyter.Spec) (kerne
 		evW.Close()
 		return nil, err
 	}
-	if err := k.Start(cmd, nil); err != nil {
+	if err := k.Start(cmd); err != nil {
 		evR.Close()
 		evW.Close()
 		return nil, fmt.Errorf("start %s: %w", node, err)

@@ -53,7 +53,9 @@ type Server struct {
 	// defaults are the per-language contexts executions without a context_id run in.
 	// +checklocks:mu
 	defaults map[string]*kcontext
-	ready    chan struct{}
+	// closed is set by Close: contexts that finish starting after it are stopped. +checklocks:mu
+	closed bool
+	ready  chan struct{}
 }
 
 // kcontext is one context: a kernel, its language and working directory. Executions in it run
@@ -63,13 +65,24 @@ type kcontext struct {
 	Language string `json:"language"`
 	Cwd      string `json:"cwd"`
 
-	run    sync.Mutex // held by the execution in progress (and by a restart)
+	run    sync.Mutex // held by the execution in progress
 	kmu    sync.Mutex
 	kernel kernel // +checklocks:kmu
 	// restarted is closed when the context's kernel is replaced or removed, ending what ran in
 	// the old one. +checklocks:kmu
 	restarted chan struct{}
+	// restarting counts restarts bringing up a kernel; an execution waits for them rather than
+	// start another. +checklocks:kmu
+	restarting int
+	// removed is set once the context is deleted or the server closed: it takes no new kernel,
+	// so a restart that ends after that leaves nothing running. +checklocks:kmu
+	removed bool
+	// changed is closed (and renewed) whenever any of the above changes. +checklocks:kmu
+	changed chan struct{}
 }
+
+// errRemoved is a restart of a context that was removed meanwhile.
+var errRemoved = errors.New("the context was removed")
 
 // New returns a Server; Start brings up the default Python context.
 func New(opts Options) *Server {
@@ -116,6 +129,7 @@ func (s *Server) Close() {
 	}
 	s.contexts = map[string]*kcontext{}
 	s.defaults = map[string]*kcontext{}
+	s.closed = true
 	s.mu.Unlock()
 	for _, c := range all {
 		c.stop()
@@ -157,8 +171,13 @@ func (s *Server) newContext(ctx context.Context, lang, cwd string) (*kcontext, e
 	if err != nil {
 		return nil, err
 	}
-	c.kernel, c.restarted = k, make(chan struct{})
+	c.kernel, c.restarted, c.changed = k, make(chan struct{}), make(chan struct{})
 	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		k.Shutdown()
+		return nil, errors.New("the code-execution service is shutting down")
+	}
 	s.contexts[c.ID] = c
 	s.mu.Unlock()
 	s.log.Info("context created", "id", c.ID, "language", lang, "cwd", cwd)
@@ -244,26 +263,64 @@ func (s *Server) lookup(id string) *kcontext {
 	return s.contexts[id]
 }
 
-// current returns c's kernel and the channel closed when it is replaced.
-func (c *kcontext) current() (kernel, <-chan struct{}) {
-	c.kmu.Lock()
-	defer c.kmu.Unlock()
-	return c.kernel, c.restarted
+// notify wakes whoever waits for a change of c's kernel state. +checklocks:c.kmu
+func (c *kcontext) notify() {
+	close(c.changed)
+	c.changed = make(chan struct{})
 }
 
-// replace swaps c's kernel for k (nil: none), ending what ran in the old one.
-func (c *kcontext) replace(k kernel) kernel {
+// replace swaps c's kernel for k (nil: none), ending what ran in the old one. A removed context
+// takes no new kernel: replace reports false, and k is the caller's to shut down.
+func (c *kcontext) replace(k kernel) (old kernel, ok bool) {
 	c.kmu.Lock()
 	defer c.kmu.Unlock()
-	old := c.kernel
+	if c.removed && k != nil {
+		return nil, false
+	}
+	old = c.kernel
 	close(c.restarted)
 	c.kernel, c.restarted = k, make(chan struct{})
-	return old
+	c.notify()
+	return old, true
 }
 
+// stop removes c's kernel for good.
 func (c *kcontext) stop() {
-	if old := c.replace(nil); old != nil {
+	c.kmu.Lock()
+	c.removed = true
+	c.kmu.Unlock()
+	if old, _ := c.replace(nil); old != nil {
 		old.Shutdown()
+	}
+}
+
+// kernelFor returns the kernel an execution in c runs in, and the channel closed when it is
+// replaced: the current kernel; else the one a restart in progress brings up; else (the last
+// start failed, so the context has none) one started now, under StartTimeout.
+func (s *Server) kernelFor(ctx context.Context, c *kcontext) (kernel, <-chan struct{}, error) {
+	for {
+		c.kmu.Lock()
+		k, restarted, restarting, removed, changed := c.kernel, c.restarted, c.restarting, c.removed, c.changed
+		c.kmu.Unlock()
+		switch {
+		case removed:
+			return nil, nil, errRemoved
+		case k != nil:
+			return k, restarted, nil
+		case restarting > 0:
+			select {
+			case <-changed:
+			case <-ctx.Done():
+				return nil, nil, ctx.Err()
+			}
+		default:
+			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opts.StartTimeout)
+			err := s.restart(sctx, c)
+			cancel()
+			if err != nil {
+				return nil, nil, err
+			}
+		}
 	}
 }
 
@@ -346,16 +403,38 @@ func (s *Server) restartContext(w http.ResponseWriter, r *http.Request) {
 }
 
 // restart replaces c's kernel with a fresh one in c's directory (same id); an execution in the
-// old one ends with ContextRestarting.
+// old one ends with ContextRestarting. A start that fails leaves c without a kernel: its next
+// execution starts one.
 func (s *Server) restart(ctx context.Context, c *kcontext) error {
-	if old := c.replace(nil); old != nil {
+	c.kmu.Lock()
+	if c.removed {
+		c.kmu.Unlock()
+		return errRemoved
+	}
+	c.restarting++
+	c.kmu.Unlock()
+	if old, _ := c.replace(nil); old != nil {
 		old.Shutdown()
 	}
 	k, err := s.startKernel(ctx, c)
+	var old kernel
+	ok := true
+	if err == nil {
+		// Installed before the count drops, so a waiting execution wakes to the new kernel.
+		old, ok = c.replace(k)
+	}
+	c.kmu.Lock()
+	c.restarting--
+	c.notify()
+	c.kmu.Unlock()
 	if err != nil {
 		return err
 	}
-	if old := c.replace(k); old != nil {
+	if !ok {
+		k.Shutdown()
+		return errRemoved
+	}
+	if old != nil {
 		old.Shutdown()
 	}
 	s.log.Info("context restarted", "id", c.ID)

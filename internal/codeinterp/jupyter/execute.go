@@ -82,7 +82,7 @@ func (k *Kernel) Execute(ctx context.Context, code string, silent bool, emit fun
 			}
 			grace = time.After(InterruptGrace)
 		case <-grace:
-			return reply, fmt.Errorf("the kernel did not stop after an interrupt")
+			return reply, ErrStuck
 		case <-k.proc.Exited():
 			return reply, fmt.Errorf("%w: %v", ErrDied, k.proc.ExitErr())
 		}

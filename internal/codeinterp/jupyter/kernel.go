@@ -114,7 +114,7 @@ func Start(ctx context.Context, spec Spec) (_ *Kernel, err error) {
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env, cmd.Dir = spec.Env, spec.Dir
 	cmd.Stdout, cmd.Stderr = logWriter{k.log, "kernel stdout"}, logWriter{k.log, "kernel stderr"}
-	if err := k.proc.Start(cmd, nil); err != nil {
+	if err := k.proc.Start(cmd); err != nil {
 		return nil, fmt.Errorf("start kernel %s: %w", argv[0], err)
 	}
 

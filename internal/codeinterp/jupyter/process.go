@@ -7,8 +7,13 @@ import (
 	"time"
 )
 
-// InterruptGrace bounds the wait for a kernel to come back after an interrupt.
-const InterruptGrace = 10 * time.Second
+// InterruptGrace bounds the wait for a kernel to come back after an interrupt (a variable so
+// tests can shorten it).
+var InterruptGrace = 10 * time.Second
+
+// ErrStuck is returned (wrapped) by an execution whose kernel was interrupted and did not finish
+// the cell within InterruptGrace: it may never answer again (a loop that ignores SIGINT).
+var ErrStuck = errors.New("the kernel did not stop after an interrupt")
 
 // Process is a kernel's process (a Jupyter kernel, or another runner of cells), in a process
 // group of its own so an interrupt or a shutdown reaches what a cell started too.
@@ -18,20 +23,22 @@ type Process struct {
 	exitErr error // set before exited closes
 }
 
-// Start starts cmd; wait, when set, runs before the process is reaped (readers of its output
-// pipes, which must see EOF first).
-func (p *Process) Start(cmd *exec.Cmd, wait func()) error {
+// Start starts cmd in a process group of its own. Its output should go to writers, not pipes
+// the caller reads: Wait (and so Exited) must not depend on a reader seeing EOF.
+func (p *Process) Start(cmd *exec.Cmd) error {
 	p.cmd, p.exited = cmd, make(chan struct{})
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// A cell's background job can hold the kernel's output after the kernel exits: its death
+	// is reported this long after, not when the job ends.
+	if cmd.WaitDelay == 0 {
+		cmd.WaitDelay = outputGrace
+	}
 	if err := cmd.Start(); err != nil {
 		return err
 	}
 	go func() {
-		if wait != nil {
-			wait()
-		}
 		err := cmd.Wait()
-		if err == nil {
+		if err == nil || errors.Is(err, exec.ErrWaitDelay) {
 			err = errors.New("exit status 0")
 		}
 		p.exitErr = err
@@ -40,11 +47,22 @@ func (p *Process) Start(cmd *exec.Cmd, wait func()) error {
 	return nil
 }
 
+// outputGrace is how long a kernel's output may stay open after it exits.
+const outputGrace = 2 * time.Second
+
 // Exited is closed once the process is gone (nil before Start).
 func (p *Process) Exited() <-chan struct{} { return p.exited }
 
-// ExitErr says how the process ended (valid once Exited is closed).
-func (p *Process) ExitErr() error { return p.exitErr }
+// ExitErr says how the process ended. Asked before that (a write to it failed as it went), it
+// waits a moment for the exit.
+func (p *Process) ExitErr() error {
+	select {
+	case <-p.exited:
+		return p.exitErr
+	case <-time.After(time.Second):
+		return errors.New("the process has not exited")
+	}
+}
 
 // Interrupt interrupts what the process runs, as Jupyter's signal interrupt mode does: SIGINT to
 // its process group.
