@@ -196,3 +196,36 @@ func TestBashExitWithBackgroundJob(t *testing.T) {
 		t.Fatalf("after the restart: %q (%v)", got, lines)
 	}
 }
+
+// A Node.js runner that spins outside any cell (in a timer) never reads a large cell from its
+// stdin: once the client leaves, it is replaced like a runner deaf to interrupts, and the next
+// execution runs (it used to wait for the stuck write forever).
+func TestNodeBusyRunnerTakesNoCell(t *testing.T) {
+	node, err := exec.LookPath("node")
+	if err != nil {
+		t.Fatal("node is required (the e2e suite needs it too)")
+	}
+	grace := jupyter.InterruptGrace
+	jupyter.InterruptGrace = 500 * time.Millisecond
+	t.Cleanup(func() { jupyter.InterruptGrace = grace })
+	ts := serveLanguage(t, "javascript", Node(node, "javascript"))
+	id := createContext(t, ts, "javascript", t.TempDir())
+	spinning := filepath.Join(t.TempDir(), "spinning")
+	executeOK(t, ts, "js", "setTimeout(() => { require('fs').writeFileSync("+lit(spinning)+", ''); for (;;) {} }, 0); 0",
+		map[string]any{"context_id": id, "language": nil})
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if _, err := os.Stat(spinning); err == nil {
+			break
+		}
+	}
+	big := "// " + strings.Repeat("x", 256<<10) + "\n1"
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	execute(t, ctx, ts, map[string]any{"code": big, "context_id": id})
+	cancel()
+	ctx, cancel = context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	lines, _ := execute(t, ctx, ts, map[string]any{"code": "1 + 1", "context_id": id})
+	if got := mainText(lines); got != "2" {
+		t.Fatalf("after a runner that took no cell: %q (%v)", got, lines)
+	}
+}

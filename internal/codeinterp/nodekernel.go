@@ -186,8 +186,28 @@ func (k *nodeKernel) Execute(ctx context.Context, code string, silent bool, emit
 		k.mu.Unlock()
 	}()
 	req, _ := json.Marshal(map[string]string{"id": id, "code": code, "lang": k.lang})
-	if _, err := k.stdin.Write(append(req, '\n')); err != nil {
-		return jupyter.Reply{}, fmt.Errorf("%w: %v", jupyter.ErrDied, err)
+	// A large cell fills the pipe and waits for the runner to read it, which a runner busy
+	// outside any cell (a timer that spins) never does: when the client leaves first, the
+	// runner is as stuck as one that ignores an interrupt (Shutdown ends the write).
+	written := make(chan error, 1)
+	go func() {
+		_, err := k.stdin.Write(append(req, '\n'))
+		written <- err
+	}()
+	select {
+	case err := <-written:
+		if err != nil {
+			return jupyter.Reply{}, fmt.Errorf("%w: %v", jupyter.ErrDied, err)
+		}
+	case <-ctx.Done():
+		select {
+		case err := <-written: // taken after all: awaitCell interrupts it at once
+			if err != nil {
+				return jupyter.Reply{}, fmt.Errorf("%w: %v", jupyter.ErrDied, err)
+			}
+		case <-time.After(jupyter.InterruptGrace):
+			return jupyter.Reply{Interrupted: true}, fmt.Errorf("%w (the node runner did not take the cell)", jupyter.ErrStuck)
+		}
 	}
 	var reply jupyter.Reply
 	status := "ok"
