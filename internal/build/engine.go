@@ -434,11 +434,19 @@ func (e *Engine) finalize(ctx context.Context, req Request, state State, key str
 		return template.Manifest{}, stepErr("finalize", err, "invalid template")
 	}
 	cached, checked := e.cache.get(key)
+	hasStart := req.StartCmd != "" || req.ReadyCmd != ""
+	// A check cached without a started snapshot (saved with snapshots off, or its checkpoint
+	// failed) is done again while they are on; with them off, a cached snapshot is not used.
+	if checked && hasStart && cached.StartSnapshot == "" && !e.opts.NoStartSnapshot {
+		checked = false
+	}
 	startSnapshot := ""
 	if checked && !req.Force {
 		log.Add("info", "finalize", "CACHED start command %q with ready command %q", req.StartCmd, req.ReadyCmd)
-		startSnapshot = cached.StartSnapshot
-	} else if req.StartCmd != "" || req.ReadyCmd != "" {
+		if !e.opts.NoStartSnapshot {
+			startSnapshot = cached.StartSnapshot
+		}
+	} else if hasStart {
 		log.Add("info", "finalize", "checking start command %q with ready command %q (up to %s)", req.StartCmd, req.ReadyCmd, e.opts.ReadyTimeout)
 		sb, err := e.opts.Sandboxes.StartBuild(ctx, SandboxSpec{Lowers: e.absLayers(state.Layers),
 			CPUs: req.CPUs, MemoryMB: req.MemoryMB, Env: state.Env})

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/vibemon/vmon/internal/fsroot"
 	"github.com/vibemon/vmon/internal/rootfs"
@@ -349,5 +350,66 @@ func TestGCKeepsWhatBuildsAndSandboxesUse(t *testing.T) {
 	log = memLog(t)
 	if _, err := e.Run(ctx, req("gone2", "/gone"), log); err != nil || countMsg(log, "CACHED [") != 0 {
 		t.Fatalf("collected step still cached: %v\n%s", err, dump(log))
+	}
+}
+
+// startSandboxes hands out build sandboxes whose start check passes and which save themselves as
+// a directory with one file.
+type startSandboxes struct{ starts int }
+
+func (s *startSandboxes) StartBuild(context.Context, SandboxSpec) (Sandbox, error) {
+	s.starts++
+	return startSandbox{}, nil
+}
+
+type startSandbox struct{}
+
+func (startSandbox) Run(context.Context, string, string, string, map[string]string, func(bool, []byte)) (int, error) {
+	return 0, errors.New("no steps run in this test")
+}
+func (startSandbox) CheckStart(context.Context, string, string, string, string, time.Duration, func(int, []byte)) error {
+	return nil
+}
+func (startSandbox) Commit(context.Context, string) error {
+	return errors.New("no commits in this test")
+}
+func (startSandbox) Discard(context.Context) error { return nil }
+func (startSandbox) CheckpointStart(_ context.Context, dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, "checkpoint"), []byte("started"), 0o644)
+}
+
+// --template-start-snapshots is honoured whatever the cache holds: off, a cached started snapshot
+// is not used; on again, a start check cached without one is done again to make it.
+func TestStartSnapshotCacheFollowsTheSetting(t *testing.T) {
+	e, _, parent := newTestEngine(t)
+	sbs := &startSandboxes{}
+	e.opts.Sandboxes = sbs
+	ctx := context.Background()
+	build := func(id string, snapshots bool) (template.Manifest, *Log) {
+		t.Helper()
+		e.opts.NoStartSnapshot = !snapshots
+		log := memLog(t)
+		m, err := e.Run(ctx, Request{TemplateID: "tpl", BuildID: id, FromTemplate: parent, CPUs: 1, MemoryMB: 256,
+			StartCmd: "serve", ReadyCmd: "true"}, log)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m, log
+	}
+	if m, _ := build("b1", false); m.StartSnapshot != "" || sbs.starts != 1 {
+		t.Fatalf("snapshots off: snapshot %q after %d checks", m.StartSnapshot, sbs.starts)
+	}
+	m2, _ := build("b2", true)
+	if m2.StartSnapshot == "" || sbs.starts != 2 {
+		t.Fatalf("snapshots on after a check cached without one: snapshot %q after %d checks", m2.StartSnapshot, sbs.starts)
+	}
+	if m, log := build("b3", false); m.StartSnapshot != "" || sbs.starts != 2 || countMsg(log, "CACHED start command") != 1 {
+		t.Fatalf("snapshots off with one cached: snapshot %q after %d checks:\n%s", m.StartSnapshot, sbs.starts, dump(log))
+	}
+	if m, _ := build("b4", true); m.StartSnapshot != m2.StartSnapshot || sbs.starts != 2 {
+		t.Fatalf("snapshots on with one cached: snapshot %q (cached %q) after %d checks", m.StartSnapshot, m2.StartSnapshot, sbs.starts)
 	}
 }

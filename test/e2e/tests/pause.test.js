@@ -315,7 +315,10 @@ describe('pause and resume', () => {
     const service = path.join(path.dirname(vmonBin()), 'vmon-code-interpreter');
     if (fs.existsSync(service)) fs.copyFileSync(service, path.join(srv.dataDir, 'vmon-code-interpreter'));
     const saved = [...srv.extraArgs];
-    srv.extraArgs.push('--envd-path', upgraded);
+    // The server remakes code-interpreter-v1 for a new envd when the data dir has its rootfs. A
+    // build saved started would keep the upgraded envd in use (template builds are kept, and
+    // their started snapshots with them); saved unstarted, it leaves nothing on it.
+    srv.extraArgs.push('--envd-path', upgraded, '--template-start-snapshots=false');
     try {
       await srv.start();
       const back = await Sandbox.connect(sbx.sandboxId, srv.sdkOpts);
@@ -331,6 +334,16 @@ describe('pause and resume', () => {
       upgradedSum = newSum;
       await back.kill();
       await fresh.kill();
+      // Its build sandbox runs the upgraded envd too: let the build end before the server stops.
+      await waitFor(
+        async () => {
+          const t = ((await apiFetch(srv, '/templates')).json ?? []).find((x) => x.aliases?.includes('code-interpreter-v1'));
+          if (!t) return true;
+          const builds = (await apiFetch(srv, `/templates/${t.templateID}`)).json?.builds ?? [];
+          return !builds.some((b) => b.status === 'waiting' || b.status === 'building');
+        },
+        { timeoutMs: 300_000, intervalMs: 500, what: 'the code-interpreter-v1 build on the upgraded envd to end' },
+      );
     } finally {
       srv.extraArgs.length = 0;
       srv.extraArgs.push(...saved);
