@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"errors"
+	"log/slog"
 	"path/filepath"
 
 	"github.com/vibemon/vmon/internal/build"
@@ -16,6 +18,7 @@ import (
 type rootfsAdapter struct {
 	// imageDir keeps the formatted disk images sandbox disks are copied from.
 	imageDir string
+	log      *slog.Logger
 }
 
 func (a rootfsAdapter) Prepare(ctx context.Context, lowers []string, sandboxDir string, w node.Writable) (string, error) {
@@ -23,8 +26,15 @@ func (a rootfsAdapter) Prepare(ctx context.Context, lowers []string, sandboxDir 
 		Layer: w.From, CopyLayer: w.Copy})
 }
 
-func (rootfsAdapter) Stash(ctx context.Context, sandboxDir, dst string) error {
-	return rootfs.Stash(ctx, sandboxDir, dst)
+func (a rootfsAdapter) Stash(ctx context.Context, sandboxDir, dst string) error {
+	err := rootfs.Stash(ctx, sandboxDir, dst)
+	if errors.Is(err, rootfs.ErrDiskBusy) {
+		// The layer was moved; only a holder outside vmon keeps its filesystem, and may yet
+		// write to it (then the snapshot's checksum no longer matches and a resume refuses it).
+		a.log.Warn("a paused sandbox's disk is still mounted outside vmon (a mount namespace made while it ran?)", "err", err)
+		return nil
+	}
+	return err
 }
 
 func (rootfsAdapter) CopyWritable(ctx context.Context, sandboxDir, dst string) error {

@@ -139,7 +139,7 @@ func serve(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 		ReadyTimeout:     c.ReadyTimeout,
 		DataDir:          c.DataDir,
 		Runtime:          rt,
-		RootFS:           rootfsAdapter{imageDir: filepath.Join(c.DataDir, "disk-images")},
+		RootFS:           rootfsAdapter{imageDir: filepath.Join(c.DataDir, "disk-images"), log: log.With("component", "rootfs")},
 		Templates:        templateRoots{dataDir: c.DataDir},
 		EnvdPath:         envdPath,
 		NetNSPrefix:      netnsPrefix(c.DataDir),

@@ -237,6 +237,59 @@ func releaseDisk(sandboxDir string) error {
 	return nil
 }
 
+// loopReleaseTimeout bounds the wait for a disk's filesystem to be gone after its unmount: the
+// runtime's holder goes within moments; a mount namespace made while the disk was mounted (a
+// service started with a private /tmp) can hold it for as long as it lives.
+var loopReleaseTimeout = 10 * time.Second
+
+// waitLoopReleased waits until no loop device is backed by img. An unmount only removes this
+// namespace's mount: the filesystem lives on while another holds it (the runtime's gofer, whose
+// mount namespace has the sandbox's root, can exit a moment after the runtime is deleted), and
+// ext4 writes to the image when it finally goes. The loop device clears itself (autoclear) only
+// then, so its going is the sign that the image is still.
+func waitLoopReleased(ctx context.Context, img string) error {
+	var st unix.Stat_t
+	if err := unix.Stat(img, &st); err != nil {
+		return fmt.Errorf("stat disk image: %w", err)
+	}
+	deadline := time.Now().Add(loopReleaseTimeout)
+	for {
+		dev, err := loopBacking(st)
+		if err != nil || dev == "" {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%w: %s through %s, %v after its unmount", ErrDiskBusy, img, dev, loopReleaseTimeout)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// loopBacking names the loop device backed by the file st describes, or "" when there is none.
+func loopBacking(st unix.Stat_t) (string, error) {
+	bound, err := filepath.Glob("/sys/block/loop*/loop")
+	if err != nil {
+		return "", err
+	}
+	for _, b := range bound {
+		dev := "/dev/" + filepath.Base(filepath.Dir(b))
+		f, err := os.Open(dev)
+		if err != nil {
+			continue // gone meanwhile
+		}
+		info, err := unix.IoctlLoopGetStatus64(int(f.Fd()))
+		f.Close()
+		if err == nil && info.Inode == st.Ino && info.Device == st.Dev {
+			return dev, nil
+		}
+	}
+	return "", nil
+}
+
 // unmount unmounts path, lazily if it is busy, looping over stacked mounts; not mounted is
 // success, and still mounted afterwards is an error (never remove files through a live mount:
 // that would only write whiteouts).

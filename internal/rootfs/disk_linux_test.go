@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -339,5 +340,93 @@ func TestPlainLayerOntoDisk(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(saved, upperName, "started")); err != nil {
 		t.Fatalf("a copied layer must stay for the next sandbox: %v", err)
+	}
+}
+
+// Stash returns only once the disk's filesystem is gone everywhere: a second mount of it (as the
+// runtime's gofer holds in its own mount namespace, for a moment after the runtime is deleted)
+// keeps the filesystem alive past the unmount, and ext4 writes to the image when it goes, which
+// would change it under the snapshot's checksum.
+func TestStashWaitsForTheFilesystemToGo(t *testing.T) {
+	requireRoot(t)
+	ctx := context.Background()
+	base := t.TempDir()
+	lower := filepath.Join(base, "template")
+	if err := os.MkdirAll(lower, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	sandbox, saved, holder := filepath.Join(base, "sandbox"), filepath.Join(base, "saved"), filepath.Join(base, "holder")
+	root, err := Prepare(ctx, []string{lower}, sandbox, Options{DiskBytes: 96 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(holder, unix.MNT_DETACH); _ = Release(ctx, sandbox) })
+	if err := os.WriteFile(filepath.Join(root, "written"), []byte("kept"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{saved, holder} {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := unix.Mount(diskDir(sandbox), holder, "", unix.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	var released atomic.Bool
+	stashed := make(chan bool, 1)
+	go func() {
+		if err := Stash(ctx, sandbox, saved); err != nil {
+			t.Error(err)
+		}
+		stashed <- released.Load()
+	}()
+	// Give Stash the chance to return too early; it must still be waiting when the holder goes.
+	time.Sleep(200 * time.Millisecond)
+	released.Store(true)
+	if err := unix.Unmount(holder, 0); err != nil {
+		t.Fatal(err)
+	}
+	if !<-stashed {
+		t.Fatal("Stash moved the disk image while its filesystem was still mounted elsewhere")
+	}
+	if l := loopDevices(t, base); len(l) != 0 {
+		t.Fatalf("loop devices left: %v", l)
+	}
+}
+
+// A holder that outlasts the wait: Stash still moves the layer (the sandbox's files are not left
+// behind) and says so with ErrDiskBusy.
+func TestStashWithADiskHeldElsewhere(t *testing.T) {
+	requireRoot(t)
+	timeout := loopReleaseTimeout
+	loopReleaseTimeout = 300 * time.Millisecond
+	t.Cleanup(func() { loopReleaseTimeout = timeout })
+	ctx := context.Background()
+	base := t.TempDir()
+	lower := filepath.Join(base, "template")
+	if err := os.MkdirAll(lower, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	sandbox, saved, holder := filepath.Join(base, "sandbox"), filepath.Join(base, "saved"), filepath.Join(base, "holder")
+	if _, err := Prepare(ctx, []string{lower}, sandbox, Options{DiskBytes: 96 << 20}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(holder, unix.MNT_DETACH); _ = Release(ctx, sandbox) })
+	for _, d := range []string{saved, holder} {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := unix.Mount(diskDir(sandbox), holder, "", unix.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	if err := Stash(ctx, sandbox, saved); !errors.Is(err, ErrDiskBusy) {
+		t.Fatalf("Stash with the disk held elsewhere = %v, want ErrDiskBusy", err)
+	}
+	if _, err := os.Stat(filepath.Join(saved, diskImageName)); err != nil {
+		t.Fatalf("the disk image was not moved: %v", err)
+	}
+	if err := unix.Unmount(holder, 0); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -23,6 +23,9 @@ import (
 // ErrUnsupported is returned (wrapped) where overlay mounts cannot be made (non-Linux builds).
 var ErrUnsupported = errors.New("overlay root filesystems are not supported on this OS")
 
+// ErrDiskBusy is a sandbox disk whose filesystem is still mounted somewhere after its unmount.
+var ErrDiskBusy = errors.New("the disk's filesystem is still in use elsewhere")
+
 // Names of the directories Prepare creates inside a sandbox directory.
 const (
 	rootName  = "root"

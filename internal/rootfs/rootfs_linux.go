@@ -148,11 +148,12 @@ func Release(ctx context.Context, sandboxDir string) error {
 	return releaseDisk(sandboxDir)
 }
 
-// Stash unmounts the sandbox's root and disk and moves its writable layer (the disk image, or the
-// upper directory of a sandbox without one) into dst, an existing directory on the same
-// filesystem, for Prepare's Options.Layer to bring back. The runtime must be stopped first. What
-// is left in the sandbox directory is removed by Release.
-func Stash(ctx context.Context, sandboxDir, dst string) error {
+// Stash unmounts the sandbox's root and disk, waits until the disk's filesystem is gone, and
+// moves its writable layer (the disk image, or the upper directory of a sandbox without one) into
+// dst, an existing directory on the same filesystem, for Prepare's Options.Layer to bring back. The runtime must be stopped first. What
+// is left in the sandbox directory is removed by Release. ErrDiskBusy (wrapped) says the layer
+// was moved but its filesystem is still mounted elsewhere, so the image may yet change.
+func Stash(ctx context.Context, sandboxDir, dst string) (busy error) {
 	sandboxDir = filepath.Clean(sandboxDir)
 	root := RootDir(sandboxDir)
 	if err := unmount(root); err != nil {
@@ -164,11 +165,17 @@ func Stash(ctx context.Context, sandboxDir, dst string) error {
 		if err := unmount(diskDir(sandboxDir)); err != nil {
 			return err
 		}
+		// Moved while its filesystem lives on elsewhere, the image would change under the
+		// snapshot's checksum.
+		busy = waitLoopReleased(ctx, diskImage(sandboxDir))
+		if busy != nil && !errors.Is(busy, ErrDiskBusy) {
+			return busy
+		}
 	}
 	if err := os.Rename(filepath.Join(sandboxDir, name), filepath.Join(dst, name)); err != nil {
 		return fmt.Errorf("move writable layer: %w", err)
 	}
-	return nil
+	return busy
 }
 
 // CopyWritable copies the writable layer of a sandbox whose runtime is stopped (its root may stay
