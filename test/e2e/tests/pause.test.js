@@ -309,7 +309,8 @@ describe('pause and resume', () => {
     // Another build of envd: the same program with bytes appended (a different content hash).
     const upgraded = path.join(srv.dataDir, 'envd-upgraded');
     fs.copyFileSync(path.join(path.dirname(vmonBin()), 'envd'), upgraded);
-    fs.appendFileSync(upgraded, Buffer.from('\0vmon e2e upgrade marker\0'));
+    // Unique per run: an earlier run's template builds may still name the build it made.
+    fs.appendFileSync(upgraded, Buffer.from(`\0vmon e2e upgrade marker ${crypto.randomUUID()}\0`));
     fs.chmodSync(upgraded, 0o755);
     // The code-interpreter service is installed with envd, from beside it.
     const service = path.join(path.dirname(vmonBin()), 'vmon-code-interpreter');
