@@ -343,11 +343,10 @@ func TestPlainLayerOntoDisk(t *testing.T) {
 	}
 }
 
-// Stash returns only once the disk's filesystem is gone everywhere: a second mount of it (as the
-// runtime's gofer holds in its own mount namespace, for a moment after the runtime is deleted)
-// keeps the filesystem alive past the unmount, and ext4 writes to the image when it goes, which
-// would change it under the snapshot's checksum.
-func TestStashWaitsForTheFilesystemToGo(t *testing.T) {
+// heldDisk prepares a sandbox with a disk and bind-mounts the disk's filesystem at holder, as
+// the runtime's gofer holds it in its own mount namespace.
+func heldDisk(t *testing.T) (sandbox, saved, holder string) {
+	t.Helper()
 	requireRoot(t)
 	ctx := context.Background()
 	base := t.TempDir()
@@ -355,12 +354,18 @@ func TestStashWaitsForTheFilesystemToGo(t *testing.T) {
 	if err := os.MkdirAll(lower, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	sandbox, saved, holder := filepath.Join(base, "sandbox"), filepath.Join(base, "saved"), filepath.Join(base, "holder")
+	sandbox, saved, holder = filepath.Join(base, "sandbox"), filepath.Join(base, "saved"), filepath.Join(base, "holder")
 	root, err := Prepare(ctx, []string{lower}, sandbox, Options{DiskBytes: 96 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = unix.Unmount(holder, unix.MNT_DETACH); _ = Release(ctx, sandbox) })
+	t.Cleanup(func() {
+		_ = unix.Unmount(holder, unix.MNT_DETACH)
+		_ = Release(ctx, sandbox)
+		if l := loopDevices(t, base); len(l) != 0 {
+			t.Errorf("loop devices left: %v", l)
+		}
+	})
 	if err := os.WriteFile(filepath.Join(root, "written"), []byte("kept"), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -372,10 +377,18 @@ func TestStashWaitsForTheFilesystemToGo(t *testing.T) {
 	if err := unix.Mount(diskDir(sandbox), holder, "", unix.MS_BIND, ""); err != nil {
 		t.Fatal(err)
 	}
+	return sandbox, saved, holder
+}
+
+// Stash returns only once the disk's filesystem is gone everywhere: a second mount of it keeps
+// the filesystem alive past the unmount, and ext4 writes to the image when it goes, which would
+// change it under the snapshot's checksum.
+func TestStashWaitsForTheFilesystemToGo(t *testing.T) {
+	sandbox, saved, holder := heldDisk(t)
 	var released atomic.Bool
 	stashed := make(chan bool, 1)
 	go func() {
-		if err := Stash(ctx, sandbox, saved); err != nil {
+		if err := Stash(context.Background(), sandbox, saved); err != nil {
 			t.Error(err)
 		}
 		stashed <- released.Load()
@@ -389,38 +402,16 @@ func TestStashWaitsForTheFilesystemToGo(t *testing.T) {
 	if !<-stashed {
 		t.Fatal("Stash moved the disk image while its filesystem was still mounted elsewhere")
 	}
-	if l := loopDevices(t, base); len(l) != 0 {
-		t.Fatalf("loop devices left: %v", l)
-	}
 }
 
 // A holder that outlasts the wait: Stash still moves the layer (the sandbox's files are not left
 // behind) and says so with ErrDiskBusy.
 func TestStashWithADiskHeldElsewhere(t *testing.T) {
-	requireRoot(t)
 	timeout := loopReleaseTimeout
 	loopReleaseTimeout = 300 * time.Millisecond
 	t.Cleanup(func() { loopReleaseTimeout = timeout })
-	ctx := context.Background()
-	base := t.TempDir()
-	lower := filepath.Join(base, "template")
-	if err := os.MkdirAll(lower, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	sandbox, saved, holder := filepath.Join(base, "sandbox"), filepath.Join(base, "saved"), filepath.Join(base, "holder")
-	if _, err := Prepare(ctx, []string{lower}, sandbox, Options{DiskBytes: 96 << 20}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = unix.Unmount(holder, unix.MNT_DETACH); _ = Release(ctx, sandbox) })
-	for _, d := range []string{saved, holder} {
-		if err := os.Mkdir(d, 0o700); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := unix.Mount(diskDir(sandbox), holder, "", unix.MS_BIND, ""); err != nil {
-		t.Fatal(err)
-	}
-	if err := Stash(ctx, sandbox, saved); !errors.Is(err, ErrDiskBusy) {
+	sandbox, saved, holder := heldDisk(t)
+	if err := Stash(context.Background(), sandbox, saved); !errors.Is(err, ErrDiskBusy) {
 		t.Fatalf("Stash with the disk held elsewhere = %v, want ErrDiskBusy", err)
 	}
 	if _, err := os.Stat(filepath.Join(saved, diskImageName)); err != nil {
