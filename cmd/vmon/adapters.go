@@ -31,7 +31,7 @@ func (a rootfsAdapter) Stash(ctx context.Context, sandboxDir, dst string) error 
 	if errors.Is(err, rootfs.ErrDiskBusy) {
 		// The layer was moved; only a holder outside vmon keeps its filesystem, and may yet
 		// write to it (then the snapshot's checksum no longer matches and a resume refuses it).
-		a.log.Warn("a paused sandbox's disk is still mounted outside vmon (a mount namespace made while it ran?)", "err", err)
+		a.log.Warn("a saved sandbox disk is still mounted outside vmon (a mount namespace made while it ran?)", "err", err)
 		return nil
 	}
 	return err

@@ -94,11 +94,7 @@ func startBash(ctx context.Context, bash string, spec jupyter.Spec) (_ kernel, e
 		k.Shutdown()
 		return nil, fmt.Errorf("%w while starting: %v", jupyter.ErrDied, err)
 	}
-	timeout := spec.StartTimeout
-	if timeout == 0 {
-		timeout = 60 * time.Second
-	}
-	deadline := time.NewTimer(timeout)
+	deadline := time.NewTimer(spec.StartWithin())
 	defer deadline.Stop()
 	for {
 		select {

@@ -284,7 +284,7 @@ def _boxes(ax):
         c["elements"].append({
             "label": cats.label_at((b["cat"][0] + b["cat"][1]) / 2),
             "min": b["min"], "first_quartile": b["q1"],
-            "median": b["median"] if b["median"] is not None else (b["q1"] + b["q3"]) / 2,
+            "median": b["median"],  # None when the plot draws no median line
             "third_quartile": b["q3"], "max": b["max"], "outliers": b["outliers"],
         })
     return c

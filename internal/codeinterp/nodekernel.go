@@ -96,10 +96,6 @@ func startNode(ctx context.Context, node, lang string, spec jupyter.Spec) (kerne
 	evW.Close()
 	ready := make(chan struct{})
 	go k.readEvents(evR, ready)
-	timeout := spec.StartTimeout
-	if timeout == 0 {
-		timeout = 60 * time.Second
-	}
 	select {
 	case <-ready:
 		return k, nil
@@ -108,7 +104,7 @@ func startNode(ctx context.Context, node, lang string, spec jupyter.Spec) (kerne
 	case <-ctx.Done():
 		k.Shutdown()
 		return nil, ctx.Err()
-	case <-time.After(timeout):
+	case <-time.After(spec.StartWithin()):
 		k.Shutdown()
 		return nil, errors.New("the node runner did not start")
 	}
@@ -194,24 +190,22 @@ func (k *nodeKernel) Execute(ctx context.Context, code string, silent bool, emit
 		_, err := k.stdin.Write(append(req, '\n'))
 		written <- err
 	}()
+	var err error
 	select {
-	case err := <-written:
-		if err != nil {
-			return jupyter.Reply{}, fmt.Errorf("%w: %v", jupyter.ErrDied, err)
-		}
+	case err = <-written:
 	case <-ctx.Done():
 		select {
-		case err := <-written: // taken after all: awaitCell interrupts it at once
-			if err != nil {
-				return jupyter.Reply{}, fmt.Errorf("%w: %v", jupyter.ErrDied, err)
-			}
+		case err = <-written: // taken after all: awaitCell interrupts it at once
 		case <-time.After(jupyter.InterruptGrace):
 			return jupyter.Reply{Interrupted: true}, fmt.Errorf("%w (the node runner did not take the cell)", jupyter.ErrStuck)
 		}
 	}
+	if err != nil {
+		return jupyter.Reply{}, fmt.Errorf("%w: %v", jupyter.ErrDied, err)
+	}
 	var reply jupyter.Reply
 	status := "ok"
-	interrupted, err := awaitCell(ctx, &k.Process, "the node runner", ch, func(ev nodeEvent) bool {
+	reply.Interrupted, err = awaitCell(ctx, &k.Process, "the node runner", ch, func(ev nodeEvent) bool {
 		switch ev.Type {
 		case "stream":
 			if !silent {
@@ -235,7 +229,6 @@ func (k *nodeKernel) Execute(ctx context.Context, code string, silent bool, emit
 		}
 		return false
 	})
-	reply.Interrupted = interrupted
 	return reply, err
 }
 

@@ -252,12 +252,12 @@ func waitLoopReleased(ctx context.Context, img string) error {
 	if err := unix.Stat(img, &st); err != nil {
 		return fmt.Errorf("stat disk image: %w", err)
 	}
+	dev, err := loopBacking(st)
+	if err != nil || dev == "" {
+		return err
+	}
 	deadline := time.Now().Add(loopReleaseTimeout)
-	for {
-		dev, err := loopBacking(st)
-		if err != nil || dev == "" {
-			return err
-		}
+	for backs(dev, st) {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("%w: %s through %s, %v after its unmount", ErrDiskBusy, img, dev, loopReleaseTimeout)
 		}
@@ -267,6 +267,7 @@ func waitLoopReleased(ctx context.Context, img string) error {
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
+	return nil
 }
 
 // loopBacking names the loop device backed by the file st describes, or "" when there is none.
@@ -276,18 +277,23 @@ func loopBacking(st unix.Stat_t) (string, error) {
 		return "", err
 	}
 	for _, b := range bound {
-		dev := "/dev/" + filepath.Base(filepath.Dir(b))
-		f, err := os.Open(dev)
-		if err != nil {
-			continue // gone meanwhile
-		}
-		info, err := unix.IoctlLoopGetStatus64(int(f.Fd()))
-		f.Close()
-		if err == nil && info.Inode == st.Ino && info.Device == st.Dev {
+		if dev := "/dev/" + filepath.Base(filepath.Dir(b)); backs(dev, st) {
 			return dev, nil
 		}
 	}
 	return "", nil
+}
+
+// backs reports whether loop device dev is backed by the file st describes (a device cleared
+// meanwhile, or bound to another file since, is not).
+func backs(dev string, st unix.Stat_t) bool {
+	f, err := os.Open(dev)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	info, err := unix.IoctlLoopGetStatus64(int(f.Fd()))
+	return err == nil && info.Inode == st.Ino && info.Device == st.Dev
 }
 
 // unmount unmounts path, lazily if it is busy, looping over stacked mounts; not mounted is

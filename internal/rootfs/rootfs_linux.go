@@ -150,9 +150,10 @@ func Release(ctx context.Context, sandboxDir string) error {
 
 // Stash unmounts the sandbox's root and disk, waits until the disk's filesystem is gone, and
 // moves its writable layer (the disk image, or the upper directory of a sandbox without one) into
-// dst, an existing directory on the same filesystem, for Prepare's Options.Layer to bring back. The runtime must be stopped first. What
-// is left in the sandbox directory is removed by Release. ErrDiskBusy (wrapped) says the layer
-// was moved but its filesystem is still mounted elsewhere, so the image may yet change.
+// dst, an existing directory on the same filesystem, for Prepare's Options.Layer to bring back.
+// The runtime must be stopped first. What is left in the sandbox directory is removed by Release.
+// ErrDiskBusy (wrapped) says the layer was moved but its filesystem is still mounted elsewhere,
+// so the image may yet change.
 func Stash(ctx context.Context, sandboxDir, dst string) (busy error) {
 	sandboxDir = filepath.Clean(sandboxDir)
 	root := RootDir(sandboxDir)

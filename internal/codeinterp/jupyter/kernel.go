@@ -28,7 +28,7 @@ type Spec struct {
 	Dir string
 	// RuntimeDir holds the connection file (it carries the session key: 0700).
 	RuntimeDir string
-	// StartTimeout bounds the wait for the kernel's first answer.
+	// StartTimeout bounds the wait for the kernel's first answer (StartWithin when unset).
 	StartTimeout time.Duration
 	Log          *slog.Logger
 }
@@ -75,13 +75,18 @@ type connectionInfo struct {
 	KernelName      string `json:"kernel_name"`
 }
 
+// StartWithin is how long a kernel of spec may take to start: StartTimeout, or a minute.
+func (s Spec) StartWithin() time.Duration {
+	if s.StartTimeout > 0 {
+		return s.StartTimeout
+	}
+	return time.Minute
+}
+
 // Start starts a kernel and waits until it answers kernel_info and its iopub channel delivers.
 func Start(ctx context.Context, spec Spec) (_ *Kernel, err error) {
 	if spec.Log == nil {
 		spec.Log = slog.New(slog.DiscardHandler)
-	}
-	if spec.StartTimeout == 0 {
-		spec.StartTimeout = 60 * time.Second
 	}
 	ports, release, err := freePorts(5)
 	if err != nil {
@@ -121,7 +126,7 @@ func Start(ctx context.Context, spec Spec) (_ *Kernel, err error) {
 	addr := func(port int) string { return fmt.Sprintf("tcp://127.0.0.1:%d", port) }
 	k.shell = zmq4.NewDealer(kctx, zmq4.WithDialerRetry(50*time.Millisecond), zmq4.WithDialerMaxRetries(-1))
 	k.iopub = zmq4.NewSub(kctx, zmq4.WithDialerRetry(50*time.Millisecond), zmq4.WithDialerMaxRetries(-1))
-	sctx, scancel := context.WithTimeout(ctx, spec.StartTimeout)
+	sctx, scancel := context.WithTimeout(ctx, spec.StartWithin())
 	defer scancel()
 	if err := k.dial(sctx, k.shell, addr(info.ShellPort)); err != nil {
 		return nil, err

@@ -448,6 +448,17 @@ export async function apiFetch(server, pathname, { method = 'GET', key, body, he
   return { status: res.status, headers: res.headers, text, json };
 }
 
+/**
+ * The template named alias as the API shows it: its summary from GET /templates (undefined when
+ * there is none), its detail with every build, and whether a build of it is waiting or building.
+ */
+export async function templateState(server, alias) {
+  const summary = ((await apiFetch(server, '/templates')).json ?? []).find((x) => x.aliases?.includes(alias));
+  const detail = summary && (await apiFetch(server, `/templates/${summary.templateID}`)).json;
+  const busy = (detail?.builds ?? []).some((b) => b.status === 'waiting' || b.status === 'building');
+  return { summary, detail, busy };
+}
+
 /** All sandboxes the server lists (all pages), optionally filtered by metadata. */
 export async function listAll(opts, query) {
   const p = Sandbox.list({ ...opts, ...(query ? { query } : {}) });

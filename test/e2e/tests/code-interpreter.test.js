@@ -8,7 +8,7 @@ import path from 'node:path';
 import { describe } from 'node:test';
 import { Sandbox } from '@e2b/code-interpreter';
 import { TimeoutError } from 'e2b';
-import { useServer, killQuietly, waitFor, apiFetch, runNodeChild, E2E_DIR } from '../lib/harness.js';
+import { useServer, killQuietly, waitFor, runNodeChild, E2E_DIR, templateState } from '../lib/harness.js';
 
 // The server (re)builds code-interpreter-v1 in the background at its start when it is missing or
 // stale (a start check of the service, then a checkpoint of the sandbox with its kernel warm):
@@ -19,15 +19,11 @@ async function templateReady(srv) {
   let last;
   await waitFor(
     async () => {
-      const r = await apiFetch(srv, '/templates');
-      const t = (r.json ?? []).find((x) => x.aliases?.includes('code-interpreter-v1'));
-      if (!t) return false;
-      last = (await apiFetch(srv, `/templates/${t.templateID}`)).json;
-      const builds = last?.builds ?? [];
-      if (builds.some((b) => b.status === 'waiting' || b.status === 'building')) return false;
-      const failedNow = builds.find((b) => b.status === 'error' && new Date(b.createdAt) >= srv.startedAt);
-      if (failedNow) throw new Error(`code-interpreter-v1 failed to build: ${JSON.stringify(last)}`);
-      return t.buildStatus === 'ready';
+      last = await templateState(srv, 'code-interpreter-v1');
+      if (!last.summary || last.busy) return false;
+      const failedNow = last.detail.builds.find((b) => b.status === 'error' && new Date(b.createdAt) >= srv.startedAt);
+      if (failedNow) throw new Error(`code-interpreter-v1 failed to build: ${JSON.stringify(last.detail)}`);
+      return last.summary.buildStatus === 'ready';
     },
     { timeoutMs: 300_000, intervalMs: 500, what: 'the code-interpreter-v1 template' },
   );

@@ -10,7 +10,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { describe } from 'node:test';
 import { Sandbox, SandboxNotFoundError, InvalidArgumentError } from 'e2b';
-import { useServer, killQuietly, waitFor, sleep, runtimeIdOf, runVmon, apiFetch, pgrep, listAll, vmonBin } from '../lib/harness.js';
+import { useServer, killQuietly, waitFor, sleep, runtimeIdOf, runVmon, apiFetch, pgrep, listAll, vmonBin, templateState } from '../lib/harness.js';
 
 // Written through a rename: a read never sees the file truncated and empty.
 const COUNTER = 'i=0; while true; do i=$((i+1)); echo $i > /tmp/count.new; mv -f /tmp/count.new /tmp/count; sleep 0.05; done';
@@ -336,15 +336,9 @@ describe('pause and resume', () => {
       await back.kill();
       await fresh.kill();
       // Its build sandbox runs the upgraded envd too: let the build end before the server stops.
-      await waitFor(
-        async () => {
-          const t = ((await apiFetch(srv, '/templates')).json ?? []).find((x) => x.aliases?.includes('code-interpreter-v1'));
-          if (!t) return true;
-          const builds = (await apiFetch(srv, `/templates/${t.templateID}`)).json?.builds ?? [];
-          return !builds.some((b) => b.status === 'waiting' || b.status === 'building');
-        },
-        { timeoutMs: 300_000, intervalMs: 500, what: 'the code-interpreter-v1 build on the upgraded envd to end' },
-      );
+      await waitFor(async () => !(await templateState(srv, 'code-interpreter-v1')).busy, {
+        timeoutMs: 300_000, intervalMs: 500, what: 'the code-interpreter-v1 build on the upgraded envd to end',
+      });
     } finally {
       srv.extraArgs.length = 0;
       srv.extraArgs.push(...saved);
