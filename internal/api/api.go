@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -139,33 +140,80 @@ func New(opts Options) (*Server, error) {
 	}
 
 	s.mux = http.NewServeMux()
-	if err := register(s.mux, "GET /health", http.HandlerFunc(s.health)); err != nil {
+	// served remembers every method-qualified pattern, for the catch-all's 405.
+	served := map[string]http.Handler{}
+	add := func(pattern string, h http.Handler) error {
+		served[pattern] = h
+		return register(s.mux, pattern, h)
+	}
+	if err := add("GET /health", http.HandlerFunc(s.health)); err != nil {
 		return nil, err
 	}
 	if s.builds != nil {
-		if err := register(s.mux, uploadRoute, s.handle(s.upload)); err != nil {
+		if err := add(uploadRoute, s.handle(s.upload)); err != nil {
 			return nil, err
 		}
 	}
 	if opts.Volumes != nil {
 		for p, h := range s.volumeContentRoutes(opts.Volumes) {
-			if err := register(s.mux, p, h); err != nil {
+			if err := add(p, h); err != nil {
 				return nil, err
 			}
 		}
 	}
 	for p, h := range routes {
-		if err := register(s.mux, p, s.authenticate(h)); err != nil {
+		if err := add(p, s.authenticate(h)); err != nil {
 			return nil, err
 		}
 	}
 	// Unknown routes still answer E2B's JSON error shape (after auth, like every other route).
-	if err := register(s.mux, "/", s.authenticate(s.handle(func(_ http.ResponseWriter, r *http.Request) error {
-		return &httpError{status: http.StatusNotFound, msg: fmt.Sprintf("no route for %s %s", r.Method, errdefs.Clip(r.URL.Path))}
+	// The catch-all matches every method, so ServeMux never answers 405 by itself: a path some
+	// route serves under another method gets 405 with Allow here.
+	known, err := pathsOf(served)
+	if err != nil {
+		return nil, err
+	}
+	if err := register(s.mux, "/", s.authenticate(s.handle(func(w http.ResponseWriter, r *http.Request) error {
+		if _, pattern := known.Handler(r); pattern != "" {
+			w.Header().Set("Allow", strings.Join(methodsOf(served, pattern), ", "))
+			return &httpError{status: http.StatusMethodNotAllowed,
+				msg: fmt.Sprintf("method %s is not allowed for %s", errdefs.Clip(r.Method), errdefs.Clip(r.URL.Path))}
+		}
+		return &httpError{status: http.StatusNotFound, msg: fmt.Sprintf("no route for %s %s", errdefs.Clip(r.Method), errdefs.Clip(r.URL.Path))}
 	}))); err != nil {
 		return nil, err
 	}
 	return s, nil
+}
+
+// pathsOf is a mux of the paths of method-qualified route patterns, whatever their method: it
+// tells whether a request's path is served under some other method.
+func pathsOf(routes map[string]http.Handler) (*http.ServeMux, error) {
+	mux := http.NewServeMux()
+	seen := map[string]bool{}
+	for p := range routes {
+		_, path, ok := strings.Cut(p, " ")
+		if !ok || seen[path] {
+			continue
+		}
+		seen[path] = true
+		if err := register(mux, path, http.NotFoundHandler()); err != nil {
+			return nil, err
+		}
+	}
+	return mux, nil
+}
+
+// methodsOf lists, sorted, the methods routes serve path (a pattern without method) under.
+func methodsOf(routes map[string]http.Handler, path string) []string {
+	var out []string
+	for p := range routes {
+		if m, rest, ok := strings.Cut(p, " "); ok && rest == path {
+			out = append(out, m)
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // register adds a route, turning ServeMux's panic on conflicting patterns into an error.

@@ -64,6 +64,28 @@ func TestAuth(t *testing.T) {
 	wantError(t, e.do("GET", "/nope", ""), 404, "no route for GET /nope")
 }
 
+// A path the API serves, asked with a method it does not serve there, is 405 with Allow (the
+// catch-all route would otherwise answer 404 for it).
+func TestWrongMethodIs405(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	for _, tc := range []struct{ method, path, allow string }{
+		{"PATCH", "/sandboxes", "GET, POST"},
+		{"PUT", "/v2/sandboxes", "GET, POST"},
+		{"POST", "/sandboxes/abc", "DELETE, GET"},
+		{"DELETE", "/sandboxes/abc/pause", "POST"},
+		{"POST", "/health", "GET"},
+	} {
+		w := e.do(tc.method, tc.path, "{}")
+		wantError(t, w, 405, "method "+tc.method+" is not allowed for "+tc.path)
+		if got := w.Header().Get("Allow"); got != tc.allow {
+			t.Errorf("%s %s: Allow %q, want %q", tc.method, tc.path, got, tc.allow)
+		}
+	}
+	wantError(t, e.do("PATCH", "/nope", ""), 404, "no route for PATCH /nope")
+	// Still after authentication: an anonymous caller learns nothing of the routes.
+	wantError(t, e.doWith("PATCH", "/sandboxes", "{}", nil), 401, "missing API key")
+}
+
 func TestNotSupportedAndExtraRoutes(t *testing.T) {
 	called := false
 	e := newEnv(t, envOpts{api: func(o *Options) {
