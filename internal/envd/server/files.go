@@ -74,7 +74,46 @@ func (s *Server) download(w http.ResponseWriter, r *http.Request) {
 	}
 	name := filepath.Base(path)
 	w.Header().Set("Content-Disposition", mime.FormatMediaType("inline", map[string]string{"filename": name}))
+	if fi.Size() == 0 {
+		// procfs and sysfs files report size 0 whatever they hold, and some cannot seek
+		// (/proc/<pid>/mem), which ServeContent needs: stream what reading gives instead.
+		streamPseudoFile(w, r, path, f, func(err error) { s.writeError(w, r, err) })
+		return
+	}
 	http.ServeContent(w, r, name, fi.ModTime(), f)
+}
+
+// streamPseudoFile answers with whatever reading f gives, without a length. The first read
+// happens before the status is sent, so a file that cannot be read at all gets an error answer:
+// the reasons a guest can give (I/O, bad address or argument of a special file) are the client's
+// 400, not a server fault.
+func streamPseudoFile(w http.ResponseWriter, r *http.Request, path string, f *os.File, fail func(error)) {
+	buf := make([]byte, 32<<10)
+	n, err := f.Read(buf)
+	if err != nil && !errors.Is(err, io.EOF) {
+		if errors.Is(err, syscall.EIO) || errors.Is(err, syscall.EINVAL) || errors.Is(err, syscall.EFAULT) ||
+			errors.Is(err, syscall.ESPIPE) || errors.Is(err, syscall.EAGAIN) {
+			fail(errdefs.InvalidArgument("path '%s' cannot be read: %v", path, errors.Unwrap(err)))
+		} else {
+			fail(fileError(path, err))
+		}
+		return
+	}
+	ctype := mime.TypeByExtension(filepath.Ext(path))
+	if ctype == "" {
+		ctype = http.DetectContentType(buf[:n])
+	}
+	w.Header().Set("Content-Type", ctype)
+	w.WriteHeader(http.StatusOK)
+	if r.Method == http.MethodHead {
+		return
+	}
+	if _, werr := w.Write(buf[:n]); werr != nil || err != nil {
+		return
+	}
+	// A later read error cuts the stream short: the client sees a truncated body, not a length
+	// that lies.
+	_, _ = io.Copy(w, f)
 }
 
 // upload serves POST /files: multipart/form-data (one "file" part per file, the filename carrying

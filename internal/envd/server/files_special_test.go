@@ -158,3 +158,40 @@ func TestEnvdErrorShapes(t *testing.T) {
 		})
 	}
 }
+
+// procfs files report size 0 and some cannot seek: /files streams what they hold, and one that
+// cannot be read at all (/proc/<pid>/mem at offset 0) is the client's 400, never a 500.
+func TestFilesPseudoFiles(t *testing.T) {
+	e := startEnv(t)
+	empty := filepath.Join(t.TempDir(), "empty")
+	if err := os.WriteFile(empty, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	get := func(path string) (int, string) {
+		t.Helper()
+		resp, err := http.Get(e.url + "/files?path=" + url.QueryEscape(path))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var b bytes.Buffer
+		if _, err := b.ReadFrom(resp.Body); err != nil {
+			t.Fatalf("%s: read body: %v", path, err)
+		}
+		return resp.StatusCode, b.String()
+	}
+	if code, body := get("/proc/self/status"); code != 200 || !strings.Contains(body, "\nPid:") {
+		t.Fatalf("/proc/self/status: %d %q, want 200 with its content", code, body)
+	}
+	if code, body := get(empty); code != 200 || body != "" {
+		t.Fatalf("empty file: %d %q", code, body)
+	}
+	code, body := get("/proc/self/mem")
+	var eb struct {
+		Code    int    `json:"code"`
+		Message string `json:"message"`
+	}
+	if err := json.Unmarshal([]byte(body), &eb); err != nil || code != 400 || eb.Code != 400 || !strings.Contains(eb.Message, "cannot be read") {
+		t.Fatalf("/proc/self/mem: %d %q, want 400 'cannot be read'", code, body)
+	}
+}
