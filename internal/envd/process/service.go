@@ -18,6 +18,7 @@ import (
 	"os"
 	"os/exec"
 	"slices"
+	"strings"
 	"strconv"
 	"sync"
 	"syscall"
@@ -143,6 +144,9 @@ func (s *Service) launch(ctx context.Context, req *connect.Request[pb.StartReque
 	}
 	for _, k := range slices.Sorted(maps.Keys(cfg.GetEnvs())) {
 		env = append(env, k+"="+cfg.GetEnvs()[k])
+	}
+	if err := checkExecSize(cfg.GetCmd(), cfg.GetArgs(), env, cfg.GetEnvs()); err != nil {
+		return nil, err
 	}
 	if tag := req.Msg.Tag; tag != nil {
 		if _, err := s.lookup(&pb.ProcessSelector{Selector: &pb.ProcessSelector_Tag{Tag: *tag}}, false); err == nil {
@@ -420,4 +424,38 @@ func (s *Service) Update(ctx context.Context, req *connect.Request[pb.UpdateRequ
 		}
 	}
 	return connect.NewResponse(&pb.UpdateResponse{}), nil
+}
+
+// What execve takes (Linux, and gVisor alike): one argument or NAME=value string of at most
+// MAX_ARG_STRLEN bytes with its NUL, and arguments and environment together within ARG_MAX,
+// which is a quarter of the default 8 MiB stack.
+const (
+	maxArgStrLen = 128 << 10
+	maxArgTotal  = 2 << 20
+)
+
+// checkExecSize refuses, as the client's error naming what is too long, a command that execve
+// would refuse with a bare "file name too long" or "argument list too long".
+func checkExecSize(cmd string, args, env []string, requested map[string]string) error {
+	total := 0
+	for _, kv := range env {
+		if len(kv)+1 > maxArgStrLen {
+			name, _, _ := strings.Cut(kv, "=")
+			if _, ok := requested[name]; ok {
+				return errdefs.InvalidArgument("envs: %q is %d bytes as NAME=value, over the limit of %d", name, len(kv), maxArgStrLen-1)
+			}
+			return errdefs.InvalidArgument("environment variable %q is %d bytes as NAME=value, over the limit of %d", name, len(kv), maxArgStrLen-1)
+		}
+		total += len(kv) + 1
+	}
+	for i, a := range append([]string{cmd}, args...) {
+		if len(a)+1 > maxArgStrLen {
+			return errdefs.InvalidArgument("argument %d is %d bytes, over the limit of %d", i, len(a), maxArgStrLen-1)
+		}
+		total += len(a) + 1
+	}
+	if total > maxArgTotal {
+		return errdefs.InvalidArgument("arguments and environment are %d bytes in all, over the limit of %d", total, maxArgTotal)
+	}
+	return nil
 }

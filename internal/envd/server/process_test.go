@@ -113,6 +113,49 @@ func TestEnvPrecedence(t *testing.T) {
 	}
 }
 
+// A request env or argument longer than execve takes is the client's invalid_argument naming it,
+// not "fork/exec: file name too long"; one byte less runs.
+func TestOversizedEnvAndArgs(t *testing.T) {
+	e := startEnv(t)
+	const limit = 128<<10 - 1 // MAX_ARG_STRLEN without its NUL
+	at := strings.Repeat("v", limit-len("BIG="))
+	r := runCmd(t, e.procJSON, connect.NewRequest(&pb.StartRequest{Process: &pb.ProcessConfig{
+		Cmd: "/bin/sh", Args: []string{"-c", `echo ${#BIG}`}, Envs: map[string]string{"BIG": at}}}))
+	if got := strings.TrimSpace(r.stdout); got != strconv.Itoa(len(at)) {
+		t.Fatalf("env at the limit: got %q", got)
+	}
+	for _, tc := range []struct {
+		name string
+		cfg  *pb.ProcessConfig
+		msg  string
+	}{
+		{"env one over", &pb.ProcessConfig{Cmd: "/bin/true", Envs: map[string]string{"BIG": at + "v"}}, `envs: "BIG" is 131072 bytes`},
+		{"env of 200 KiB", &pb.ProcessConfig{Cmd: "/bin/true", Envs: map[string]string{"BIG": strings.Repeat("v", 200<<10)}}, `envs: "BIG"`},
+		{"argument one over", &pb.ProcessConfig{Cmd: "/bin/echo", Args: []string{strings.Repeat("a", limit+1)}}, "argument 1 is 131072 bytes"},
+		{"all together over 2 MiB", &pb.ProcessConfig{Cmd: "/bin/true", Envs: manyEnvs(20, 120<<10)}, "bytes in all, over the limit"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			stream, err := e.procJSON.Start(ctx, connect.NewRequest(&pb.StartRequest{Process: tc.cfg}))
+			if err == nil {
+				err = collect(t, stream).err
+			}
+			if connect.CodeOf(err) != connect.CodeInvalidArgument || !strings.Contains(err.Error(), tc.msg) {
+				t.Fatalf("err = %v, want invalid_argument containing %q", err, tc.msg)
+			}
+		})
+	}
+}
+
+func manyEnvs(n, size int) map[string]string {
+	m := map[string]string{}
+	for i := range n {
+		m["E"+strconv.Itoa(i)] = strings.Repeat("x", size)
+	}
+	return m
+}
+
 func TestCwd(t *testing.T) {
 	e := startEnv(t)
 	dir := t.TempDir()
