@@ -19,6 +19,7 @@ import (
 
 	"github.com/vibemon/vmon/internal/driver"
 	"github.com/vibemon/vmon/internal/errdefs"
+	"github.com/vibemon/vmon/internal/httpguard"
 	"github.com/vibemon/vmon/internal/store"
 )
 
@@ -48,6 +49,8 @@ type Options struct {
 	MaxUploadBytes int64
 	// Volumes serves the volume content API; nil answers the volume routes with 501.
 	Volumes VolumeFiles
+	// BodyGrace overrides httpguard.BodyGrace (tests).
+	BodyGrace time.Duration
 }
 
 // Server is the API handler.
@@ -59,6 +62,8 @@ type Server struct {
 	maxBody int64
 	mux     *http.ServeMux
 	builds  TemplateBuilds
+	// bodyGrace is how long a body may take before it must keep up httpguard.BodyMinRate.
+	bodyGrace time.Duration
 	// maxUpload caps COPY archive uploads.
 	maxUpload int64
 }
@@ -71,6 +76,10 @@ func New(opts Options) (*Server, error) {
 	s := &Server{driver: opts.Driver, store: opts.Store, log: opts.Logger, maxBody: opts.MaxBodyBytes}
 	if s.maxBody <= 0 {
 		s.maxBody = DefaultMaxBodyBytes
+	}
+	s.bodyGrace = opts.BodyGrace
+	if s.bodyGrace <= 0 {
+		s.bodyGrace = httpguard.BodyGrace
 	}
 	s.builds, s.maxUpload = opts.Builds, opts.MaxUploadBytes
 	if s.maxUpload <= 0 {
@@ -231,6 +240,7 @@ func register(mux *http.ServeMux, pattern string, h http.Handler) (err error) {
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	if r.Body != nil {
+		httpguard.PaceBody(w, r, s.bodyGrace, httpguard.BodyMinRate)
 		limit := s.maxBody
 		if isUpload(r) {
 			limit = s.maxUpload

@@ -26,7 +26,7 @@ func TestDependencies(t *testing.T) {
 		{"driver", false, []string{"store", "errdefs", "node", "egress", "secrets"}},
 		{"templates", false, []string{"store", "errdefs", "build", "template", "agentproto"}},
 		// volumes for its entry types only: the files come in through the VolumeFiles interface.
-		{"api", false, []string{"driver", "store", "errdefs", "templates", "volumes"}},
+		{"api", false, []string{"driver", "store", "errdefs", "templates", "volumes", "httpguard"}},
 	} {
 		args := []string{"list", "-f", `{{join .Imports "\n"}}`, mod + tc.pkg}
 		if tc.deep {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/vibemon/vmon/internal/driver"
 	"github.com/vibemon/vmon/internal/errdefs"
+	"github.com/vibemon/vmon/internal/httpguard"
 )
 
 // errorBody is E2B's error shape. The SDK branches on the JSON `code`, so every error response,
@@ -36,12 +37,15 @@ func (e *httpError) Error() string { return e.msg }
 // errdefs' client-safe text, never from wrapped causes.
 func errorResponse(err error) (int, errorBody) {
 	var (
-		he  *httpError
-		mbe *http.MaxBytesError
+		he   *httpError
+		mbe  *http.MaxBytesError
+		slow *httpguard.SlowBodyError
 	)
 	switch {
 	case errors.As(err, &he):
 		return he.status, errorBody{Code: he.status, Message: he.msg}
+	case errors.As(err, &slow):
+		return http.StatusRequestTimeout, errorBody{Code: http.StatusRequestTimeout, Message: slow.Error()}
 	case errors.As(err, &mbe):
 		return http.StatusRequestEntityTooLarge, errorBody{Code: http.StatusRequestEntityTooLarge,
 			Message: fmt.Sprintf("request body exceeds the limit of %d bytes", mbe.Limit)}
@@ -83,9 +87,12 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 func decodeBody(r *http.Request, dst any, required bool) error {
 	raw, err := io.ReadAll(r.Body)
 	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			return mbe
+		var (
+			mbe  *http.MaxBytesError
+			slow *httpguard.SlowBodyError
+		)
+		if errors.As(err, &mbe) || errors.As(err, &slow) {
+			return err
 		}
 		return errdefs.Wrap(errdefs.KindInvalidArgument, err, "failed to read request body")
 	}
