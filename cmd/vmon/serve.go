@@ -38,6 +38,7 @@ import (
 	"github.com/vibemon/vmon/internal/httpguard"
 	"github.com/vibemon/vmon/internal/ingress"
 	"github.com/vibemon/vmon/internal/limits"
+	"github.com/vibemon/vmon/internal/mountns"
 	"github.com/vibemon/vmon/internal/netpool"
 	"github.com/vibemon/vmon/internal/node"
 	"github.com/vibemon/vmon/internal/oci"
@@ -60,6 +61,12 @@ func serveCmd() *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := c.Validate(); err != nil {
+				return err
+			}
+			// Before anything is mounted: sandbox mounts must not be copied into mount
+			// namespaces other processes make (a pause would seal a disk still mounted there).
+			// A process not in the data dir's namespace yet is re-executed in it.
+			if err := mountns.Enter(c.DataDir); err != nil {
 				return err
 			}
 			return serve(cmd.Context(), &c, cmd.OutOrStdout())

@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/vibemon/vmon/internal/config"
+	"github.com/vibemon/vmon/internal/mountns"
 	"github.com/vibemon/vmon/internal/template"
 )
 
@@ -53,6 +54,13 @@ func templateCmd() *cobra.Command {
       --start-cmd/--ready-cmd set the command every sandbox starts with, ready when it exits 0.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if args[0] == template.BaseID || args[0] == codeInterpreterID {
+				// A local build removes an old rootfs only when no sandbox's overlay uses it,
+				// and those overlays are in vmon serve's mount namespace.
+				if err := mountns.Enter(dataDir); err != nil {
+					return err
+				}
+			}
 			if args[0] == template.BaseID {
 				return buildBase(cmd, dataDir, force)
 			}
