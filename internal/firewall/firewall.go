@@ -123,9 +123,10 @@ type Config struct {
 	// and such policies are then enforced by their CIDR rules alone (the node must not
 	// advertise egress-domains).
 	ProxyPort uint16
-	// DNSPort is the node's filtering resolver (--egress-dns filter): links whose policy does
-	// not already reach any address redirect guest DNS (UDP and TCP 53, to any address) there.
-	// 0: guests resolve as their policy lets them.
+	// DNSPort is the node's filtering resolver (--egress-dns filter, the default): links whose
+	// policy has allowOut domains (and no allowOut CIDR reaching every address) redirect guest
+	// DNS (UDP and TCP 53, to any address but their own allowOut CIDRs) there. 0: guests resolve
+	// as their policy lets them.
 	DNSPort uint16
 	// LogGroup, when not 0, is the NFLOG group every refusal of the CIDR rules is copied to
 	// before it is refused (the guard's refusal tail and the always-denied chain), so the node

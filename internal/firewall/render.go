@@ -328,8 +328,10 @@ type slot struct {
 //
 //  1. a source other than the guest, or a destination in the pool → RETURN (the guard drops a
 //     spoofed source, which the proxy would take for another sandbox; leases stay isolated);
-//  2. with the filtering resolver, DNS (UDP and TCP 53, to any address) → REDIRECT to it, unless
-//     the policy already reaches any address (refusing names would buy nothing);
+//  2. with the filtering resolver and a policy it serves (filtersDNS: allowOut domains under
+//     deny-all), DNS (UDP and TCP 53) → REDIRECT to it, to any address but the allowOut CIDRs
+//     the policy names itself (dnsExempt), which RETURN: the filter chain lets everything reach
+//     those anyway, so refusing names there would only break a resolver the user chose;
 //  3. with domains, TCP to 80/443 → REDIRECT: only the proxy can judge a name;
 //  4. domains alone: any other port → RETURN; allowOut CIDRs → RETURN (allowed unproxied by the
 //     filter chain); the rest → REDIRECT;
@@ -344,7 +346,7 @@ func proxyRules(l Link, f family, p egress.Policy, sl slot) []string {
 	if f != v4 || !f.has(l.guest(f)) {
 		return nil
 	}
-	dns := sl.dnsPort != 0 && !p.ReachesAnyAddress()
+	dns := sl.dnsPort != 0 && filtersDNS(p)
 	tcp := tcpProxyRules(l, f, p, sl)
 	if !dns && tcp == nil {
 		return nil
@@ -356,11 +358,47 @@ func proxyRules(l Link, f family, p egress.Policy, sl slot) []string {
 		out = append(out, fmt.Sprintf("-d %s -j RETURN", pool))
 	}
 	if dns {
+		for _, pfx := range dnsExempt(p, f) {
+			out = append(out, fmt.Sprintf("-d %s -p udp -m udp --dport 53 -j RETURN", pfx))
+			if p.Proxy == nil {
+				// With an egressProxy every allowed TCP flow belongs to the proxy's rules
+				// below, which a RETURN here would skip; DNS over TCP to such an address is
+				// then the resolver's.
+				out = append(out, fmt.Sprintf("-d %s -p tcp -m tcp --dport 53 -j RETURN", pfx))
+			}
+		}
 		for _, proto := range []string{"udp", "tcp"} {
 			out = append(out, fmt.Sprintf("-p %s -m %s --dport 53 -j REDIRECT --to-ports %d", proto, proto, sl.dnsPort))
 		}
 	}
 	return append(append(out, tcp...), "-j RETURN")
+}
+
+// implicitDNS is the address egress.Parse adds to allowOut with domains (seed 000: "8.8.8.8 is
+// implicitly allowed so DNS works under deny-all").
+var implicitDNS = netip.MustParsePrefix("8.8.8.8/32")
+
+// filtersDNS reports whether the node's filtering resolver answers the DNS of a sandbox under p:
+// when p has allowOut domains (which require deny-all) and no allowOut CIDR reaches every
+// address. Those are the policies that open a resolver (8.8.8.8) the guest did not name, and
+// without the resolver any name sent there would leave the node. A policy without domains opens
+// no resolver: under deny-all DNS is refused like any other flow, and a resolver the user allowed
+// by CIDR is the user's choice, which the resolver would only break.
+func filtersDNS(p egress.Policy) bool {
+	return len(p.AllowDomains) > 0 && !p.ReachesAnyAddress()
+}
+
+// dnsExempt are the destinations whose DNS is left to the filter chain for a policy the resolver
+// serves: the allowOut CIDRs of family f, except 8.8.8.8/32, which domains add implicitly (a user
+// who also names it in allowOut cannot be told apart, so it is filtered too).
+func dnsExempt(p egress.Policy, f family) []netip.Prefix {
+	var out []netip.Prefix
+	for _, pfx := range forFamily(p.AllowOut, f) {
+		if pfx != implicitDNS {
+			out = append(out, pfx)
+		}
+	}
+	return out
 }
 
 // tcpProxyRules are steps 3–5 of proxyRules: nil when the proxy has nothing to do for p.

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -97,8 +98,17 @@ var renderStates = []struct {
 		AllowDomains: []string{"api.example"},
 		Rules:        []egress.HeaderRule{{Domain: "api.example", Headers: map[string]string{"Authorization": "x"}}},
 	}},
+	// Deny-all without domains on a node running the resolver: no slot at all (filtersDNS).
 	{name: "deny-all-dns-filter", link: link7, env: defaultEnv, proxyPort: testProxyPort, policy: &egress.Policy{
 		DenyOut: pfx("0.0.0.0/0", "::/0"),
+	}},
+	// Domains with an egressProxy: UDP DNS to the allowOut CIDR is left to the filter chain, TCP
+	// DNS is the resolver's (a RETURN would skip the SOCKS5 redirect).
+	{name: "domains-socks-dns-filter", link: link7, env: defaultEnv, proxyPort: testProxyPort, policy: &egress.Policy{
+		AllowOut:     pfx("8.8.8.8/32", "198.51.100.0/24"),
+		DenyOut:      pfx("0.0.0.0/0", "::/0"),
+		AllowDomains: []string{"pypi.org"},
+		Proxy:        &egress.Proxy{Address: "proxy.example:1080"},
 	}},
 	{name: "guest6", env: defaultEnv, policy: &egress.Policy{DenyOut: pfx("2001:db8:2::/64")},
 		link: Link{
@@ -442,5 +452,107 @@ COMMIT
 COMMIT
 `), func(int) bool { return true }); s != "" {
 		t.Fatalf("nothing to migrate, got %q", s)
+	}
+}
+
+// slotVerdict walks a rendered proxy slot block for one new flow, first match wins, for the
+// matches a block uses: "resolver" (REDIRECTed to the DNS port), "proxy" (to the proxy port) or
+// "filter" (RETURN, or the end: the filter chain judges the flow as it is).
+func slotVerdict(t *testing.T, rules []string, proto string, dst netip.Addr, port int) string {
+	t.Helper()
+	for _, r := range rules {
+		args := strings.Fields(r)
+		match, neg := true, false
+		for i := 0; i < len(args) && match; i++ {
+			switch args[i] {
+			case "!":
+				neg = true
+				continue
+			case "-d":
+				match = netip.MustParsePrefix(args[i+1]).Contains(dst)
+			case "-p":
+				match = args[i+1] == proto
+			case "--dport":
+				match = (args[i+1] == strconv.Itoa(port)) != neg
+			case "--dports":
+				match = slices.Contains(strings.Split(args[i+1], ","), strconv.Itoa(port)) != neg
+			case "-j":
+				if args[i+1] == "RETURN" {
+					return "filter"
+				}
+				switch args[len(args)-1] {
+				case strconv.Itoa(testDNSPort):
+					return "resolver"
+				case strconv.Itoa(testProxyPort):
+					return "proxy"
+				}
+				t.Fatalf("unexpected target in %q", r)
+			}
+			neg = false
+		}
+	}
+	return "filter"
+}
+
+// TestDNSRedirectScope pins which guest DNS the filtering resolver answers (filtersDNS,
+// dnsExempt): every DNS flow of a policy with allowOut domains, to any server (8.8.8.8, which
+// domains open, included), except to allowOut CIDRs the user named; nothing of a policy without
+// domains (deny-all refuses DNS like any flow; a resolver allowed by CIDR is reached directly);
+// nothing of a policy that reaches every address.
+func TestDNSRedirectScope(t *testing.T) {
+	parse := func(c egress.Config) egress.Policy {
+		t.Helper()
+		p, err := egress.Parse(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	all := []string{egress.AllTraffic}
+	google, other, named := netip.MustParseAddr("8.8.8.8"), netip.MustParseAddr("203.0.113.53"), netip.MustParseAddr("198.51.100.7")
+	rule := map[string][]egress.Rule{"a.test": {{Transform: &egress.Transform{Headers: map[string]string{"A": "b"}}}}}
+	for _, c := range []struct {
+		name string
+		cfg  egress.Config
+		// want per destination, for UDP and TCP 53 in that order.
+		want map[netip.Addr][2]string
+	}{
+		{"deny-all", egress.Config{DenyOut: all},
+			map[netip.Addr][2]string{google: {"filter", "filter"}, other: {"filter", "filter"}}},
+		{"resolver by CIDR, no domains", egress.Config{AllowOut: []string{"8.8.8.8"}, DenyOut: all},
+			map[netip.Addr][2]string{google: {"filter", "filter"}}},
+		{"header rules, no domains", egress.Config{AllowOut: []string{"198.51.100.0/24"}, DenyOut: all, Rules: rule},
+			map[netip.Addr][2]string{google: {"filter", "filter"}, named: {"filter", "filter"}}},
+		{"domains", egress.Config{AllowOut: []string{"a.test"}, DenyOut: all},
+			map[netip.Addr][2]string{google: {"resolver", "resolver"}, other: {"resolver", "resolver"}}},
+		{"domains and 8.8.8.8 named", egress.Config{AllowOut: []string{"a.test", "8.8.8.8"}, DenyOut: all},
+			map[netip.Addr][2]string{google: {"resolver", "resolver"}}},
+		{"domains and a CIDR", egress.Config{AllowOut: []string{"a.test", "198.51.100.0/24"}, DenyOut: all},
+			map[netip.Addr][2]string{google: {"resolver", "resolver"}, named: {"filter", "filter"}, other: {"resolver", "resolver"}}},
+		{"domains, header rules and a CIDR", egress.Config{AllowOut: []string{"a.test", "198.51.100.0/24"}, DenyOut: all, Rules: rule},
+			map[netip.Addr][2]string{google: {"resolver", "resolver"}, named: {"filter", "filter"}}},
+		{"domains, egressProxy and a CIDR", egress.Config{AllowOut: []string{"a.test", "198.51.100.0/24"}, DenyOut: all,
+			EgressProxy: &egress.ProxyConfig{Address: "198.51.100.7:1080"}},
+			map[netip.Addr][2]string{google: {"resolver", "resolver"}, named: {"filter", "resolver"}}},
+		{"domains and every address", egress.Config{AllowOut: []string{"a.test", "0.0.0.0/0"}, DenyOut: all},
+			map[netip.Addr][2]string{google: {"filter", "filter"}, other: {"filter", "filter"}}},
+		{"deny some", egress.Config{DenyOut: []string{"203.0.113.0/24"}},
+			map[netip.Addr][2]string{google: {"filter", "filter"}, other: {"filter", "filter"}}},
+	} {
+		p := parse(c.cfg)
+		rules := proxyRules(link7, v4, p, slot{env: defaultEnv, proxyPort: testProxyPort, dnsPort: testDNSPort})
+		for dst, want := range c.want {
+			for i, proto := range []string{"udp", "tcp"} {
+				if got := slotVerdict(t, rules, proto, dst, 53); got != want[i] {
+					t.Errorf("%s: %s %s:53 goes to the %s, want the %s\n%s", c.name, proto, dst, got, want[i], strings.Join(rules, "\n"))
+				}
+			}
+		}
+		// Without the resolver (--egress-dns off) nothing is redirected to it.
+		for _, r := range proxyRules(link7, v4, p, slot{env: defaultEnv, proxyPort: testProxyPort}) {
+			if strings.Contains(r, "--dport 53") {
+				t.Errorf("%s: DNS rule without the resolver: %q", c.name, r)
+			}
+		}
 	}
 }
