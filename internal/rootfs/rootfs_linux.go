@@ -122,7 +122,10 @@ func Prepare(ctx context.Context, lowers []string, sandboxDir string, opts Optio
 	if err := os.Chmod(upper, os.FileMode(lowerStat.Mode&0o7777)); err != nil {
 		return "", fmt.Errorf("chmod upper dir: %w", err)
 	}
-	if err := unix.Mount("overlay", root, "overlay", 0, overlayOptions(lowers, layerDir)); err != nil {
+	// nosuid, nodev: the merged root is the host side of what the guest writes; a setuid file or
+	// device node the guest leaves there must mean nothing to the host. Inside the sandbox the
+	// sentry decides setuid on its own (sudo keeps working).
+	if err := unix.Mount("overlay", root, "overlay", unix.MS_NOSUID|unix.MS_NODEV, overlayOptions(lowers, layerDir)); err != nil {
 		return "", fmt.Errorf("mount overlay at %s: %w", root, err)
 	}
 	ok = true
@@ -152,9 +155,9 @@ func Release(ctx context.Context, sandboxDir string) error {
 // moves its writable layer (the disk image, or the upper directory of a sandbox without one) into
 // dst, an existing directory on the same filesystem, for Prepare's Options.Layer to bring back.
 // The runtime must be stopped first. What is left in the sandbox directory is removed by Release.
-// ErrDiskBusy (wrapped) says the layer was moved but its filesystem is still mounted elsewhere,
-// so the image may yet change.
-func Stash(ctx context.Context, sandboxDir, dst string) (busy error) {
+// ErrDiskBusy (wrapped) says the filesystem is still mounted elsewhere after the wait: the image
+// may yet change, so it was not moved; Stash may be called again.
+func Stash(ctx context.Context, sandboxDir, dst string) error {
 	sandboxDir = filepath.Clean(sandboxDir)
 	root := RootDir(sandboxDir)
 	if err := unmount(root); err != nil {
@@ -168,15 +171,14 @@ func Stash(ctx context.Context, sandboxDir, dst string) (busy error) {
 		}
 		// Moved while its filesystem lives on elsewhere, the image would change under the
 		// snapshot's checksum.
-		busy = waitLoopReleased(ctx, diskImage(sandboxDir))
-		if busy != nil && !errors.Is(busy, ErrDiskBusy) {
-			return busy
+		if err := waitLoopReleased(ctx, diskImage(sandboxDir)); err != nil {
+			return err
 		}
 	}
 	if err := os.Rename(filepath.Join(sandboxDir, name), filepath.Join(dst, name)); err != nil {
 		return fmt.Errorf("move writable layer: %w", err)
 	}
-	return busy
+	return nil
 }
 
 // CopyWritable copies the writable layer of a sandbox whose runtime is stopped (its root may stay

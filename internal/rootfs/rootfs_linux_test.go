@@ -214,3 +214,36 @@ func TestCommitStacksLayers(t *testing.T) {
 		t.Fatalf("the bottom layer was modified: %v", err)
 	}
 }
+
+// The host side of everything a guest writes is nosuid,nodev: the merged root, with and without
+// a disk of its own, and the disk's filesystem. A setuid file or device node a guest leaves there
+// must mean nothing to the host.
+func TestGuestWritableMountsAreNosuidNodev(t *testing.T) {
+	requireRoot(t)
+	for _, diskBytes := range []int64{0, MinDiskBytes} {
+		base := t.TempDir()
+		lower := filepath.Join(base, "template")
+		sandbox := filepath.Join(base, "sandbox")
+		if err := os.MkdirAll(lower, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		root, err := Prepare(context.Background(), []string{lower}, sandbox, Options{DiskBytes: diskBytes})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = Release(context.Background(), sandbox) })
+		mounts := []string{root}
+		if diskBytes > 0 {
+			mounts = append(mounts, diskDir(sandbox))
+		}
+		for _, m := range mounts {
+			var st unix.Statfs_t
+			if err := unix.Statfs(m, &st); err != nil {
+				t.Fatal(err)
+			}
+			if st.Flags&unix.ST_NOSUID == 0 || st.Flags&unix.ST_NODEV == 0 {
+				t.Errorf("disk %d: %s has mount flags %#x, want nosuid and nodev", diskBytes, m, st.Flags)
+			}
+		}
+	}
+}
