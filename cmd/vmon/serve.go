@@ -137,12 +137,15 @@ func serve(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 		return err
 	}
 	defer closeNetwork()
-	vols, err := volumes.New(c.DataDir)
+	vols, err := volumes.New(c.DataDir, volumes.Options{DefaultSizeMB: c.VolumeSizeMB, MaxSizeMB: c.MaxVolumeSizeMB,
+		ImageDir: filepath.Join(c.DataDir, "disk-images"), Log: log.With("component", "volumes")})
 	if err != nil {
 		return err
 	}
 	nopts := node.Options{
-		VolumePath:       vols.Path,
+		// Mount, not Path: a sandbox must bind the volume's filesystem, never the directory
+		// under it (after a reboot the filesystem is not mounted yet).
+		VolumePath:       vols.Mount,
 		ReadyTimeout:     c.ReadyTimeout,
 		DataDir:          c.DataDir,
 		Runtime:          rt,
@@ -246,6 +249,9 @@ func serve(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 				_ = vols.Delete(id)
 			}
 		}
+	}
+	if err := vols.MountAll(); err != nil {
+		log.Warn("mounting volumes", "err", err)
 	}
 	snaps, err := n.Snapshots()
 	if err != nil {

@@ -27,10 +27,13 @@ type volumeJSON struct {
 	Name     string  `json:"name"`
 	Token    string  `json:"token,omitempty"`
 	Domain   *string `json:"domain,omitempty"`
+	// SizeMB is vmon's own: the volume's size limit (absent for a volume without one, made by
+	// an older vmon). E2B's Volume has no size; its SDKs ignore the extra field.
+	SizeMB int `json:"sizeMB,omitempty"`
 }
 
 func (s *Server) volumeJSON(v driver.Volume, withToken bool) volumeJSON {
-	out := volumeJSON{VolumeID: v.ID, Name: v.Name, Domain: s.domain}
+	out := volumeJSON{VolumeID: v.ID, Name: v.Name, Domain: s.domain, SizeMB: v.SizeMB}
 	if withToken {
 		out.Token = v.Token
 	}
@@ -42,11 +45,21 @@ func (s *Server) volumeRoutes() map[string]http.Handler {
 		"POST /volumes": s.handle(func(w http.ResponseWriter, r *http.Request) error {
 			var body struct {
 				Name string `json:"name"`
+				// SizeMB is vmon's addition to E2B's NewVolume (which has only a name): the
+				// volume's size in MiB; omitted, the node's --volume-size-mb.
+				SizeMB *int `json:"sizeMB"`
 			}
 			if err := decodeBody(r, &body, true); err != nil {
 				return err
 			}
-			v, err := s.driver.CreateVolume(r.Context(), body.Name)
+			size := 0
+			if body.SizeMB != nil {
+				if *body.SizeMB <= 0 {
+					return errdefs.InvalidArgument("sizeMB must be a positive number of MiB, got %d", *body.SizeMB)
+				}
+				size = *body.SizeMB
+			}
+			v, err := s.driver.CreateVolume(r.Context(), body.Name, size)
 			if err != nil {
 				return err
 			}

@@ -50,6 +50,9 @@ type Serve struct {
 	StartSnapshots bool
 	// SandboxDiskMB is the writable disk of sandboxes whose template sets none (0: uncapped).
 	SandboxDiskMB int
+	// VolumeSizeMB is the size of a volume created without one; MaxVolumeSizeMB bounds a
+	// requested one.
+	VolumeSizeMB, MaxVolumeSizeMB int
 	// MaxSnapshotDiskMB bounds the disk paused sandboxes and snapshots take together (0: no bound).
 	MaxSnapshotDiskMB int
 	// SandboxMaxTasks and SandboxMaxFiles replace the task and open-file limits derived from
@@ -101,7 +104,7 @@ func BindServe(fs *pflag.FlagSet, c *Serve) {
 	fs.IntVar(&c.NetReadyLinks, "net-ready-links", -1, "sandbox links kept pre-created (-1: one per --boot-concurrency slot, at most 32; 0: none, creates build their link)")
 	fs.StringVar(&c.NetPool, "net-pool", "172.20.0.0/16", "IPv4 prefix (/8-/30) the per-sandbox /30 leases are carved from")
 	fs.StringVar(&c.EgressInternal, "egress-internal-allow", "", "comma-separated CIDRs exempted from the always-denied ranges on this node")
-	fs.StringVar(&c.EgressDNS, "egress-dns", "off", "guest DNS: off (guests resolve as their policy lets them, 8.8.8.8 is allowed with domains) or filter (the node answers guest DNS and resolves only names the sandbox's allowOut domains cover, unless its policy reaches any address anyway)")
+	fs.StringVar(&c.EgressDNS, "egress-dns", "filter", "DNS of sandboxes whose policy has allowOut domains: filter (the node answers their DNS to any server but the allowOut CIDRs they name, resolves only names their domains cover, and asks upstream in a canonical form: lower-case name, no guest flags or EDNS options) or off (their DNS goes wherever the guest sends it: 8.8.8.8, which domains allow implicitly, resolves any name, a channel out of deny-all)")
 	fs.IntVar(&c.EgressProxyPort, "egress-proxy-port", 15380, "port of the node's transparent egress proxy, which enforces allowOut domains (bound on every address; only redirected guest flows are let in; 0 disables it and the egress-domains feature)")
 	fs.StringVar(&c.VMMUser, "vmm-user", "", "uid that owns sandbox links when VMMs drop privileges")
 	fs.StringVar(&c.TLS, "tls", "", `"self-signed" to serve HTTPS with a CA and wildcard certificate made in the data dir`)
@@ -116,12 +119,20 @@ func BindServe(fs *pflag.FlagSet, c *Serve) {
 	fs.DurationVar(&c.ReadyTimeout, "template-ready-timeout", 60*time.Second, "how long a template's ready command may take to succeed, at build and at sandbox create")
 	fs.IntVar(&c.MaxSnapshotDiskMB, "max-snapshot-disk", 0, "disk paused sandboxes and snapshots may take together, in MiB; past it pause answers 507 and the sandbox keeps running (0: bounded only by the host's disk)")
 	fs.IntVar(&c.SandboxDiskMB, "sandbox-disk-mb", DefaultSandboxDiskMB, "disk each sandbox may write, in MiB, enforced by a filesystem of that size per sandbox (0: uncapped, writes go to the host's disk)")
+	fs.IntVar(&c.VolumeSizeMB, "volume-size-mb", DefaultVolumeSizeMB, "size of a volume created without sizeMB, in MiB, enforced by a filesystem of that size per volume (sparse: the host's disk grows only by what is written)")
+	fs.IntVar(&c.MaxVolumeSizeMB, "max-volume-size-mb", DefaultMaxVolumeSizeMB, "largest sizeMB a volume create may ask for, in MiB")
 	fs.IntVar(&c.SandboxMaxTasks, "sandbox-max-tasks", 0, "processes and threads per sandbox (0: one per MiB of the sandbox's memory, at least 128)")
 	fs.IntVar(&c.SandboxMaxFiles, "sandbox-max-files", 0, "open files per sandbox process, RLIMIT_NOFILE (0: 64 per MiB of the sandbox's memory, 1024 to 1048576)")
 }
 
 // DefaultSandboxDiskMB is E2B's free disk per sandbox on its Hobby tier.
 const DefaultSandboxDiskMB = 10240
+
+// DefaultVolumeSizeMB and DefaultMaxVolumeSizeMB bound volumes (internal/volumes).
+const (
+	DefaultVolumeSizeMB    = 10240
+	DefaultMaxVolumeSizeMB = 102400
+)
 
 // BindDataDir registers --data-dir.
 func BindDataDir(fs *pflag.FlagSet, dir *string) {
@@ -203,6 +214,12 @@ func (c *Serve) Validate() error {
 	}
 	if c.SandboxDiskMB != 0 && (c.SandboxDiskMB < 64 || c.SandboxDiskMB > 16<<20) {
 		return fmt.Errorf("--sandbox-disk-mb must be between 64 and %d, or 0 for no limit", 16<<20)
+	}
+	if c.MaxVolumeSizeMB < 64 || c.MaxVolumeSizeMB > 16<<20 {
+		return fmt.Errorf("--max-volume-size-mb must be between 64 and %d", 16<<20)
+	}
+	if c.VolumeSizeMB < 64 || c.VolumeSizeMB > c.MaxVolumeSizeMB {
+		return fmt.Errorf("--volume-size-mb must be between 64 and --max-volume-size-mb (%d)", c.MaxVolumeSizeMB)
 	}
 	if err := (limits.Overrides{Tasks: c.SandboxMaxTasks, Files: c.SandboxMaxFiles}).Validate(); err != nil {
 		return fmt.Errorf("--sandbox-max-tasks/--sandbox-max-files: %w", err)

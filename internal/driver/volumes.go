@@ -13,14 +13,22 @@ import (
 	"github.com/vibemon/vmon/internal/store"
 )
 
-// VolumeDirs makes and removes the directories behind volumes (internal/volumes).
+// VolumeDirs makes and removes the filesystems behind volumes (internal/volumes).
 type VolumeDirs interface {
-	Create(id string) error
+	// Create makes volume id of sizeMB MiB (0: the node's default; out of range is
+	// InvalidArgument).
+	Create(ctx context.Context, id string, sizeMB int) error
 	Delete(id string) error
+	// SizeBytes is the volume's size limit, 0 for none (a volume made by an older vmon).
+	SizeBytes(id string) (int64, error)
 }
 
-// Volume is a volume record as the driver hands it out.
-type Volume = store.Volume
+// Volume is a volume record as the driver hands it out, with its size (0: no limit), which the
+// node's storage holds rather than the record.
+type Volume struct {
+	store.Volume
+	SizeMB int
+}
 
 // VolumeMountRequest is one entry of a create's volumeMounts.
 type VolumeMountRequest struct {
@@ -40,8 +48,9 @@ func (d *Driver) volumeDirs() (VolumeDirs, error) {
 	return d.opts.Volumes, nil
 }
 
-// CreateVolume makes a new, empty volume and its content token.
-func (d *Driver) CreateVolume(ctx context.Context, name string) (Volume, error) {
+// CreateVolume makes a new, empty volume of sizeMB MiB (0: the node's default) and its content
+// token.
+func (d *Driver) CreateVolume(ctx context.Context, name string, sizeMB int) (Volume, error) {
 	dirs, err := d.volumeDirs()
 	if err != nil {
 		return Volume{}, err
@@ -57,16 +66,25 @@ func (d *Driver) CreateVolume(ctx context.Context, name string) (Volume, error) 
 	if err != nil {
 		return Volume{}, err
 	}
-	if err := dirs.Create(id); err != nil {
+	if err := dirs.Create(ctx, id, sizeMB); err != nil {
 		return Volume{}, err
 	}
-	v := Volume{ID: id, Name: name, Token: token, CreatedAt: d.now()}
+	v := store.Volume{ID: id, Name: name, Token: token, CreatedAt: d.now()}
 	if err := d.store.InsertVolume(ctx, v); err != nil {
 		_ = dirs.Delete(id)
 		return Volume{}, err
 	}
-	d.log.Info("volume created", "volume", id, "name", name)
-	return v, nil
+	out := d.withSize(dirs, v)
+	d.log.Info("volume created", "volume", id, "name", name, "sizeMB", out.SizeMB)
+	return out, nil
+}
+
+func (d *Driver) withSize(dirs VolumeDirs, v store.Volume) Volume {
+	size, err := dirs.SizeBytes(v.ID)
+	if err != nil {
+		d.log.Warn("volume size", "volume", v.ID, "err", err)
+	}
+	return Volume{Volume: v, SizeMB: int(size >> 20)}
 }
 
 // GetVolume returns a volume by id.
@@ -75,11 +93,31 @@ func (d *Driver) GetVolume(ctx context.Context, id string) (Volume, error) {
 	if err == nil && v.ID != id {
 		return Volume{}, errdefs.NotFound("volume %q not found", id)
 	}
-	return v, err
+	if err != nil {
+		return Volume{}, err
+	}
+	if d.opts.Volumes == nil {
+		return Volume{Volume: v}, nil
+	}
+	return d.withSize(d.opts.Volumes, v), nil
 }
 
 // ListVolumes returns every volume.
-func (d *Driver) ListVolumes(ctx context.Context) ([]Volume, error) { return d.store.ListVolumes(ctx) }
+func (d *Driver) ListVolumes(ctx context.Context) ([]Volume, error) {
+	vs, err := d.store.ListVolumes(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Volume, 0, len(vs))
+	for _, v := range vs {
+		if d.opts.Volumes == nil {
+			out = append(out, Volume{Volume: v})
+		} else {
+			out = append(out, d.withSize(d.opts.Volumes, v))
+		}
+	}
+	return out, nil
+}
 
 // DeleteVolume deletes a volume and its content, unless a live sandbox or a snapshot mounts it.
 func (d *Driver) DeleteVolume(ctx context.Context, id string) error {

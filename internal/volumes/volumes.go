@@ -1,6 +1,15 @@
-// Package volumes owns the directories behind E2B volumes on one node: one directory per volume
-// under <data-dir>/volumes/, mounted into every sandbox that names it and kept across sandbox
-// kills, pauses and node restarts, and the file operations of E2B's volume content API on it.
+// Package volumes owns the storage behind E2B volumes on one node: one size-limited filesystem
+// per volume, mounted into every sandbox that names it and kept across sandbox kills, pauses and
+// node restarts, and the file operations of E2B's volume content API on it.
+//
+// A volume is a sparse ext4 image <data-dir>/volumes/<id>.img (made like a sandbox's disk, by
+// internal/rootfs) mounted nosuid,nodev on the host at <data-dir>/volumes/<id>/. The kernel
+// enforces its size (ENOSPC in the guest, the host's disk grows by at most that much), statfs
+// on it reports that size (the guest's df), and a setuid file or device node a guest leaves in
+// it means nothing to the host. Sandboxes bind the one host mount, so two sandboxes mounting a
+// volume share one filesystem. A volume made by an older vmon is a plain directory without an
+// image: it keeps its data and has no size limit (a warning is logged), and is bound onto itself
+// nosuid,nodev.
 //
 // Every path a client gives is resolved inside the volume's directory with os.Root, so no path,
 // symlink or ".." in the volume can reach anything outside it. The package never reads records,
@@ -8,37 +17,87 @@
 package volumes
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path"
 	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
 	"github.com/vibemon/vmon/internal/errdefs"
+	"github.com/vibemon/vmon/internal/rootfs"
 )
 
+// Size bounds of one volume, in MiB. The smallest is what ext4's metadata and journal leave
+// usable room in; the largest is ext4's comfortable range for a sparse image.
+const (
+	MinSizeMB = rootfs.MinDiskBytes >> 20
+	MaxSizeMB = 16 << 20
+	// DefaultSizeMB is a volume's size when neither the client nor the node sets one.
+	DefaultSizeMB = 10240
+)
+
+// Options shape a node's volumes.
+type Options struct {
+	// DefaultSizeMB is the size of a volume created without one (DefaultSizeMB when 0).
+	DefaultSizeMB int
+	// MaxSizeMB bounds what a client may ask for (MaxSizeMB when 0).
+	MaxSizeMB int
+	// ImageDir keeps one formatted image per size that new volumes are sparse copies of (the
+	// sandbox disks' <data-dir>/disk-images); empty: every volume is formatted on its own.
+	ImageDir string
+	// Log gets the warning about volumes without a size limit; nil: slog.Default().
+	Log *slog.Logger
+}
+
 // Dir holds the volumes of one node.
-type Dir struct{ root string }
+type Dir struct {
+	root string
+	opts Options
+
+	mu sync.Mutex
+	// mounted caches the volumes known mounted, so content calls do not read the mount table.
+	mounted map[string]bool
+}
 
 // New returns the volumes under dataDir/volumes, creating that directory.
-func New(dataDir string) (*Dir, error) {
+func New(dataDir string, opts Options) (*Dir, error) {
+	if opts.DefaultSizeMB == 0 {
+		opts.DefaultSizeMB = DefaultSizeMB
+	}
+	if opts.MaxSizeMB == 0 {
+		opts.MaxSizeMB = MaxSizeMB
+	}
+	if opts.Log == nil {
+		opts.Log = slog.Default()
+	}
+	if opts.MaxSizeMB < MinSizeMB || opts.MaxSizeMB > MaxSizeMB {
+		return nil, fmt.Errorf("the largest volume must be between %d and %d MiB, not %d", MinSizeMB, MaxSizeMB, opts.MaxSizeMB)
+	}
+	if opts.DefaultSizeMB < MinSizeMB || opts.DefaultSizeMB > opts.MaxSizeMB {
+		return nil, fmt.Errorf("the default volume size must be between %d and %d MiB, not %d", MinSizeMB, opts.MaxSizeMB, opts.DefaultSizeMB)
+	}
 	root := filepath.Join(dataDir, "volumes")
 	if err := os.MkdirAll(root, 0o711); err != nil {
 		return nil, fmt.Errorf("create volumes dir: %w", err)
 	}
-	return &Dir{root: root}, nil
+	return &Dir{root: root, opts: opts, mounted: map[string]bool{}}, nil
 }
 
 var idRe = regexp.MustCompile(`^[a-z0-9]{1,64}$`)
 
-// Path is the host directory of volume id, which sandboxes mount.
+const imageSuffix = ".img"
+
+// Path is the host directory of volume id (where its filesystem is mounted).
 func (d *Dir) Path(id string) (string, error) {
 	if !idRe.MatchString(id) {
 		return "", errdefs.InvalidArgument("invalid volume id")
@@ -46,32 +105,171 @@ func (d *Dir) Path(id string) (string, error) {
 	return filepath.Join(d.root, id), nil
 }
 
-// Create makes volume id's directory. Guests of any user may write at its top, as on a fresh disk
-// (sticky, like /tmp, so users do not remove each other's files).
-func (d *Dir) Create(id string) error {
+func (d *Dir) image(id string) string { return filepath.Join(d.root, id+imageSuffix) }
+
+// SizeMB resolves a create's size: 0 is the node's default; anything outside MinSizeMB and the
+// node's largest is InvalidArgument.
+func (d *Dir) SizeMB(requested int) (int, error) {
+	if requested == 0 {
+		return d.opts.DefaultSizeMB, nil
+	}
+	if requested < MinSizeMB || requested > d.opts.MaxSizeMB {
+		return 0, errdefs.InvalidArgument("sizeMB must be between %d and %d, got %d", MinSizeMB, d.opts.MaxSizeMB, requested)
+	}
+	return requested, nil
+}
+
+// Create makes volume id: an image of sizeMB MiB (0: the node's default), formatted and mounted.
+// Guests of any user may write at its top, as on a fresh disk (sticky, like /tmp, so users do
+// not remove each other's files). A failed Create leaves nothing behind.
+func (d *Dir) Create(ctx context.Context, id string, sizeMB int) (err error) {
 	p, err := d.Path(id)
 	if err != nil {
 		return err
 	}
+	if sizeMB, err = d.SizeMB(sizeMB); err != nil {
+		return err
+	}
+	img := d.image(id)
+	if _, err := os.Lstat(img); err == nil {
+		return errdefs.Conflict("volume %q exists", id)
+	}
+	defer func() {
+		if err != nil {
+			_ = d.Delete(id)
+		}
+	}()
+	// Outside the lock: formatting the first image of a size takes a while, and ids are fresh.
+	if err := rootfs.CreateImage(ctx, img, int64(sizeMB)<<20, d.opts.ImageDir); err != nil {
+		return fmt.Errorf("create volume image: %w", err)
+	}
 	if err := os.Mkdir(p, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+		return fmt.Errorf("create volume: %w", err)
+	}
+	if _, err := d.Mount(id); err != nil {
+		return err
+	}
+	// mkfs makes lost+found; a volume starts empty (e2fsck makes it again should it need one).
+	if err := os.Remove(filepath.Join(p, "lost+found")); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("create volume: %w", err)
 	}
 	return os.Chmod(p, 0o777|os.ModeSticky)
 }
 
-// Delete removes volume id and everything in it; a missing one is success.
-func (d *Dir) Delete(id string) error {
+// Mount makes sure volume id's filesystem is mounted at its directory (after a restart or a
+// reboot it may not be) and returns that directory, for sandboxes to bind. A missing volume is
+// NotFound.
+func (d *Dir) Mount(id string) (string, error) {
 	p, err := d.Path(id)
 	if err != nil {
+		return "", err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err := d.mountLocked(id, true); err != nil {
+		return "", err
+	}
+	return p, nil
+}
+
+// mountLocked mounts volume id unless it is mounted. Unless verify, a volume this Dir mounted
+// before is taken as still mounted without reading the mount table.
+func (d *Dir) mountLocked(id string, verify bool) error {
+	if d.mounted[id] && !verify {
+		return nil
+	}
+	p := filepath.Join(d.root, id)
+	fi, err := os.Stat(p)
+	if errors.Is(err, os.ErrNotExist) {
+		return errdefs.NotFound("volume %q not found", id)
+	}
+	if err != nil {
+		return fmt.Errorf("stat volume: %w", err)
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("volume %q is not a directory", id)
+	}
+	if ok, err := rootfs.Mounted(p); err != nil {
 		return err
+	} else if !ok {
+		if _, err := os.Stat(d.image(id)); err == nil {
+			err = rootfs.MountImage(d.image(id), p)
+			if err != nil {
+				return fmt.Errorf("mount volume %q: %w", id, err)
+			}
+		} else if errors.Is(err, os.ErrNotExist) {
+			d.opts.Log.Warn("volume made by an older vmon has no size limit: its files are on the host's disk; copy them to a new volume to limit it", "volume", id)
+			if err := rootfs.BindNoSuid(p); err != nil {
+				return fmt.Errorf("mount volume %q: %w", id, err)
+			}
+		} else {
+			return fmt.Errorf("stat volume image: %w", err)
+		}
+	}
+	d.mounted[id] = true
+	return nil
+}
+
+// MountAll mounts every volume on disk (at start, so a volume's files are where the content API
+// and sandboxes look for them). It returns the first error and goes on past it.
+func (d *Dir) MountAll() error {
+	ids, err := d.IDs()
+	if err != nil {
+		return err
+	}
+	var first error
+	for _, id := range ids {
+		if _, err := d.Mount(id); err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+// Delete unmounts volume id and removes its directory and image; a missing one is success. A
+// sandbox runtime still holding the filesystem keeps it until it goes (the unmount is lazy then),
+// and the image's blocks go back to the host when it does.
+func (d *Dir) Delete(id string) error {
+	if _, err := d.Path(id); err != nil {
+		return err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.deleteLocked(id)
+}
+
+func (d *Dir) deleteLocked(id string) error {
+	delete(d.mounted, id)
+	p := filepath.Join(d.root, id)
+	if err := rootfs.Unmount(p); err != nil {
+		return fmt.Errorf("unmount volume: %w", err)
 	}
 	if err := os.RemoveAll(p); err != nil {
 		return fmt.Errorf("remove volume: %w", err)
 	}
+	if err := os.Remove(d.image(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove volume image: %w", err)
+	}
 	return nil
 }
 
-// IDs lists the volumes on disk.
+// SizeBytes is volume id's size limit; 0 for a volume without one (made by an older vmon).
+func (d *Dir) SizeBytes(id string) (int64, error) {
+	if _, err := d.Path(id); err != nil {
+		return 0, err
+	}
+	fi, err := os.Stat(d.image(id))
+	if errors.Is(err, os.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("stat volume image: %w", err)
+	}
+	return fi.Size(), nil
+}
+
+// IDs lists the volumes on disk: directories and images (an image without its directory is
+// what a crash during Create leaves).
 func (d *Dir) IDs() ([]string, error) {
 	ents, err := os.ReadDir(d.root)
 	if err != nil {
@@ -79,8 +277,17 @@ func (d *Dir) IDs() ([]string, error) {
 	}
 	var ids []string
 	for _, e := range ents {
-		if e.IsDir() && idRe.MatchString(e.Name()) {
-			ids = append(ids, e.Name())
+		name := e.Name()
+		if e.Type().IsRegular() {
+			name = strings.TrimSuffix(name, imageSuffix)
+			if name == e.Name() {
+				continue
+			}
+		} else if !e.IsDir() {
+			continue
+		}
+		if idRe.MatchString(name) && !slices.Contains(ids, name) {
+			ids = append(ids, name)
 		}
 	}
 	return ids, nil
@@ -124,7 +331,15 @@ func clean(p string) (string, error) {
 }
 
 func (d *Dir) open(id string) (*os.Root, error) {
+	// Mounted first: a client's files must land on the volume's filesystem, never in the
+	// directory under it.
 	p, err := d.Path(id)
+	if err != nil {
+		return nil, err
+	}
+	d.mu.Lock()
+	err = d.mountLocked(id, false)
+	d.mu.Unlock()
 	if err != nil {
 		return nil, err
 	}

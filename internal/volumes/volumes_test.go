@@ -1,6 +1,7 @@
 package volumes
 
 import (
+	"context"
 	"io"
 	"os"
 	"path/filepath"
@@ -11,12 +12,32 @@ import (
 	"github.com/vibemon/vmon/internal/errdefs"
 )
 
-func TestContent(t *testing.T) {
-	d, err := New(t.TempDir())
+// newDir makes a Dir of small volumes in a temporary data dir and deletes every volume left at
+// the end, so no mount or loop device outlives the test.
+func newDir(t *testing.T) *Dir {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Fatal("volumes are loop-mounted filesystems: this test must run as root (CI runs it as root)")
+	}
+	data := t.TempDir()
+	d, err := New(data, Options{DefaultSizeMB: MinSizeMB, MaxSizeMB: 1024, ImageDir: filepath.Join(data, "disk-images")})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := d.Create("v1"); err != nil {
+	t.Cleanup(func() {
+		ids, _ := d.IDs()
+		for _, id := range ids {
+			if err := d.Delete(id); err != nil {
+				t.Errorf("delete %s: %v", id, err)
+			}
+		}
+	})
+	return d
+}
+
+func TestContent(t *testing.T) {
+	d := newDir(t)
+	if err := d.Create(context.Background(), "v1", 0); err != nil {
 		t.Fatal(err)
 	}
 	mode := uint32(0o600)
