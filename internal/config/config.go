@@ -172,6 +172,9 @@ func (c *Serve) Validate() error {
 	if c.TLS != "" && c.TLS != "self-signed" {
 		return fmt.Errorf(`--tls must be "self-signed" (or use --tls-cert/--tls-key)`)
 	}
+	if c.EgressDNS != "filter" && c.EgressDNS != "off" {
+		return fmt.Errorf("--egress-dns must be filter or off, not %q", c.EgressDNS)
+	}
 	if (c.TLSCert == "") != (c.TLSKey == "") {
 		return fmt.Errorf("--tls-cert and --tls-key go together")
 	}

@@ -34,6 +34,17 @@ func TestDefaults(t *testing.T) {
 		c.MaxSandboxTimeout != 24*time.Hour || c.Role != "all" || c.Runtime != "gvisor" || c.WarmPool != 1 {
 		t.Fatalf("defaults: %+v", c)
 	}
+	// The filtering resolver is on unless turned off: with it off, any name sent to 8.8.8.8 (which
+	// allowOut domains open) leaves the node.
+	if c.EgressDNS != "filter" {
+		t.Fatalf("--egress-dns defaults to %q", c.EgressDNS)
+	}
+	if c, err := parse(t, []string{"--egress-dns", "off"}, nil); err != nil || c.EgressDNS != "off" {
+		t.Fatalf("--egress-dns off: %v", err)
+	}
+	if _, err := parse(t, []string{"--egress-dns", "all"}, nil); err == nil {
+		t.Fatal("--egress-dns all accepted")
+	}
 }
 
 func TestEnvAndFlagPrecedence(t *testing.T) {
