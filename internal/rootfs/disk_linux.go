@@ -259,7 +259,11 @@ func waitLoopReleased(ctx context.Context, img string) error {
 	deadline := time.Now().Add(loopReleaseTimeout)
 	for backs(dev, st) {
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%w: %s through %s, %v after its unmount", ErrDiskBusy, img, dev, loopReleaseTimeout)
+			where := "no mount of it found (a namespace no process is in?)"
+			if h, err := holders(dev, ""); err == nil && len(h) > 0 {
+				where = "mounted by " + strings.Join(h, "; ")
+			}
+			return fmt.Errorf("%w: %s through %s, %v after its unmount: %s", ErrDiskBusy, img, dev, loopReleaseTimeout, where)
 		}
 		select {
 		case <-ctx.Done():
@@ -268,6 +272,77 @@ func waitLoopReleased(ctx context.Context, img string) error {
 		}
 	}
 	return nil
+}
+
+// DiskHolders lists the mounts of the sandbox disk's filesystem other than the sandbox's own disk
+// mount in this process's mount namespace, in every mount namespace a process is in: a copy in a
+// namespace made while the disk was mounted there, a bind mount of it. Each keeps the filesystem
+// alive past the sandbox's unmount, and ext4 writes to the image when the last one goes, so a
+// pause must not seal the image while one exists. A sandbox without a disk, or whose disk is
+// not attached, has none.
+func DiskHolders(sandboxDir string) ([]string, error) {
+	sandboxDir = filepath.Clean(sandboxDir)
+	var st unix.Stat_t
+	if err := unix.Stat(diskImage(sandboxDir), &st); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("stat disk image: %w", err)
+	}
+	dev, err := loopBacking(st)
+	if err != nil || dev == "" {
+		return nil, err
+	}
+	return holders(dev, resolve(diskDir(sandboxDir)))
+}
+
+// holders lists the mounts of the filesystem on loop device dev in every mount namespace a
+// process is in, as "pid N (comm) at path", except the one at own in this process's namespace.
+// One process is read per namespace.
+func holders(dev, own string) ([]string, error) {
+	num, err := os.ReadFile(filepath.Join("/sys/block", filepath.Base(dev), "dev"))
+	if err != nil {
+		return nil, fmt.Errorf("device number of %s: %w", dev, err)
+	}
+	devID := strings.TrimSpace(string(num))
+	self, err := os.Readlink("/proc/self/ns/mnt")
+	if err != nil {
+		return nil, fmt.Errorf("own mount namespace: %w", err)
+	}
+	procs, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, err
+	}
+	seen := map[string]bool{}
+	var out []string
+	for _, p := range procs {
+		pid := p.Name()
+		if pid[0] < '0' || pid[0] > '9' {
+			continue
+		}
+		ns, err := os.Readlink("/proc/" + pid + "/ns/mnt")
+		if err != nil || seen[ns] {
+			continue // gone meanwhile, or its namespace was read already
+		}
+		f, err := os.Open("/proc/" + pid + "/mountinfo")
+		if err != nil {
+			continue
+		}
+		entries, err := parseMountInfo(f)
+		f.Close()
+		if err != nil {
+			continue
+		}
+		seen[ns] = true
+		for _, e := range entries {
+			if e.Dev != devID || (ns == self && e.MountPoint == own) {
+				continue
+			}
+			comm, _ := os.ReadFile("/proc/" + pid + "/comm")
+			out = append(out, fmt.Sprintf("pid %s (%s) at %s", pid, strings.TrimSpace(string(comm)), e.MountPoint))
+		}
+	}
+	return out, nil
 }
 
 // loopBacking names the loop device backed by the file st describes, or "" when there is none.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -404,20 +405,72 @@ func TestStashWaitsForTheFilesystemToGo(t *testing.T) {
 	}
 }
 
-// A holder that outlasts the wait: Stash still moves the layer (the sandbox's files are not left
-// behind) and says so with ErrDiskBusy.
+// A holder that outlasts the wait: Stash says so with ErrDiskBusy and leaves the image where it
+// was (a pause must not seal an image that may yet change); once the holder is gone, Stash again
+// moves it.
 func TestStashWithADiskHeldElsewhere(t *testing.T) {
 	timeout := loopReleaseTimeout
 	loopReleaseTimeout = 300 * time.Millisecond
 	t.Cleanup(func() { loopReleaseTimeout = timeout })
 	sandbox, saved, holder := heldDisk(t)
-	if err := Stash(context.Background(), sandbox, saved); !errors.Is(err, ErrDiskBusy) {
-		t.Fatalf("Stash with the disk held elsewhere = %v, want ErrDiskBusy", err)
+	err := Stash(context.Background(), sandbox, saved)
+	if !errors.Is(err, ErrDiskBusy) || !strings.Contains(err.Error(), "at "+holder) {
+		t.Fatalf("Stash with the disk held elsewhere = %v, want ErrDiskBusy naming the mount at %s", err, holder)
+	}
+	if _, err := os.Stat(filepath.Join(saved, diskImageName)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the disk image of a held disk was moved: %v", err)
+	}
+	if err := unix.Unmount(holder, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := Stash(context.Background(), sandbox, saved); err != nil {
+		t.Fatalf("Stash once the holder is gone: %v", err)
 	}
 	if _, err := os.Stat(filepath.Join(saved, diskImageName)); err != nil {
 		t.Fatalf("the disk image was not moved: %v", err)
 	}
+}
+
+// DiskHolders finds the mounts that would keep a sandbox's disk alive past its unmount: a bind
+// mount in vmon's own namespace, and the copy in a mount namespace another process made while
+// the disk was mounted (`unshare -m`, a service with PrivateTmp); the sandbox's own mount is
+// none.
+func TestDiskHolders(t *testing.T) {
+	sandbox, _, holder := heldDisk(t)
+	h, err := DiskHolders(sandbox)
+	if err != nil || len(h) != 1 || !strings.HasSuffix(h[0], " at "+holder) {
+		t.Fatalf("DiskHolders with a bind mount at %s = %q, %v", holder, h, err)
+	}
 	if err := unix.Unmount(holder, 0); err != nil {
 		t.Fatal(err)
+	}
+	if h, err := DiskHolders(sandbox); err != nil || len(h) != 0 {
+		t.Fatalf("DiskHolders of a disk only the sandbox mounts = %q, %v", h, err)
+	}
+
+	foreign := exec.Command("unshare", "-m", "--propagation", "private", "sleep", "60")
+	if err := foreign.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = foreign.Process.Kill(); _ = foreign.Wait() })
+	want := fmt.Sprintf("pid %d (sleep) at %s", foreign.Process.Pid, diskDir(sandbox))
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		h, err := DiskHolders(sandbox)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(h) == 1 && h[0] == want {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("DiskHolders with a foreign namespace = %q, want [%q]", h, want)
+		}
+		time.Sleep(20 * time.Millisecond) // until unshare has exec'd sleep
+	}
+	_ = foreign.Process.Kill()
+	_ = foreign.Wait()
+	if h, err := DiskHolders(sandbox); err != nil || len(h) != 0 {
+		t.Fatalf("DiskHolders after the foreign namespace went = %q, %v", h, err)
 	}
 }

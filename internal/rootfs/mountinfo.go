@@ -9,6 +9,8 @@ import (
 
 // mountEntry is the part of one /proc/<pid>/mountinfo line this package needs.
 type mountEntry struct {
+	// Dev is the filesystem's device number, "major:minor" (st_dev of its files).
+	Dev        string
 	MountPoint string
 	FSType     string
 	Source     string
@@ -42,6 +44,7 @@ func parseMountInfo(r io.Reader) ([]mountEntry, error) {
 			return nil, fmt.Errorf("malformed mountinfo line %q", line)
 		}
 		e := mountEntry{
+			Dev:        fields[2],
 			MountPoint: unescapeOctal(fields[4]),
 			FSType:     fields[sep+1],
 			Source:     unescapeOctal(fields[sep+2]),

@@ -16,10 +16,10 @@ func TestParseMountInfo(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []mountEntry{
-		{MountPoint: "/", FSType: "ext4", Source: "/dev/vda", SuperOptions: "rw"},
-		{MountPoint: "/var/lib/vmon/sandboxes/a b/root", FSType: "overlay", Source: "overlay",
+		{Dev: "0:21", MountPoint: "/", FSType: "ext4", Source: "/dev/vda", SuperOptions: "rw"},
+		{Dev: "0:33", MountPoint: "/var/lib/vmon/sandboxes/a b/root", FSType: "overlay", Source: "overlay",
 			SuperOptions: "rw,lowerdir=/t/base/rootfs,upperdir=/s/upper,workdir=/s/work,index=off"},
-		{MountPoint: "/run/netns/vmon-x", FSType: "nsfs", Source: "nsfs", SuperOptions: "rw"},
+		{Dev: "0:4", MountPoint: "/run/netns/vmon-x", FSType: "nsfs", Source: "nsfs", SuperOptions: "rw"},
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("got %+v\nwant %+v", got, want)

@@ -52,3 +52,6 @@ func Stash(ctx context.Context, sandboxDir, dst string) error {
 func CopyWritable(ctx context.Context, sandboxDir, dst string) error {
 	return fmt.Errorf("%w (%s)", ErrUnsupported, runtime.GOOS)
 }
+
+// DiskHolders is only implemented on Linux (no sandbox has a disk elsewhere).
+func DiskHolders(sandboxDir string) ([]string, error) { return nil, nil }
