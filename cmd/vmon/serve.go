@@ -507,11 +507,11 @@ type networkSetup struct {
 	proxy *egressproxy.Proxy // nil with --egress-proxy-port 0
 	hub   *denied.Hub
 	env   egress.Env
-	names *egressdns.Resolver // nil without --egress-dns filter
+	names *egressdns.Resolver // nil with --egress-dns off or without the proxy
 }
 
 // refusalLogGroup is the NFLOG group the node's firewall copies refused packets to;
-// egressDNSPort is where the filtering resolver listens (--egress-dns filter).
+// egressDNSPort is where the filtering resolver listens (--egress-dns filter, the default).
 const (
 	refusalLogGroup = 5380
 	egressDNSPort   = 15353
@@ -593,9 +593,14 @@ func setupNetwork(ctx context.Context, c *config.Serve, log *slog.Logger, refuse
 	if proxy != nil {
 		cfg.Proxies = append(cfg.Proxies, proxy)
 	}
+	// The resolver serves policies with allowOut domains (firewall.filtersDNS), which only a
+	// node running the proxy accepts: without the proxy it would have nobody to answer.
 	switch c.EgressDNS {
-	case "off", "":
-	case "filter":
+	case "off":
+	case "filter", "":
+		if proxy == nil {
+			break
+		}
 		res, stopRes, err := startEgressResolver(refusedTo, log.With("component", "egressdns"))
 		if err != nil {
 			stopProxy()
