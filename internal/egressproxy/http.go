@@ -94,7 +94,7 @@ func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	if fc.sni != "" {
 		// Inside an intercepted TLS flow the SNI was judged; a Host naming anything else
 		// would be domain fronting.
-		if h, _ := egress.HostName(r.Host); h != fc.sni {
+		if !sameHost(r.Host, fc.sni) {
 			d := egress.Decision{Verdict: egress.Deny, Stage: egress.StageDomain,
 				Rule: fmt.Sprintf("Host %q differs from the TLS server name %q", r.Host, fc.sni)}
 			p.refuse(fc.flow, r.Host, d)
@@ -132,6 +132,21 @@ func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx := context.WithValue(r.Context(), targetKey{}, rt)
 	rp.ServeHTTP(w, r.WithContext(ctx))
+}
+
+// sameHost reports whether an intercepted request's Host names the flow's TLS server name sni
+// (lower-case, no trailing dot): the same name in any letter case, with or without a trailing
+// dot, and with no port or the default one (the flow is on 443, and another port would name
+// another origin). Anything else, an address or an empty Host included, is domain fronting.
+func sameHost(host, sni string) bool {
+	if h, port, err := net.SplitHostPort(host); err == nil {
+		if port != "" && port != "443" {
+			return false
+		}
+		host = h
+	}
+	h, ok := egress.HostName(host)
+	return ok && h == sni
 }
 
 // applyRule sets the headers of the guest's current rule for the flow's name, replacing what the

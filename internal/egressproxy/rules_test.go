@@ -108,6 +108,49 @@ func TestHeaderRules(t *testing.T) {
 	}
 }
 
+// Domain fronting inside an intercepted flow: a request's Host must name the TLS server name
+// (any letter case, a trailing dot, no port or :443); any other name, even one the policy allows
+// or one the same rule covers, another port, an address or an absolute-form URI naming another
+// host is refused with a 403 naming why, before anything reaches an origin.
+func TestHeaderRulesFronting(t *testing.T) {
+	h := newHarness(t, egress.NewEnv(nil))
+	nodeRoots := x509.NewCertPool()
+	nodeRoots.AppendCertsFromPEM(h.ca.CertPEM)
+	g := h.guest(2, rulesPolicy(t, map[string]map[string]string{"*.b.test": {"Authorization": "Bearer wild"}}, "a.test", "*.b.test"),
+		netip.MustParseAddrPort("198.51.100.8:443"))
+	for _, c := range []struct {
+		target, host string
+		ok           bool
+	}{
+		{"/", "x.b.test", true},
+		{"/", "X.B.Test", true},
+		{"/", "x.b.test.", true},
+		{"/", "x.b.test:443", true},
+		{"/", "X.b.TEST.:443", true},
+		{"https://x.b.test/", "x.b.test", true},
+		{"/", "a.test", false},
+		{"/", "other.test", false},
+		{"/", "deep.x.b.test", false},
+		{"/", "x.b.test:8443", false},
+		{"/", "x.b.test:80", false},
+		{"/", "203.0.113.11", false},
+		{"/", "203.0.113.11:443", false},
+		{"https://a.test/", "x.b.test", false},
+	} {
+		tc, br := h.guestTLS(t, g, "x.b.test", nodeRoots)
+		code, body := roundTrip(t, tc, br, fmt.Sprintf("GET %s HTTP/1.1\r\nHost: %s\r\n\r\n", c.target, c.host))
+		if c.ok {
+			if code != 200 || !strings.Contains(body, "sni=x.b.test auth=Bearer wild") {
+				t.Errorf("GET %s Host %q: %d %q", c.target, c.host, code, body)
+			}
+			continue
+		}
+		if code != http.StatusForbidden || !strings.Contains(body, "differs from the TLS server name \"x.b.test\"") || strings.Contains(body, "dialed=") {
+			t.Errorf("GET %s Host %q: %d %q, want a 403 naming the fronting", c.target, c.host, code, body)
+		}
+	}
+}
+
 // An Upgrade through an intercepted flow is spliced after the 101, as WebSocket needs.
 func TestHeaderRulesUpgrade(t *testing.T) {
 	h := newHarness(t, egress.NewEnv(nil))
