@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"path/filepath"
 
@@ -29,12 +30,13 @@ func (a rootfsAdapter) Prepare(ctx context.Context, lowers []string, sandboxDir 
 func (a rootfsAdapter) Stash(ctx context.Context, sandboxDir, dst string) error {
 	err := rootfs.Stash(ctx, sandboxDir, dst)
 	if errors.Is(err, rootfs.ErrDiskBusy) {
-		// The layer was moved; only a holder outside vmon keeps its filesystem, and may yet
-		// write to it (then the snapshot's checksum no longer matches and a resume refuses it).
-		a.log.Warn("a saved sandbox disk is still mounted outside vmon (a mount namespace made while it ran?)", "err", err)
-		return nil
+		return fmt.Errorf("%w: %w", node.ErrDiskBusy, err)
 	}
 	return err
+}
+
+func (rootfsAdapter) DiskHolders(sandboxDir string) ([]string, error) {
+	return rootfs.DiskHolders(sandboxDir)
 }
 
 func (rootfsAdapter) CopyWritable(ctx context.Context, sandboxDir, dst string) error {

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"syscall"
 	"time"
 
@@ -19,6 +20,42 @@ import (
 // ErrSandboxLost is wrapped by a pause that stopped the sandbox but could not keep it: it is
 // neither running nor paused, and its owner must record it as gone.
 var ErrSandboxLost = errors.New("the sandbox stopped and its state could not be saved")
+
+// ErrDiskBusy is wrapped by a RootFS's Stash when the sandbox's disk is still mounted elsewhere
+// after its unmount: nothing was moved, and the image may yet change (the filesystem writes to
+// it when the last mount goes), so no snapshot may seal it yet. Stash may be called again.
+var ErrDiskBusy = errors.New("the sandbox's disk is still mounted elsewhere")
+
+// DiskHolders is implemented by a RootFS that can tell where else a sandbox's disk is mounted
+// (a copy in another mount namespace, a bind mount): anywhere but the sandbox's own mounts.
+type DiskHolders interface {
+	DiskHolders(sandboxDir string) ([]string, error)
+}
+
+// stashPatience bounds how long a pause's background work waits for a sandbox disk that is still
+// mounted elsewhere after the runtime stopped. Until then the snapshot is not sealed (nor can a
+// resume start); past it the pause is left to the next start's recovery.
+var stashPatience = 2 * time.Minute
+
+// diskHeld refuses to pause sandbox id while its disk is mounted anywhere but in the sandbox
+// itself: the snapshot would seal an image that changes when that mount goes.
+func (n *Node) diskHeld(id, dir string) error {
+	h, ok := n.opts.RootFS.(DiskHolders)
+	if !ok {
+		return nil
+	}
+	holders, err := h.DiskHolders(dir)
+	if err != nil {
+		// Stash's wait is still there to keep a snapshot from sealing a held disk.
+		n.log.Warn("cannot tell whether a sandbox's disk is mounted elsewhere", "sandbox", id, "err", err)
+		return nil
+	}
+	if len(holders) == 0 {
+		return nil
+	}
+	n.log.Error("refusing to pause a sandbox whose disk is mounted elsewhere", "sandbox", id, "mounts", strings.Join(holders, "; "))
+	return errdefs.Unavailable("sandbox %q cannot be paused now: its disk is also mounted outside the sandbox on the host (see the server log), so its snapshot would not stay intact; it keeps running", id)
+}
 
 // Files in a sandbox directory that make pause and resume crash-safe.
 const (
@@ -129,6 +166,9 @@ func (n *Node) PauseSandbox(ctx context.Context, id string, memory bool) (PauseI
 	if err := n.checkSnapshotBudget(ctx, sb, memory); err != nil {
 		return PauseInfo{}, err
 	}
+	if err := n.diskHeld(id, dir); err != nil {
+		return PauseInfo{}, err
+	}
 	began := time.Now()
 	tmp, err := snapshot.TempDir(final)
 	if err != nil {
@@ -145,6 +185,21 @@ func (n *Node) PauseSandbox(ctx context.Context, id string, memory bool) (PauseI
 	destroyLater := memory
 	if memory {
 		err = n.checkpoint(ctx, cp, sb, tmp)
+		if err == nil {
+			if herr := n.diskHeld(id, dir); herr != nil {
+				// Mounted elsewhere while the checkpoint ran: the sandbox goes on from the
+				// checkpoint it just took (as after a snapshot) and the pause fails.
+				destroyed := make(chan error, 1)
+				go func() { destroyed <- n.opts.Runtime.Destroy(context.WithoutCancel(ctx), sb.runtimeID) }()
+				rerr := n.restartFrom(ctx, cp, sb, rec.Runtime, tmp, destroyed)
+				if rerr == nil {
+					_ = os.RemoveAll(tmp)
+					return PauseInfo{}, herr
+				}
+				// Stopped for good: the pause goes on, and its snapshot waits for the disk.
+				n.log.Error("a sandbox could not go on after a refused pause; pausing it", "sandbox", id, "err", rerr)
+			}
+		}
 	} else {
 		n.flushGuest(ctx, sb)
 		err = n.opts.Runtime.Destroy(ctx, sb.runtimeID)
@@ -275,8 +330,17 @@ func (n *Node) finishPause(ctx context.Context, id, dir, tmp string, rec bootRec
 	}
 	t0 := time.Now()
 	if ents, _ := os.ReadDir(layer); len(ents) == 0 {
-		if err := n.opts.RootFS.Stash(ctx, dir, layer); err != nil {
-			return PauseInfo{}, fmt.Errorf("pause sandbox %s: keep its files: %w", id, err)
+		// A disk still mounted elsewhere (each Stash waits a while) is never sealed: its image
+		// changes when that mount goes.
+		for {
+			err := n.opts.RootFS.Stash(ctx, dir, layer)
+			if err == nil {
+				break
+			}
+			if !errors.Is(err, ErrDiskBusy) || time.Since(t0) > stashPatience {
+				return PauseInfo{}, fmt.Errorf("pause sandbox %s: keep its files: %w", id, err)
+			}
+			n.log.Warn("a paused sandbox's disk is still mounted elsewhere; its snapshot waits", "sandbox", id, "err", err)
 		}
 	}
 	t1 := time.Now()
