@@ -12,7 +12,7 @@
 //   VMON_E2E_LOG_DIR    where server logs go (default <data dir>/e2e-logs)
 //   VMON_E2E_READY_TIMEOUT_MS  how long to wait for /health (default 120000)
 
-import { spawn, execFile } from 'node:child_process';
+import { spawn, spawnSync, execFile } from 'node:child_process';
 import fs from 'node:fs';
 import fsp from 'node:fs/promises';
 import http from 'node:http';
@@ -474,6 +474,19 @@ export async function killQuietly(opts, ...sandboxes) {
       .filter(Boolean)
       .map((s) => Sandbox.kill(typeof s === 'string' ? s : s.sandboxId, opts).catch(() => false)),
   );
+}
+
+/**
+ * The mount table of vmon serve on data dir `dir`: it keeps its mounts (sandbox roots and disks,
+ * runsc's) in a mount namespace of its own, pinned at <dir>/mntns/mnt, which outlives the server
+ * as its sandboxes do. This process's own table holds only that pin. "" before any server ran.
+ */
+export function vmonMountinfo(dir = dataDir()) {
+  const pin = path.join(dir, 'mntns', 'mnt');
+  if (!fs.existsSync(pin)) return '';
+  const r = spawnSync('nsenter', [`--mount=${pin}`, 'cat', '/proc/self/mountinfo'], { encoding: 'utf8' });
+  if (r.status !== 0) throw new Error(`nsenter --mount=${pin}: ${r.stderr}`);
+  return r.stdout;
 }
 
 /** PIDs of processes whose command line matches `pattern` (pgrep -f), this process excluded. */

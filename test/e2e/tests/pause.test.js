@@ -6,11 +6,13 @@
 
 import assert from 'node:assert/strict';
 import crypto from 'node:crypto';
+import { spawn } from 'node:child_process';
 import fs from 'node:fs';
+import os from 'node:os';
 import path from 'node:path';
 import { describe } from 'node:test';
 import { Sandbox, SandboxNotFoundError, InvalidArgumentError } from 'e2b';
-import { useServer, killQuietly, waitFor, sleep, runtimeIdOf, runVmon, apiFetch, pgrep, listAll, vmonBin, templateState } from '../lib/harness.js';
+import { useServer, killQuietly, waitFor, sleep, runtimeIdOf, runVmon, apiFetch, pgrep, listAll, vmonBin, templateState, vmonMountinfo, runChild } from '../lib/harness.js';
 
 // Written through a rename: a read never sees the file truncated and empty.
 const COUNTER = 'i=0; while true; do i=$((i+1)); echo $i > /tmp/count.new; mv -f /tmp/count.new /tmp/count; sleep 0.05; done';
@@ -64,7 +66,8 @@ describe('pause and resume', () => {
     await pausedOnDisk(id);
     assert.deepEqual(await pgrep(`runsc.* ${rid}$`), [], 'runsc processes of a paused sandbox');
     assert.ok(!fs.existsSync(path.join(srv.dataDir, 'sandboxes', rid)), 'a paused sandbox kept its directory');
-    const mounts = fs.readFileSync('/proc/self/mountinfo', 'utf8');
+    const mounts = vmonMountinfo(srv.dataDir);
+    assert.ok(mounts.includes(' - '), 'no mount table read from vmon serve\'s namespace');
     assert.ok(!mounts.includes(path.join(srv.dataDir, 'sandboxes', rid)), 'a paused sandbox kept a mount');
     assert.ok(fs.existsSync(path.join(srv.dataDir, 'paused', id, 'meta.json')), 'no snapshot for a paused sandbox');
   }
@@ -240,6 +243,82 @@ describe('pause and resume', () => {
     fs.closeSync(fd2);
     const back = await Sandbox.connect(sbx.sandboxId, srv.sdkOpts);
     assert.equal(await back.files.read('/home/user/x.txt'), 'x');
+  });
+
+  // A mount namespace made on the host while a sandbox runs (`unshare -m`, a service with
+  // PrivateTmp, a container runtime) used to get a copy of the sandbox's disk mount: the disk
+  // stayed mounted there after the pause's unmount, and ext4 wrote to the image when that copy
+  // went, so every resume answered 500 "damaged". vmon serve's mounts are in a namespace of its
+  // own, so the foreign namespace holds none of them.
+  srv.test('a mount namespace made on the host while a sandbox runs is held across its pause and resume', async () => {
+    const sbx = await create();
+    const id = sbx.sandboxId;
+    await sbx.files.write('/home/user/ns.txt', 'kept across a foreign namespace');
+    await sbx.commands.run(PY_HOLDER, { background: true });
+    await waitFor(async () => (await run(sbx, 'cat /tmp/py 2>/dev/null || true')) !== '', { what: 'the python holder' });
+    const [pyPid, secret] = (await run(sbx, 'cat /tmp/py')).split(' ');
+    const foreign = spawn('unshare', ['-m', '--propagation', 'private', 'sleep', '60'], { stdio: 'ignore' });
+    const gone = new Promise((resolve) => foreign.on('exit', resolve));
+    try {
+      const own = fs.readlinkSync('/proc/self/ns/mnt');
+      await waitFor(() => fs.readlinkSync(`/proc/${foreign.pid}/ns/mnt`) !== own && fs.readFileSync(`/proc/${foreign.pid}/comm`, 'utf8').trim() === 'sleep', {
+        what: 'the foreign mount namespace',
+      });
+      const rid = runtimeIdOf(srv.dataDir, id);
+      assert.ok(vmonMountinfo(srv.dataDir).includes(path.join(srv.dataDir, 'sandboxes', rid, 'disk')), 'the running sandbox\'s disk is not mounted in vmon\'s namespace');
+      const foreignMounts = fs.readFileSync(`/proc/${foreign.pid}/mountinfo`, 'utf8');
+      assert.ok(!foreignMounts.includes(path.join(srv.dataDir, 'sandboxes')), `the foreign namespace got vmon's mounts:\n${foreignMounts}`);
+
+      assert.equal(await sbx.betaPause(), true, 'pause with the foreign namespace held');
+      await pausedOnDisk(id);
+      const back = await Sandbox.connect(id, srv.sdkOpts);
+      assert.equal(await back.files.read('/home/user/ns.txt'), 'kept across a foreign namespace');
+      const [pid2, secret2] = (await run(back, 'cat /tmp/py')).split(' ');
+      assert.equal(pid2, pyPid, 'the python process was restarted');
+      assert.equal(secret2, secret, 'the python process lost its memory');
+      assert.ok(foreign.exitCode === null, 'the foreign namespace was held across the pause and resume');
+    } finally {
+      foreign.kill('SIGKILL');
+      await gone;
+    }
+  });
+
+  // Second line of defence: a mount of the sandbox's disk vmon cannot unmount (here a bind mount
+  // made inside vmon serve's own namespace) makes a pause fail with the sandbox still running and
+  // no snapshot written, instead of sealing an image that changes when that mount goes.
+  srv.test('a pause while the disk is mounted elsewhere fails and the sandbox keeps running', async () => {
+    const sbx = await create();
+    const id = sbx.sandboxId;
+    const rid = runtimeIdOf(srv.dataDir, id);
+    await sbx.files.write('/home/user/held.txt', 'held');
+    await sbx.commands.run(COUNTER, { background: true });
+    const pin = path.join(srv.dataDir, 'mntns', 'mnt');
+    const holder = fs.mkdtempSync(path.join(os.tmpdir(), 'vmon-e2e-holder-'));
+    const bind = await runChild(['nsenter', `--mount=${pin}`, 'mount', '--bind', path.join(srv.dataDir, 'sandboxes', rid, 'disk'), holder]);
+    assert.equal(bind.code, 0, bind.stderr);
+    try {
+      const res = await apiFetch(srv, `/sandboxes/${id}/pause`, { method: 'POST', body: '{}' });
+      assert.equal(res.status, 503, res.text);
+      assert.match(res.json.message, /mounted outside the sandbox.*keeps running/);
+      await assert.rejects(sbx.betaPause(), 'the SDK\'s pause reports the failure');
+      assert.equal((await Sandbox.getInfo(id, srv.sdkOpts)).state, 'running');
+      const c1 = Number(await run(sbx, 'cat /tmp/count'));
+      await sleep(300);
+      assert.ok(Number(await run(sbx, 'cat /tmp/count')) > c1, 'the sandbox stopped');
+      assert.equal(await sbx.files.read('/home/user/held.txt'), 'held');
+      const pausedDir = path.join(srv.dataDir, 'paused');
+      const left = fs.existsSync(pausedDir) ? fs.readdirSync(pausedDir).filter((n) => n.includes(id)) : [];
+      assert.deepEqual(left, [], 'a refused pause left a snapshot');
+      assert.ok(!fs.existsSync(path.join(srv.dataDir, 'sandboxes', rid, 'pausing')), 'a refused pause left its mark');
+    } finally {
+      const umount = await runChild(['nsenter', `--mount=${pin}`, 'umount', holder]);
+      assert.equal(umount.code, 0, umount.stderr);
+      fs.rmdirSync(holder);
+    }
+    // Once that mount is gone it pauses and resumes as any other.
+    assert.equal(await sbx.betaPause(), true);
+    const back = await Sandbox.connect(id, srv.sdkOpts);
+    assert.equal(await back.files.read('/home/user/held.txt'), 'held');
   });
 
   srv.test('resume after a node restart while paused', async () => {

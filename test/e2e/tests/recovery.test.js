@@ -8,7 +8,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { after, before, describe } from 'node:test';
 import { Sandbox, SandboxNotFoundError } from 'e2b';
-import { useServer, runId, listAll, killQuietly, waitFor, sleep, dataDir, pgrep, runtimeIdOf, waitSandboxGone } from '../lib/harness.js';
+import { useServer, runId, listAll, killQuietly, waitFor, sleep, dataDir, pgrep, runtimeIdOf, waitSandboxGone, vmonMountinfo } from '../lib/harness.js';
 
 // Hooks live inside describe(): Node 20 does not await root-level hooks in order.
 describe('restart recovery', () => {
@@ -34,11 +34,14 @@ describe('restart recovery', () => {
     }
   }
 
-  function mountsUnder(dir) {
-    return fs
-      .readFileSync('/proc/self/mountinfo', 'utf8')
+  // The host's mounts under `dir`, or those of another table (vmon serve's namespace). vmon serve
+  // keeps its mounts in a namespace of its own pinned at <dir>/mntns/mnt, which outlives it as its
+  // sandboxes do: that pin is all the host's table may hold of it.
+  function mountsUnder(dir, table = fs.readFileSync('/proc/self/mountinfo', 'utf8')) {
+    return table
       .split('\n')
-      .filter((l) => l.includes(dir));
+      .filter((l) => l.includes(dir))
+      .filter((l) => !l.includes(path.join(dir, 'mntns')));
   }
 
   function netnsEntries() {
@@ -79,6 +82,7 @@ describe('restart recovery', () => {
     hostBaseline = {
       netns: netnsEntries(),
       mounts: mountsUnder(dataDir()),
+      vmonMounts: mountsUnder(dataDir(), vmonMountinfo(dataDir())),
       runsc: await pgrep('runsc'),
     };
   });
@@ -209,10 +213,17 @@ describe('restart recovery', () => {
       .filter((p) => cmdline(p).includes(srv.dataDir));
     assert.deepEqual(runsc.map((p) => `${p}: ${cmdline(p)}`), [], 'no runsc processes started by this file remain');
 
+    // Nothing of vmon's reaches the host's table (not even runsc's null-netns).
     const mounts = mountsUnder(srv.dataDir);
     const newMounts = mounts.filter((m) => !hostBaseline.mounts.includes(m));
-    assert.deepEqual(newMounts, [], `no new mounts under ${srv.dataDir}`);
-    assert.deepEqual(mounts.filter((m) => ids.some((id) => m.includes(id))), [], 'no mounts for these sandboxes');
+    assert.deepEqual(newMounts, [], `no new mounts under ${srv.dataDir} in the host's namespace`);
+    // And in vmon's own namespace, nothing of a sandbox is left.
+    const vmonTable = vmonMountinfo(srv.dataDir);
+    assert.ok(vmonTable.includes(' - '), 'no mount table read from vmon serve\'s namespace');
+    const vmonMounts = mountsUnder(srv.dataDir, vmonTable);
+    const newSandboxMounts = vmonMounts.filter((m) => !hostBaseline.vmonMounts.includes(m) && m.includes(path.join(srv.dataDir, 'sandboxes')));
+    assert.deepEqual(newSandboxMounts, [], `no new sandbox mounts under ${srv.dataDir} in vmon's namespace`);
+    assert.deepEqual(vmonMounts.filter((m) => ids.some((id) => m.includes(id))), [], 'no mounts for these sandboxes');
 
     const netns = netnsEntries();
     assert.deepEqual(netns.filter((n) => !hostBaseline.netns.includes(n)), [], 'no new /run/netns/vmon-* entries');
