@@ -1,8 +1,11 @@
 // Volumes through the official SDK: two sandboxes share a volume; the volume content API reads
 // what a sandbox wrote and the reverse; content survives kills, pause/resume and a node restart;
-// deleting a mounted volume is refused (409) and paths never leave the volume.
+// deleting a mounted volume is refused (409) and paths never leave the volume. A volume is a
+// filesystem of its size (ENOSPC past it, df shows it, the host's disk holds at most that much),
+// and what a guest leaves in it (a setuid root program, a device node) means nothing on the host.
 
 import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
 import { describe } from 'node:test';
@@ -102,6 +105,105 @@ describe('volumes', () => {
     assert.equal(await Volume.destroy(vol.volumeId, srv.sdkOpts), false);
     await assert.rejects(Volume.getInfo(vol.volumeId, srv.sdkOpts), VolumeNotFoundError);
     assert.ok(!fs.existsSync(path.join(srv.dataDir, 'volumes', vol.volumeId)), 'a deleted volume left its directory');
+    assert.ok(!fs.existsSync(path.join(srv.dataDir, 'volumes', `${vol.volumeId}.img`)), 'a deleted volume left its image');
+  });
+
+  // What vmon sees at a host path: vmon serve may run in a mount namespace of its own, so host
+  // paths are taken through its /proc/<pid>/root.
+  const seenByVmon = (p) => `/proc/${srv.proc.pid}/root${p}`;
+
+  srv.test('a volume has its size: ENOSPC past it, df shows it, the host holds at most that much', async () => {
+    const name = `${RUN}-sized`;
+    const res = await apiFetch(srv, '/volumes', { method: 'POST', body: JSON.stringify({ name, sizeMB: 96 }) });
+    assert.equal(res.status, 201, res.text);
+    assert.equal(res.json.sizeMB, 96);
+    const vol = await Volume.connect(res.json.volumeID, srv.sdkOpts);
+    vols.push(vol);
+    const got = await apiFetch(srv, `/volumes/${vol.volumeId}`);
+    assert.equal(got.json.sizeMB, 96, got.text);
+    assert.equal((await Volume.getInfo(vol.volumeId, srv.sdkOpts)).name, name, 'the SDK reads a volume with a size');
+
+    const sbx = await Sandbox.create({ ...srv.sdkOpts, volumeMounts: { '/mnt/sized': vol }, timeoutMs: 600_000 });
+    created.push(sbx);
+    const dfMB = Number((await run(sbx, 'df -B1M --output=size /mnt/sized | tail -n 1')).trim());
+    assert.ok(dfMB > 64 && dfMB <= 96, `df shows ${dfMB} MiB at the mount, want the volume's 96`);
+
+    const dd = await run(sbx, 'dd if=/dev/urandom of=/mnt/sized/big bs=1M count=200 2>&1; echo "rc=$?"');
+    assert.match(dd, /No space left on device/, dd);
+    assert.match(dd, /rc=1/, dd);
+    const img = path.join(srv.dataDir, 'volumes', `${vol.volumeId}.img`);
+    const held = fs.statSync(img).blocks * 512;
+    assert.ok(held <= 97 << 20, `the volume's image holds ${held} bytes of the host's disk, more than its 96 MiB`);
+    await run(sbx, 'rm /mnt/sized/big');
+    assert.equal(await run(sbx, 'echo fits > /mnt/sized/small && cat /mnt/sized/small'), 'fits\n', 'freed space is usable again');
+  });
+
+  srv.test('what a guest leaves in a volume is neither setuid nor a device on the host', async () => {
+    const vol = await Volume.create(`${RUN}-nosuid`, srv.sdkOpts);
+    vols.push(vol);
+    const sbx = await Sandbox.create({ ...srv.sdkOpts, volumeMounts: { '/mnt/v': vol }, timeoutMs: 600_000 });
+    created.push(sbx);
+    const dir = path.join(srv.dataDir, 'volumes', vol.volumeId);
+
+    // The host mount is nosuid,nodev.
+    const mountinfo = fs.readFileSync(`/proc/${srv.proc.pid}/mountinfo`, 'utf8').split('\n');
+    const line = mountinfo.find((l) => l.split(' ')[4] === dir);
+    assert.ok(line, `no mount at ${dir} in vmon's mount table`);
+    const opts = line.split(' ')[5].split(',');
+    assert.ok(opts.includes('nosuid') && opts.includes('nodev'), `${dir} is mounted ${opts}`);
+
+    // So is every mount holding what a sandbox writes: its root (overlay) and its disk.
+    const sandboxMounts = mountinfo.filter((l) => l.split(' ')[4]?.startsWith(path.join(srv.dataDir, 'sandboxes') + '/'));
+    const written = sandboxMounts.filter((l) => / - (overlay|ext4) /.test(l));
+    assert.ok(written.length >= 2, `sandbox mounts:\n${sandboxMounts.join('\n')}`);
+    for (const l of written) {
+      const o = l.split(' ')[5].split(',');
+      assert.ok(o.includes('nosuid') && o.includes('nodev'), `a sandbox mount is not nosuid,nodev: ${l}`);
+    }
+
+    // Guest root makes a setuid root program of the host's id(1) in the volume.
+    await vol.writeFile('/id', fs.readFileSync('/usr/bin/id'), vopts());
+    const mode = await run(sbx, 'chown root:root /mnt/v/id && chmod 4755 /mnt/v/id && stat -c %a /mnt/v/id', 'root');
+    assert.equal(mode, '4755\n');
+    assert.equal((await vol.getInfo('/id', vopts())).mode & 0o4000, 0o4000, 'the setuid bit reaches the host');
+    // Run as uid 65534 on the host, in vmon's mount namespace (the kernel honours setuid only on
+    // mounts of the caller's own), through a descriptor so the data dir's modes do not matter.
+    const fd = fs.openSync(seenByVmon(path.join(dir, 'id')), 'r');
+    try {
+      const setpriv = ['setpriv', '--reuid=65534', '--regid=65534', '--clear-groups', '/proc/self/fd/3', '-u'];
+      const r = spawnSync('nsenter', [`--mount=/proc/${srv.proc.pid}/ns/mnt`, '--', ...setpriv], {
+        stdio: ['ignore', 'pipe', 'pipe', fd],
+        encoding: 'utf8',
+      });
+      assert.equal(r.status, 0, r.stderr);
+      assert.equal(r.stdout.trim(), '65534', 'the setuid root program ran as root on the host');
+    } finally {
+      fs.closeSync(fd);
+    }
+
+    // Inside the guest the sentry decides setuid, not the host mount: a setuid root program
+    // written to the sandbox's own disk (its root) still elevates, as sudo does.
+    const inGuest = await run(sbx, 'cp /usr/bin/id /usr/local/bin/suid-id && chmod 4755 /usr/local/bin/suid-id && echo ok', 'root');
+    assert.equal(inGuest, 'ok\n');
+    assert.equal(await run(sbx, '/usr/local/bin/suid-id -u'), '0\n', 'a setuid root program on the guest root does not elevate in the guest');
+    assert.equal(await run(sbx, 'sudo -n whoami'), 'root\n');
+
+    // A device node in the volume cannot be opened on the host.
+    const node = seenByVmon(path.join(dir, 'null'));
+    const mk = spawnSync('mknod', [node, 'c', '1', '3'], { encoding: 'utf8' });
+    assert.equal(mk.status, 0, mk.stderr);
+    assert.throws(() => fs.closeSync(fs.openSync(node, 'r')), { code: 'EACCES' }, 'a device node in the volume opened on the host');
+    fs.unlinkSync(node);
+  });
+
+  srv.test('bad volume sizes are 400', async () => {
+    for (const sizeMB of [0, -5, 10, 1.5, 'big', 1e9, 200_000]) {
+      const res = await apiFetch(srv, '/volumes', { method: 'POST', body: JSON.stringify({ name: `${RUN}-bad`, sizeMB }) });
+      assert.equal(res.status, 400, `sizeMB ${sizeMB}: ${res.text}`);
+      assert.equal(res.json.code, 400);
+      assert.equal(typeof res.json.message, 'string');
+    }
+    assert.equal((await Volume.list(srv.sdkOpts)).some((v) => v.name === `${RUN}-bad`), false, 'a refused create left a volume');
   });
 
   srv.test('invalid volume names and mounts are 400', async () => {
