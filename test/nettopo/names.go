@@ -34,7 +34,7 @@ import (
 //
 //	DNS   UDP and TCP :53 on 203.0.113.53 (what the node resolves through) and on 8.8.8.8 (what
 //	      guests use; seed 000 allows it implicitly under deny-all). A and AAAA from the zone,
-//	      NXDOMAIN for other names; every question is logged (GET /dns).
+//	      NXDOMAIN for other names; every question is logged as asked (GET /dns).
 //	TLS   :443 on every host, with a certificate for every zone name, *.test and the host
 //	      addresses, issued by a CA made at start-up (GET /ca). Answers like :80, plus X-SNI.
 var dnsHosts = []netip.Addr{netip.MustParseAddr("203.0.113.53"), netip.MustParseAddr("8.8.8.8")}
@@ -78,9 +78,9 @@ func (t *topo) dnsHandler() dns.Handler {
 			return
 		}
 		q := r.Question[0]
-		name := strings.TrimSuffix(strings.ToLower(q.Name), ".")
-		t.dns.add(name)
-		addrs, ok := zone[name]
+		// Logged as asked, letter case included: the node's resolver must send names lower-case.
+		t.dns.add(strings.TrimSuffix(q.Name, "."))
+		addrs, ok := zone[strings.TrimSuffix(strings.ToLower(q.Name), ".")]
 		if !ok {
 			m.Rcode = dns.RcodeNameError
 			_ = w.WriteMsg(m)

@@ -248,6 +248,33 @@ describe('allowOut domains on a --net tap node (egress-domains)', () => {
     assertTLSRefused(await curl(sbx, `--resolve other.test:443:${A} https://other.test/`), 'a rule without access');
   });
 
+  srv.test('domain fronting: an intercepted flow refuses a Host other than its TLS server name; a spliced one reaches only the SNI name', async () => {
+    const sbx = await create({
+      allowOut: ['a.test', '*.b.test'],
+      denyOut: [ALL_TRAFFIC],
+      rules: { 'x.b.test': [{ transform: { headers: { Authorization: 'Bearer exact' } } }] },
+    });
+    const via = (host) => curl(sbx, `--resolve x.b.test:443:${OTHER} -H 'Host: ${host}' https://x.b.test/`);
+    for (const host of ['X.B.Test', 'x.b.test:443']) {
+      const r = await via(host);
+      assertServedBy(r, B, `intercepted, Host ${host}`);
+      assert.equal(r.headers['x-auth'], 'Bearer exact', `intercepted, Host ${host}`);
+    }
+    const before = await inetStats();
+    // Another allowed name, a name no rule or domain covers, the same name on another port.
+    for (const host of ['a.test', 'other.test', 'x.b.test:8443']) {
+      assertDenied403(await via(host), `intercepted, Host ${host}`, 'differs from the TLS server name');
+    }
+    const delta = statsDelta(before, await inetStats());
+    assert.equal(delta[A]?.https, undefined, `a fronted request reached an origin: ${JSON.stringify(delta)}`);
+    assert.equal(delta[B]?.https, undefined, `a fronted request reached an origin: ${JSON.stringify(delta)}`);
+    // Not intercepted (no rule covers a.test): the SNI decides where the flow goes, and TLS is
+    // not terminated, so the Host inside reaches that origin as the guest sent it.
+    const spliced = await curl(sbx, `--cacert ${CA_PATH} --resolve a.test:443:${OTHER} -H 'Host: other.test' https://a.test/`);
+    assertServedBy(spliced, A, 'spliced: only the SNI name');
+    assert.equal(spliced.headers['x-host'], 'other.test', 'spliced: the origin sees the Host the guest sent');
+  });
+
   srv.test('egressProxy: allowed TCP goes through the SOCKS5 server, by name or by address; failures fail closed', async () => {
     const socks = async () => (await fetch(`${CONTROL_URL}/socks`)).json();
     await fetch(`${CONTROL_URL}/reset`, { method: 'POST' });
@@ -388,14 +415,15 @@ describe('allowOut domains on a --net tap node (egress-domains)', () => {
     // UDP 443 (QUIC) never unlocks a domain: the address rules refuse it.
     await probe1(sbx, { proto: 'udp', host: A, port: 443, timeoutMs: 500 });
     assertDenied403(await curl(sbx, `-H 'Host: other.test' http://${A}/`), 'denyOut, proxy');
-    await probe1(sbx, { proto: 'udp', host: '10.1.2.3', port: 53, timeoutMs: 500 });
+    // Not port 53: the node's resolver answers this policy's DNS, to any address.
+    await probe1(sbx, { proto: 'udp', host: '10.1.2.3', port: 7, timeoutMs: 500 });
     const has = (f) => events.some(f);
     await waitFor(
       () =>
         has((e) => e.proto === 'tcp' && e.dst === B && e.port === 7 && e.stage === 'denyOut' && e.rule === '0.0.0.0/0' && e.count === 1 && !e.repeats) &&
         has((e) => e.dst === B && e.port === 7 && e.repeats && e.count === 2) &&
         has((e) => e.name === 'other.test' && e.port === 80 && e.stage === 'denyOut') &&
-        has((e) => e.proto === 'udp' && e.dst === '10.1.2.3' && e.port === 53 && e.stage === 'always-denied' && e.rule === '10.0.0.0/8') &&
+        has((e) => e.proto === 'udp' && e.dst === '10.1.2.3' && e.port === 7 && e.stage === 'always-denied' && e.rule === '10.0.0.0/8') &&
         has((e) => e.proto === 'udp' && e.dst === A && e.port === 443 && e.stage === 'denyOut'),
       { timeoutMs: 15_000, what: () => `the refusals on the stream (so far: ${JSON.stringify(events)})` },
     );
@@ -411,50 +439,66 @@ describe('allowOut domains on a --net tap node (egress-domains)', () => {
   });
 });
 
-describe('--egress-dns filter: the node answers guest DNS and resolves only allowed names', () => {
+// Guest DNS under the default flags (--egress-dns filter): the node answers the DNS of policies
+// with allowOut domains (which open 8.8.8.8) and forwards only names their domains cover, in a
+// canonical form; DNS to an address a policy allows by CIDR, and the DNS of policies without
+// domains, is left to the address rules. The fake internet's DNS servers (203.0.113.53, 8.8.8.8)
+// log every question as asked (GET /dns).
+describe('guest DNS under the default flags: only allowed names leave, lower-cased', () => {
   before(async () => {
     await assertNodeTopology();
   });
-  const srv = useServer({ name: 'net-dns-filter', args: ['--net', 'tap', '--egress-dns', 'filter', ...EXTRA] });
+  const srv = useServer({ name: 'net-dns-filter', args: ['--net', 'tap', ...EXTRA] });
   const all = [];
   srv.after(async () => {
     await killQuietly(srv.sdkOpts, ...all);
   });
-  const dnsLog = async () => (await (await fetch(`${CONTROL_URL}/dns`)).json()).names;
+  const dnsLog = async () => (await (await fetch(`${CONTROL_URL}/dns`)).json()).names || [];
   // A resolver-independent query: a raw DNS message over UDP or TCP to any server address.
+  // Prints the rcode, the answer count and whether the answer's question is the one sent, byte
+  // for byte (letter case included); "silent" when nothing answers.
   const QUERY_PY = [
     'import socket, struct, sys, random',
     'name, server, proto = sys.argv[1], sys.argv[2], sys.argv[3]',
-    'q = struct.pack(">HHHHHH", random.randint(0, 65535), 0x0100, 1, 0, 0, 0)',
-    'q += b"".join(bytes([len(p)]) + p.encode() for p in name.split(".")) + b"\\0" + struct.pack(">HH", 1, 1)',
-    'if proto == "udp":',
-    '    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(3); s.sendto(q, (server, 53)); r = s.recv(4096)',
-    'else:',
-    '    s = socket.create_connection((server, 53), timeout=3); s.sendall(struct.pack(">H", len(q)) + q); r = s.recv(4096)[2:]',
+    'qname = b"".join(bytes([len(p)]) + p.encode() for p in name.split(".")) + b"\\0"',
+    'q = struct.pack(">HHHHHH", random.randint(0, 65535), 0x0100, 1, 0, 0, 0) + qname + struct.pack(">HH", 1, 1)',
+    'try:',
+    '    if proto == "udp":',
+    '        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(3); s.sendto(q, (server, 53)); r = s.recv(4096)',
+    '    else:',
+    '        s = socket.create_connection((server, 53), timeout=3); s.sendall(struct.pack(">H", len(q)) + q); r = s.recv(4096)[2:]',
+    'except OSError as e:',
+    '    print("silent", type(e).__name__); sys.exit(0)',
     'rcode = r[3] & 15',
     'ancount = struct.unpack(">H", r[6:8])[0]',
-    'print(rcode, ancount)',
+    'print(rcode, ancount, "same" if r[12:12 + len(qname) + 4] == q[12:] else "other")',
   ].join('\n');
-
-  srv.test('allowed names resolve; every other query, to any server, over UDP or TCP, is REFUSED and never leaves', async () => {
-    await fetch(`${CONTROL_URL}/dns/reset`, { method: 'POST' });
-    const sbx = await Sandbox.create({ ...srv.sdkOpts, metadata: { run: RUN }, network: { allowOut: ['a.test'], denyOut: [ALL_TRAFFIC] } });
+  const create = async (network) => {
+    const sbx = await Sandbox.create({ ...srv.sdkOpts, metadata: { run: RUN }, network });
     all.push(sbx);
     await sbx.files.write('/tmp/q.py', QUERY_PY);
-    const q = async (name, server, proto) => (await sbx.commands.run(`python3 /tmp/q.py ${name} ${server} ${proto}`, { timeoutMs: 20_000 })).stdout.trim();
-    assert.equal(await q('a.test', '8.8.8.8', 'udp'), '0 1', 'an allowed name resolves');
-    assert.equal(await q('a.test', '8.8.8.8', 'tcp'), '0 1', 'over TCP too');
-    assert.equal(await q('a.test', OTHER, 'udp'), '0 1', 'whatever server the guest asks');
+    return sbx;
+  };
+  const q = async (sbx, name, server, proto) =>
+    (await sbx.commands.run(`python3 /tmp/q.py ${name} ${server} ${proto}`, { timeoutMs: 20_000 })).stdout.trim();
+
+  srv.test('allowed names resolve; every other name, to any server, over UDP or TCP, is REFUSED and never leaves', async () => {
+    await fetch(`${CONTROL_URL}/dns/reset`, { method: 'POST' });
+    const sbx = await create({ allowOut: ['a.test'], denyOut: [ALL_TRAFFIC] });
+    assert.equal(await q(sbx, 'a.test', '8.8.8.8', 'udp'), '0 1 same', 'an allowed name resolves');
+    assert.equal(await q(sbx, 'a.test', '8.8.8.8', 'tcp'), '0 1 same', 'over TCP too');
+    assert.equal(await q(sbx, 'a.test', OTHER, 'udp'), '0 1 same', 'whatever server the guest asks');
     for (const [name, server, proto] of [
       ['c2VjcmV0LWRhdGEx.exfil.test', '8.8.8.8', 'udp'],
       ['c2VjcmV0LWRhdGEy.exfil.test', '8.8.8.8', 'tcp'],
       ['c2VjcmV0LWRhdGEz.exfil.test', '203.0.113.53', 'udp'],
       ['other.test', '8.8.8.8', 'udp'],
+      ['other.test', '8.8.8.8', 'tcp'],
     ]) {
-      assert.equal(await q(name, server, proto), '5 0', `${name} via ${server}/${proto} is REFUSED`);
+      assert.equal(await q(sbx, name, server, proto), '5 0 same', `${name} via ${server}/${proto} is REFUSED`);
     }
     const asked = await dnsLog();
-    assert.ok(!asked.some((n) => n.includes('exfil') || n === 'other.test'), `a refused name reached a DNS server: ${JSON.stringify(asked)}`);
+    assert.ok(!asked.some((n) => n.toLowerCase().includes('exfil') || n.toLowerCase() === 'other.test'), `a refused name reached a DNS server: ${JSON.stringify(asked)}`);
     assert.ok(asked.includes('a.test'), `the allowed name was forwarded: ${JSON.stringify(asked)}`);
     // The guest's own resolver (getent) and a name-based flow work end to end.
     assert.match((await sbx.commands.run('getent hosts a.test')).stdout, /203\.0\.113\.10/);
@@ -464,6 +508,32 @@ describe('--egress-dns filter: the node answers guest DNS and resolves only allo
     const res = await apiFetch(srv, `/sandboxes/${sbx.sandboxId}/network/denied?follow=false`);
     assert.match(res.text, /"stage":"dns"/);
     assert.match(res.text, /"name":"c2vjcmv0lwrhdgex\.exfil\.test"/);
+  });
+
+  srv.test('a mixed-case question goes upstream lower-cased; the guest gets its own question back', async () => {
+    await fetch(`${CONTROL_URL}/dns/reset`, { method: 'POST' });
+    const sbx = await create({ allowOut: ['a.test'], denyOut: [ALL_TRAFFIC] });
+    assert.equal(await q(sbx, 'A.tEsT', '8.8.8.8', 'udp'), '0 1 same', 'UDP: answered, for the question as asked');
+    assert.equal(await q(sbx, 'a.TEST', '8.8.8.8', 'tcp'), '0 1 same', 'TCP: answered, for the question as asked');
+    const asked = await dnsLog();
+    assert.deepEqual(asked, ['a.test', 'a.test'], `what the DNS server was asked: ${JSON.stringify(asked)}`);
+  });
+
+  srv.test('DNS to a resolver the policy allows by CIDR, and of policies without domains, is left to the address rules', async () => {
+    await fetch(`${CONTROL_URL}/dns/reset`, { method: 'POST' });
+    // A resolver allowed by CIDR, no domains: it answers every name itself.
+    const cidr = await create({ allowOut: ['8.8.8.8'], denyOut: [ALL_TRAFFIC] });
+    assert.equal(await q(cidr, 'other.test', '8.8.8.8', 'udp'), '0 1 same', 'allowOut 8.8.8.8 without domains');
+    assert.equal(await q(cidr, 'Other.Test', '8.8.8.8', 'tcp'), '0 1 same', 'over TCP, as asked');
+    // Domains and a resolver the user named: that one is reached directly, 8.8.8.8 is filtered.
+    const named = await create({ allowOut: ['a.test', '203.0.113.53'], denyOut: [ALL_TRAFFIC] });
+    assert.equal(await q(named, 'x.b.test', '203.0.113.53', 'udp'), '0 1 same', 'the named resolver answers any name');
+    assert.equal(await q(named, 'x.b.test', '8.8.8.8', 'udp'), '5 0 same', '8.8.8.8 is still filtered');
+    // Deny-all without domains: DNS is refused like any flow, by the address rules.
+    const deny = await create({ denyOut: [ALL_TRAFFIC] });
+    assert.match(await q(deny, 'a.test', '8.8.8.8', 'udp'), /^silent /, 'deny-all: no DNS at all');
+    const asked = await dnsLog();
+    assert.deepEqual(asked, ['other.test', 'Other.Test', 'x.b.test'], `what the DNS servers were asked: ${JSON.stringify(asked)}`);
   });
 
   srv.test('a policy that reaches any address resolves everything', async () => {
