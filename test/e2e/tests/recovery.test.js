@@ -4,6 +4,7 @@
 // everything is killed and the server stopped nothing is left on the host.
 
 import assert from 'node:assert/strict';
+import crypto from 'node:crypto';
 import fs from 'node:fs';
 import path from 'node:path';
 import { after, before, describe } from 'node:test';
@@ -44,9 +45,12 @@ describe('restart recovery', () => {
       .filter((l) => !l.includes(path.join(dir, 'mntns')));
   }
 
+  // This data dir's namespaces only (vmon-net-<scope>-<N>, scope from the data dir's path):
+  // other vmon servers on the host keep theirs in the same /run/netns.
+  const netnsScope = crypto.createHash('sha256').update(path.resolve(dataDir())).digest('hex').slice(0, 6);
   function netnsEntries() {
     try {
-      return fs.readdirSync('/run/netns').filter((n) => n.startsWith('vmon-'));
+      return fs.readdirSync('/run/netns').filter((n) => n.startsWith(`vmon-net-${netnsScope}-`));
     } catch (err) {
       if (err.code === 'ENOENT') return [];
       throw err;
