@@ -36,6 +36,9 @@ func TestDefaults(t *testing.T) {
 	}
 	// The filtering resolver is on unless turned off: with it off, any name sent to 8.8.8.8 (which
 	// allowOut domains open) leaves the node.
+	if c.VolumeSizeMB != 10240 || c.MaxVolumeSizeMB != 102400 {
+		t.Fatalf("volume sizes default to %d and at most %d MiB", c.VolumeSizeMB, c.MaxVolumeSizeMB)
+	}
 	if c.EgressDNS != "filter" {
 		t.Fatalf("--egress-dns defaults to %q", c.EgressDNS)
 	}
@@ -121,6 +124,9 @@ func TestInvalid(t *testing.T) {
 		{args: []string{"--net-pool", "10.0.0.0/31"}, want: "between /8 and /30"},
 		{args: []string{"--net-pool", "fd00::/64"}, want: "not an IPv4"},
 		{env: map[string]string{"VMON_NET_POOL": "nonsense"}, want: "--net-pool"},
+		{args: []string{"--volume-size-mb", "10"}, want: "--volume-size-mb"},
+		{args: []string{"--volume-size-mb", "4096", "--max-volume-size-mb", "1024"}, want: "--volume-size-mb"},
+		{args: []string{"--max-volume-size-mb", "0"}, want: "--max-volume-size-mb"},
 	} {
 		// A subtest per case scopes t.Setenv to it.
 		t.Run(tc.want, func(t *testing.T) {
