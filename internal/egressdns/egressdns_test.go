@@ -271,6 +271,11 @@ func TestCanonicalForwarding(t *testing.T) {
 			t.Fatalf("%s: %v %v", c.what, resp, err)
 		}
 	}
+	two := new(dns.Msg).SetQuestion("a.test.", dns.TypeA)
+	two.Question = append(two.Question, dns.Question{Name: "x.test.", Qtype: dns.TypeA, Qclass: dns.ClassINET})
+	if resp, _, err := (&dns.Client{Net: "udp", Timeout: 3 * time.Second}).Exchange(two, udp); err != nil || resp.Rcode != dns.RcodeFormatError {
+		t.Fatalf("two questions: %v %v", resp, err)
+	}
 	if got := up.messages()[before:]; len(got) != 0 {
 		t.Fatalf("refused questions reached the upstream: %v", got)
 	}
