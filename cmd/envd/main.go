@@ -24,6 +24,7 @@ import (
 
 	"github.com/vibemon/vmon/internal/agentproto"
 	"github.com/vibemon/vmon/internal/envd/channel"
+	"github.com/vibemon/vmon/internal/envd/oomkill"
 	"github.com/vibemon/vmon/internal/envd/process"
 	"github.com/vibemon/vmon/internal/envd/reaper"
 	"github.com/vibemon/vmon/internal/envd/server"
@@ -38,6 +39,7 @@ type config struct {
 	setClock     bool
 	configureNet bool
 	maxTasks     int
+	oomKill      bool
 	logLevel     slog.Level
 }
 
@@ -54,6 +56,7 @@ func run(args []string) int {
 	fl.BoolVar(&cfg.setClock, "set-clock", true, "let POST /init set the system clock from its timestamp")
 	fl.BoolVar(&cfg.configureNet, "configure-network", true, "let POST /init configure the guest's interface, address and default route (vmonNetwork)")
 	fl.IntVar(&cfg.maxTasks, "max-tasks", 0, "cap the guest's processes and threads at this number (pids controller of envd's cgroup; 0: no cap)")
+	fl.BoolVar(&cfg.oomKill, "oom-kill", true, "as init, kill the process with the most memory when the guest runs out of it (gVisor has no OOM killer of its own)")
 	fl.TextVar(&cfg.logLevel, "log-level", slog.LevelInfo, "log level (debug, info, warn, error)")
 	version := fl.Bool("version", false, "print the envd protocol version and exit")
 	if err := fl.Parse(args); err != nil {
@@ -85,6 +88,19 @@ func run(args []string) int {
 		defer cancel()
 		go r.Run(ctx)
 		starter = r
+		if cfg.oomKill {
+			opts := oomkill.Options{Log: log.With("component", "oomkill")}
+			if f, err := tasklimit.CurrentFile(); err == nil {
+				opts.TasksFile = f
+			} else {
+				log.Warn("out-of-memory killer counts no task cost", "err", err)
+			}
+			go func() {
+				if err := oomkill.Run(ctx, opts); err != nil {
+					log.Error("out-of-memory killer stopped", "err", err)
+				}
+			}()
+		}
 	}
 	if err := serve(cfg, log, starter); err != nil {
 		log.Error("envd failed", "err", err)

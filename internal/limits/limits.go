@@ -32,6 +32,12 @@ const (
 	MaxFiles    = 1 << 20
 	// ShmShare is the share of the sandbox's memory /dev/shm may hold (Linux's tmpfs default).
 	ShmShare = 2
+	// Host memory beyond what the guest sees: the sentry's and gofer's own memory (about 15 MiB
+	// idle) and room for the guest's out-of-memory killer (envd, internal/envd/oomkill), which
+	// polls, to act before the host cgroup's limit would stop the whole sandbox. The share grows
+	// with the sandbox because the sentry's page tables and a fast allocator's overshoot do.
+	HostMemoryHeadroomMiB = 64
+	HostMemoryShare       = 32
 )
 
 // Overrides are a node's settings that replace the derived values (zero keeps the derived one).
@@ -68,11 +74,12 @@ func Derive(memoryMB int, o Overrides) runtime.Limits {
 		files = o.Files
 	}
 	return runtime.Limits{
-		GuestTasks: tasks,
-		HostTasks:  tasks*HostTasksPerTask + HostTaskHeadroom,
-		NProc:      tasks - tasks/NProcReserve,
-		NoFile:     files,
-		ShmBytes:   int64(memoryMB) << 20 / ShmShare,
+		GuestTasks:   tasks,
+		HostTasks:    tasks*HostTasksPerTask + HostTaskHeadroom,
+		NProc:        tasks - tasks/NProcReserve,
+		NoFile:       files,
+		ShmBytes:     int64(memoryMB) << 20 / ShmShare,
+		HostMemoryMB: memoryMB + HostMemoryHeadroomMiB + memoryMB/HostMemoryShare,
 	}
 }
 

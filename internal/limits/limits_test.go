@@ -14,21 +14,21 @@ func TestDerive(t *testing.T) {
 		want     runtime.Limits
 	}{
 		{"default sandbox", 512, Overrides{},
-			runtime.Limits{GuestTasks: 512, HostTasks: 2048, NProc: 448, NoFile: 32768, ShmBytes: 256 << 20}},
+			runtime.Limits{GuestTasks: 512, HostTasks: 2048, NProc: 448, NoFile: 32768, ShmBytes: 256 << 20, HostMemoryMB: 592}},
 		{"tiny sandbox hits the floors", 8, Overrides{},
-			runtime.Limits{GuestTasks: MinTasks, HostTasks: 896, NProc: MinTasks - MinTasks/NProcReserve, NoFile: MinFiles, ShmBytes: 4 << 20}},
+			runtime.Limits{GuestTasks: MinTasks, HostTasks: 896, NProc: MinTasks - MinTasks/NProcReserve, NoFile: MinFiles, ShmBytes: 4 << 20, HostMemoryMB: 72}},
 		{"just under the task floor", 127, Overrides{},
-			runtime.Limits{GuestTasks: MinTasks, HostTasks: 896, NProc: MinTasks - MinTasks/NProcReserve, NoFile: 8128, ShmBytes: 127 << 19}},
+			runtime.Limits{GuestTasks: MinTasks, HostTasks: 896, NProc: MinTasks - MinTasks/NProcReserve, NoFile: 8128, ShmBytes: 127 << 19, HostMemoryMB: 194}},
 		{"at the task floor", 128, Overrides{},
-			runtime.Limits{GuestTasks: 128, HostTasks: 896, NProc: 112, NoFile: 8192, ShmBytes: 64 << 20}},
+			runtime.Limits{GuestTasks: 128, HostTasks: 896, NProc: 112, NoFile: 8192, ShmBytes: 64 << 20, HostMemoryMB: 196}},
 		{"just over the task floor", 129, Overrides{},
-			runtime.Limits{GuestTasks: 129, HostTasks: 899, NProc: 113, NoFile: 8256, ShmBytes: 129 << 19}},
+			runtime.Limits{GuestTasks: 129, HostTasks: 899, NProc: 113, NoFile: 8256, ShmBytes: 129 << 19, HostMemoryMB: 197}},
 		{"huge sandbox hits the ceilings", 64 << 10, Overrides{},
-			runtime.Limits{GuestTasks: MaxTasks, HostTasks: 3*MaxTasks + HostTaskHeadroom, NProc: MaxTasks - MaxTasks/NProcReserve, NoFile: MaxFiles, ShmBytes: 32 << 30}},
+			runtime.Limits{GuestTasks: MaxTasks, HostTasks: 3*MaxTasks + HostTaskHeadroom, NProc: MaxTasks - MaxTasks/NProcReserve, NoFile: MaxFiles, ShmBytes: 32 << 30, HostMemoryMB: 65536 + 64 + 2048}},
 		{"no memory limit counts as 1 GiB", 0, Overrides{},
-			runtime.Limits{GuestTasks: 1024, HostTasks: 3584, NProc: 896, NoFile: 65536, ShmBytes: 512 << 20}},
+			runtime.Limits{GuestTasks: 1024, HostTasks: 3584, NProc: 896, NoFile: 65536, ShmBytes: 512 << 20, HostMemoryMB: 1120}},
 		{"node overrides", 512, Overrides{Tasks: 100, Files: 2000},
-			runtime.Limits{GuestTasks: 100, HostTasks: 812, NProc: 88, NoFile: 2000, ShmBytes: 256 << 20}},
+			runtime.Limits{GuestTasks: 100, HostTasks: 812, NProc: 88, NoFile: 2000, ShmBytes: 256 << 20, HostMemoryMB: 592}},
 	} {
 		if got := Derive(tc.memoryMB, tc.o); got != tc.want {
 			t.Errorf("%s: Derive(%d, %+v) = %+v, want %+v", tc.name, tc.memoryMB, tc.o, got, tc.want)

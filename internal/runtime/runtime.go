@@ -61,6 +61,10 @@ type Limits struct {
 	NoFile int
 	// ShmBytes sizes the guest's /dev/shm.
 	ShmBytes int64
+	// HostMemoryMB is the host's memory limit for the sandbox when it is above the memory the
+	// guest sees (Spec.MemoryMB): the runtime's own memory comes on top of the guest's, and the
+	// guest's out-of-memory killer needs room to act before the host's stops the whole sandbox.
+	HostMemoryMB int
 }
 
 // Status of a sandbox as the backend sees it.

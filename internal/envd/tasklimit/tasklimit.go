@@ -60,12 +60,12 @@ func mountOf(mountinfo io.Reader, ctrl string) (point, root string, err error) {
 	return "", "", fmt.Errorf("the %s cgroup controller is not mounted", ctrl)
 }
 
-// limitFile is the pids.max file of the cgroup at path in a hierarchy mounted at point with
-// root as its root cgroup.
-func limitFile(point, root, path string) (string, error) {
+// cgroupDir is the directory of the cgroup at path in a hierarchy mounted at point with root as
+// its root cgroup.
+func cgroupDir(point, root, path string) (string, error) {
 	rel, err := filepath.Rel(root, path)
 	if err != nil || rel == ".." || strings.HasPrefix(rel, "../") {
 		return "", fmt.Errorf("cgroup %s is outside the mounted hierarchy %s", path, root)
 	}
-	return filepath.Join(point, rel, "pids.max"), nil
+	return filepath.Join(point, rel), nil
 }

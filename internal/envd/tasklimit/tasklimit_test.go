@@ -35,7 +35,9 @@ func TestLimitFile(t *testing.T) {
 		}
 		var got string
 		if err == nil {
-			got, err = limitFile(point, root, path)
+			var dir string
+			dir, err = cgroupDir(point, root, path)
+			got = dir + "/pids.max"
 		}
 		if tc.err != "" {
 			if err == nil || !strings.Contains(err.Error(), tc.err) {

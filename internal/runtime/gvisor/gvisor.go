@@ -243,6 +243,11 @@ func (r *Runtime) launch(ctx context.Context, spec runtime.Spec, imageDir string
 		}
 		return fmt.Errorf("%w: %s", err, msg)
 	}
+	if cgPath != "" && spec.MemoryMB > 0 && spec.Limits.HostMemoryMB > spec.MemoryMB {
+		if err := raiseMemoryLimit(r.cgroupParent, spec.ID, int64(spec.Limits.HostMemoryMB)<<20); err != nil {
+			return err
+		}
+	}
 	// Fix the sandbox process's identity now, before it could exit and be reaped.
 	pid, err := readPidFile(filepath.Join(spec.StateDir, pidFileName))
 	if err == nil {

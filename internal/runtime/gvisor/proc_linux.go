@@ -93,3 +93,29 @@ func cgroupMounts() ([]string, error) {
 	}
 	return out, nil
 }
+
+// raiseMemoryLimit sets the memory limit of sandbox id's host cgroup (v1 memory.limit_in_bytes
+// or v2 memory.max) to bytes. runsc sized the guest's memory from the spec's limit when it
+// started the sandbox; raising the host's afterwards gives the runtime's own memory and the
+// guest's out-of-memory killer room without changing what the guest sees.
+func raiseMemoryLimit(parent, id string, bytes int64) error {
+	mounts, err := cgroupMounts()
+	if err != nil {
+		return err
+	}
+	v := []byte(strconv.FormatInt(bytes, 10))
+	for _, m := range mounts {
+		dir := filepath.Join(m, parent, id)
+		for _, f := range []string{"memory.limit_in_bytes", "memory.max"} {
+			p := filepath.Join(dir, f)
+			if _, err := os.Stat(p); err != nil {
+				continue
+			}
+			if err := os.WriteFile(p, v, 0); err != nil {
+				return fmt.Errorf("raise the memory limit of sandbox %s: %w", id, err)
+			}
+			return nil
+		}
+	}
+	return fmt.Errorf("raise the memory limit of sandbox %s: no memory cgroup found", id)
+}

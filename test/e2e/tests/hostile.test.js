@@ -110,6 +110,29 @@ describe('hostile guest', () => {
     await nodeAndBystanderFine();
   });
 
+  // One allocation past the sandbox's size, touched at once: gVisor has no OOM killer, so before
+  // envd's (internal/envd/oomkill) the host cgroup killed the whole sandbox. The guest sees its
+  // template's memory, the host allows more (limits.Derive), and the process goes, not the sandbox.
+  srv.test('one allocation past the memory size: the guest OOM killer takes the process, not the sandbox', async () => {
+    const { sbx, rid } = await victim();
+    const seen = await sbx.commands.run("awk '/MemTotal/ {print $2}' /proc/meminfo");
+    assert.equal(Number(seen.stdout.trim()), MEMORY_MB * 1024, 'the guest sees the template memory');
+    const hostLimit = Number(fs.readFileSync(`/sys/fs/cgroup/memory/vmon/${rid}/memory.limit_in_bytes`, 'utf8'));
+    assert.equal(hostLimit, (MEMORY_MB + 64 + MEMORY_MB / 32) * 2 ** 20, 'host limit = memory + headroom');
+    const r = await sbx.commands
+      .run(`python3 -c "a = bytearray(600 * 2**20)"`, { timeoutMs: 120_000 })
+      .catch((err) => err);
+    // bash execs python as its last command, so the command itself is what was killed.
+    assert.match(String(r.error ?? r), /signal: killed/, `the 600 MiB allocation was not SIGKILLed: ${r}`);
+    assert.equal(await aliveOrReportedDead(sbx, rid, /oom/), 'alive');
+    const again = await sbx.commands.run('echo second');
+    assert.equal(again.stdout, 'second\n');
+    // Just under the size still fits (the killer acts near the limit, not early).
+    const fits = await sbx.commands.run(`python3 -c "a = bytearray(440 * 2**20); print(len(a) >> 20)"`, { timeoutMs: 120_000 });
+    assert.equal(fits.stdout, '440\n');
+    await nodeAndBystanderFine();
+  });
+
   srv.test('1,000 processes and a fork bomb are bounded', async () => {
     const { sbx, rid } = await victim();
     const cg = `/sys/fs/cgroup/pids/vmon/${rid}`;

@@ -1,0 +1,180 @@
+package oomkill
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+)
+
+func TestVictim(t *testing.T) {
+	const total = 512 << 20
+	for _, tc := range []struct {
+		name  string
+		procs []Proc
+		want  int // pid; 0: none
+	}{
+		{"the biggest", []Proc{{PID: 10, RSS: 5 << 20}, {PID: 11, RSS: 400 << 20}, {PID: 12, RSS: 30 << 20}}, 11},
+		{"-1000 is never chosen", []Proc{{PID: 10, RSS: 5 << 20}, {PID: 11, RSS: 400 << 20, ScoreAdj: -1000}}, 10},
+		{"only -1000 left", []Proc{{PID: 11, RSS: 400 << 20, ScoreAdj: -1000}}, 0},
+		// +500 adds half the total (256 MiB) to a 30 MiB process: it outranks a 200 MiB one.
+		{"oom_score_adj weighs in thousandths of the total", []Proc{{PID: 10, RSS: 200 << 20}, {PID: 11, RSS: 30 << 20, ScoreAdj: 500}}, 11},
+		{"a negative adjustment protects", []Proc{{PID: 10, RSS: 200 << 20, ScoreAdj: -500}, {PID: 11, RSS: 30 << 20}}, 11},
+		{"none", nil, 0},
+	} {
+		v, ok := Victim(tc.procs, total)
+		if got := map[bool]int{true: v.PID, false: 0}[ok]; got != tc.want {
+			t.Errorf("%s: victim %d, want %d", tc.name, got, tc.want)
+		}
+	}
+}
+
+func TestIntervalAndReserve(t *testing.T) {
+	const total = 512 << 20
+	for _, tc := range []struct {
+		free uint64
+		want time.Duration
+	}{
+		{total, IdleInterval},
+		{total/2 + 1, IdleInterval},
+		{total / 2, NearInterval},
+		{total/5 + 1, NearInterval}, // used just under 80%
+		{total / 5, HotInterval},
+		{0, HotInterval},
+	} {
+		if got := Interval(Memory{Total: total, Free: tc.free}); got != tc.want {
+			t.Errorf("free %d MiB: interval %s, want %s", tc.free>>20, got, tc.want)
+		}
+	}
+	if got := Reserve(512 << 20); got != 4<<20 {
+		t.Errorf("reserve of 512 MiB = %d", got)
+	}
+	if got := Reserve(128 << 20); got != 2<<20 {
+		t.Errorf("reserve of 128 MiB = %d (the floor is 2 MiB)", got)
+	}
+}
+
+func TestTaskCost(t *testing.T) {
+	m := Memory{Total: 512 << 20, Free: 400 << 20, Tasks: 100}
+	if got, want := m.Available(), uint64(400<<20-100*TaskCost); got != want {
+		t.Fatalf("available %d, want %d", got, want)
+	}
+	if got := (Memory{Total: 512 << 20, Free: 10 << 20, Tasks: 1000}).Available(); got != 0 {
+		t.Fatalf("available %d, want 0 when tasks cost more than what is free", got)
+	}
+	if got := (Memory{Total: 512 << 20, Free: 10 << 20, Tasks: 1000}).Used(); got != 512<<20 {
+		t.Fatalf("used %d", got)
+	}
+}
+
+func TestParseMeminfo(t *testing.T) {
+	m, err := parseMeminfo([]byte("MemTotal:         524288 kB\nMemFree:          100 kB\nMemAvailable:     4096 kB\nCached: 1 kB\n"))
+	if err != nil || m.Total != 512<<20 || m.Free != 4<<20 || m.Used() != 508<<20 {
+		t.Fatalf("got %+v, %v", m, err)
+	}
+	if _, err := parseMeminfo([]byte("MemTotal: 1 kB\n")); err == nil {
+		t.Fatal("meminfo without MemAvailable parsed")
+	}
+	if _, err := parseMeminfo([]byte("MemTotal: x kB\nMemAvailable: 1 kB\n")); err == nil {
+		t.Fatal("bad number parsed")
+	}
+}
+
+// fakeProc is a procfs with meminfo and processes the test controls.
+type fakeProc struct {
+	dir string
+	mu  sync.Mutex
+}
+
+func (f *fakeProc) meminfo(t *testing.T, totalKiB, freeKiB uint64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	b := fmt.Sprintf("MemTotal: %d kB\nMemFree: %d kB\nMemAvailable: %d kB\n", totalKiB, freeKiB, freeKiB)
+	// Written in place (not renamed): Run keeps the file open and preads it, as it does /proc.
+	if err := os.WriteFile(filepath.Join(f.dir, "meminfo"), []byte(fmt.Sprintf("%-200s", b)), 0o644); err != nil {
+		t.Error(err)
+	}
+}
+
+func (f *fakeProc) proc(t *testing.T, pid int, comm string, pages int, adj int) {
+	d := filepath.Join(f.dir, strconv.Itoa(pid))
+	for name, content := range map[string]string{
+		"statm":         fmt.Sprintf("%d %d 0 0 0 0 0\n", pages*2, pages),
+		"comm":          comm + "\n",
+		"oom_score_adj": strconv.Itoa(adj) + "\n",
+		"stat":          fmt.Sprintf("%d (%s) S 1\n", pid, comm),
+	} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(d, name), []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// Run kills the biggest process once the guest is out of memory, waits for it to go, kills no
+// second process once memory came back, and spares PID 1, itself and -1000.
+func TestRunKillsTheBiggestOnce(t *testing.T) {
+	f := &fakeProc{dir: t.TempDir()}
+	f.meminfo(t, 512<<10, 300<<10)
+	f.proc(t, 1, "envd", 100000, 0)           // init: never
+	f.proc(t, os.Getpid(), "self", 100000, 0) // the killer itself: never
+	f.proc(t, 40, "postgres", 100000, -1000)  // protected
+	f.proc(t, 41, "python3", 90000, 0)        // the victim
+	f.proc(t, 42, "bash", 500, 0)             // small
+	tasks := filepath.Join(f.dir, "pids.current")
+	if err := os.WriteFile(tasks, []byte("5\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	killed := make(chan int, 10)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		done <- Run(ctx, Options{Proc: f.dir, TasksFile: tasks, Kill: func(pid int) error {
+			// The kernel frees the victim's memory and reaps it; its tasks go.
+			f.meminfo(t, 512<<10, 400<<10)
+			if err := os.WriteFile(tasks, []byte("5\n"), 0o644); err != nil {
+				t.Error(err)
+			}
+			if err := os.RemoveAll(filepath.Join(f.dir, strconv.Itoa(pid))); err != nil {
+				t.Error(err)
+			}
+			killed <- pid
+			return nil
+		}})
+	}()
+	time.Sleep(3 * IdleInterval)
+	select {
+	case pid := <-killed:
+		t.Fatalf("killed %d with 300 MiB free", pid)
+	default:
+	}
+	// 300 MiB free, but 800 tasks cost the host 300 MiB: out of memory all the same.
+	if err := os.WriteFile(tasks, []byte("800\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case pid := <-killed:
+		if pid != 41 {
+			t.Fatalf("killed %d, want 41 (python3)", pid)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("nothing killed out of memory")
+	}
+	time.Sleep(3 * IdleInterval)
+	select {
+	case pid := <-killed:
+		t.Fatalf("killed a second process (%d) after memory came back", pid)
+	default:
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
