@@ -116,9 +116,9 @@ describe('volumes', () => {
     const name = `${RUN}-sized`;
     const res = await apiFetch(srv, '/volumes', { method: 'POST', body: JSON.stringify({ name, sizeMB: 96 }) });
     assert.equal(res.status, 201, res.text);
+    vols.push({ volumeId: res.json.volumeID });
     assert.equal(res.json.sizeMB, 96);
     const vol = await Volume.connect(res.json.volumeID, srv.sdkOpts);
-    vols.push(vol);
     const got = await apiFetch(srv, `/volumes/${vol.volumeId}`);
     assert.equal(got.json.sizeMB, 96, got.text);
     assert.equal((await Volume.getInfo(vol.volumeId, srv.sdkOpts)).name, name, 'the SDK reads a volume with a size');
@@ -136,6 +136,22 @@ describe('volumes', () => {
     assert.ok(held <= 97 << 20, `the volume's image holds ${held} bytes of the host's disk, more than its 96 MiB`);
     await run(sbx, 'rm /mnt/sized/big');
     assert.equal(await run(sbx, 'echo fits > /mnt/sized/small && cat /mnt/sized/small'), 'fits\n', 'freed space is usable again');
+
+    // A snapshot's sandboxes and a fork mount the same sized filesystem.
+    const snap = await sbx.createSnapshot();
+    const fromSnap = await Sandbox.create(snap.snapshotId, { ...srv.sdkOpts, timeoutMs: 600_000 });
+    created.push(fromSnap);
+    const fork = await apiFetch(srv, `/sandboxes/${sbx.sandboxId}/fork`, { method: 'POST', body: '{"count":1,"timeout":600}' });
+    assert.equal(fork.status, 201, fork.text);
+    const forked = await Sandbox.connect(fork.json[0].sandbox.sandboxID, srv.sdkOpts);
+    created.push(forked);
+    await run(fromSnap, 'echo from-snapshot > /mnt/sized/snap');
+    for (const other of [fromSnap, forked, sbx]) {
+      assert.equal(await run(other, 'cat /mnt/sized/small /mnt/sized/snap'), 'fits\nfrom-snapshot\n');
+      assert.equal(Number((await run(other, 'df -B1M --output=size /mnt/sized | tail -n 1')).trim()), dfMB);
+    }
+    for (const s2 of [fromSnap, forked]) await s2.kill();
+    assert.equal(await Sandbox.deleteSnapshot(snap.snapshotId, srv.sdkOpts), true);
   });
 
   srv.test('what a guest leaves in a volume is neither setuid nor a device on the host', async () => {
@@ -199,6 +215,7 @@ describe('volumes', () => {
   srv.test('bad volume sizes are 400', async () => {
     for (const sizeMB of [0, -5, 10, 1.5, 'big', 1e9, 200_000]) {
       const res = await apiFetch(srv, '/volumes', { method: 'POST', body: JSON.stringify({ name: `${RUN}-bad`, sizeMB }) });
+      if (res.json?.volumeID) vols.push({ volumeId: res.json.volumeID });
       assert.equal(res.status, 400, `sizeMB ${sizeMB}: ${res.text}`);
       assert.equal(res.json.code, 400);
       assert.equal(typeof res.json.message, 'string');
