@@ -109,10 +109,18 @@ func enterLocked(dir, pin string) error {
 	if err := os.Setenv(envMarker, id); err != nil {
 		return err
 	}
-	if err := unix.Exec("/proc/self/exe", os.Args, os.Environ()); err != nil {
-		return fmt.Errorf("mount namespace: re-execute vmon: %w", err)
+	// The binary by its path, not /proc/self/exe: the process is named after the file it runs
+	// (ps, pgrep -x), and "exe" would name nothing.
+	exe, err := os.Executable()
+	if err != nil {
+		exe = "/proc/self/exe"
 	}
-	return nil
+	err = unix.Exec(exe, os.Args, os.Environ())
+	if exe != "/proc/self/exe" {
+		// Replaced or removed on disk since it started: the running image is still there.
+		err = unix.Exec("/proc/self/exe", os.Args, os.Environ())
+	}
+	return fmt.Errorf("mount namespace: re-execute vmon: %w", err)
 }
 
 // openPinned opens the namespace pinned at pin, or returns nil when none is (first start, or a

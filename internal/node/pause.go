@@ -37,21 +37,38 @@ type DiskHolders interface {
 // resume start); past it the pause is left to the next start's recovery.
 var stashPatience = 2 * time.Minute
 
+// holderPatience is how long a pause waits for other mounts of a sandbox's disk to go before it
+// refuses: a runtime starting another sandbox (a warm pool refilling) copies the node's mounts
+// into the namespaces it makes, for the moment until it has switched to the sandbox's root.
+var holderPatience = 2 * time.Second
+
 // diskHeld refuses to pause sandbox id while its disk is mounted anywhere but in the sandbox
 // itself: the snapshot would seal an image that changes when that mount goes.
-func (n *Node) diskHeld(id, dir string) error {
+func (n *Node) diskHeld(ctx context.Context, id, dir string) error {
 	h, ok := n.opts.RootFS.(DiskHolders)
 	if !ok {
 		return nil
 	}
-	holders, err := h.DiskHolders(dir)
-	if err != nil {
-		// Stash's wait is still there to keep a snapshot from sealing a held disk.
-		n.log.Warn("cannot tell whether a sandbox's disk is mounted elsewhere", "sandbox", id, "err", err)
-		return nil
-	}
-	if len(holders) == 0 {
-		return nil
+	var holders []string
+	for deadline := time.Now().Add(holderPatience); ; {
+		var err error
+		holders, err = h.DiskHolders(dir)
+		if err != nil {
+			// Stash's wait is still there to keep a snapshot from sealing a held disk.
+			n.log.Warn("cannot tell whether a sandbox's disk is mounted elsewhere", "sandbox", id, "err", err)
+			return nil
+		}
+		if len(holders) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
 	}
 	n.log.Error("refusing to pause a sandbox whose disk is mounted elsewhere", "sandbox", id, "mounts", strings.Join(holders, "; "))
 	return errdefs.Unavailable("sandbox %q cannot be paused now: its disk is also mounted outside the sandbox on the host (see the server log), so its snapshot would not stay intact; it keeps running", id)
@@ -166,7 +183,7 @@ func (n *Node) PauseSandbox(ctx context.Context, id string, memory bool) (PauseI
 	if err := n.checkSnapshotBudget(ctx, sb, memory); err != nil {
 		return PauseInfo{}, err
 	}
-	if err := n.diskHeld(id, dir); err != nil {
+	if err := n.diskHeld(ctx, id, dir); err != nil {
 		return PauseInfo{}, err
 	}
 	began := time.Now()
@@ -186,7 +203,7 @@ func (n *Node) PauseSandbox(ctx context.Context, id string, memory bool) (PauseI
 	if memory {
 		err = n.checkpoint(ctx, cp, sb, tmp)
 		if err == nil {
-			if herr := n.diskHeld(id, dir); herr != nil {
+			if herr := n.diskHeld(context.WithoutCancel(ctx), id, dir); herr != nil {
 				// Mounted elsewhere while the checkpoint ran: the sandbox goes on from the
 				// checkpoint it just took (as after a snapshot) and the pause fails.
 				destroyed := make(chan error, 1)
