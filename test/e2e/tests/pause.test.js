@@ -285,40 +285,68 @@ describe('pause and resume', () => {
 
   // Second line of defence: a mount of the sandbox's disk vmon cannot unmount (here a bind mount
   // made inside vmon serve's own namespace) makes a pause fail with the sandbox still running and
-  // no snapshot written, instead of sealing an image that changes when that mount goes.
+  // no snapshot written, instead of sealing an image that changes when that mount goes: refused
+  // before the checkpoint when the mount is there first, and when it appears while the pause runs,
+  // the sandbox goes on from the checkpoint just taken, memory and all.
   srv.test('a pause while the disk is mounted elsewhere fails and the sandbox keeps running', async () => {
     const sbx = await create();
     const id = sbx.sandboxId;
     const rid = runtimeIdOf(srv.dataDir, id);
     await sbx.files.write('/home/user/held.txt', 'held');
     await sbx.commands.run(COUNTER, { background: true });
+    await sbx.commands.run(PY_HOLDER, { background: true });
+    await waitFor(async () => (await run(sbx, 'cat /tmp/py 2>/dev/null || true')) !== '', { what: 'the python holder' });
+    const [pyPid, secret] = (await run(sbx, 'cat /tmp/py')).split(' ');
     const pin = path.join(srv.dataDir, 'mntns', 'mnt');
     const holder = fs.mkdtempSync(path.join(os.tmpdir(), 'vmon-e2e-holder-'));
-    const bind = await runChild(['nsenter', `--mount=${pin}`, 'mount', '--bind', path.join(srv.dataDir, 'sandboxes', rid, 'disk'), holder]);
-    assert.equal(bind.code, 0, bind.stderr);
+    const inVmon = (...argv) => runChild(['nsenter', `--mount=${pin}`, ...argv]);
+    const hold = async () => {
+      const r = await inVmon('mount', '--bind', path.join(srv.dataDir, 'sandboxes', rid, 'disk'), holder);
+      assert.equal(r.code, 0, r.stderr);
+    };
+    const release = async () => {
+      const r = await inVmon('umount', holder);
+      assert.equal(r.code, 0, r.stderr);
+    };
+    const stillRunning = async (what) => {
+      assert.equal((await Sandbox.getInfo(id, srv.sdkOpts)).state, 'running', what);
+      const c1 = Number(await run(sbx, 'cat /tmp/count'));
+      await sleep(300);
+      assert.ok(Number(await run(sbx, 'cat /tmp/count')) > c1, `${what}: the sandbox stopped`);
+      assert.equal(await sbx.files.read('/home/user/held.txt'), 'held', what);
+      const [pid2, secret2] = (await run(sbx, 'cat /tmp/py')).split(' ');
+      assert.equal(pid2, pyPid, `${what}: the python process was restarted`);
+      assert.equal(secret2, secret, `${what}: the python process lost its memory`);
+      const pausedDir = path.join(srv.dataDir, 'paused');
+      const left = fs.existsSync(pausedDir) ? fs.readdirSync(pausedDir).filter((n) => n.includes(id)) : [];
+      assert.deepEqual(left, [], `${what}: a refused pause left a snapshot`);
+      assert.ok(!fs.existsSync(path.join(srv.dataDir, 'sandboxes', rid, 'pausing')), `${what}: a refused pause left its mark`);
+    };
     try {
+      await hold();
       const res = await apiFetch(srv, `/sandboxes/${id}/pause`, { method: 'POST', body: '{}' });
       assert.equal(res.status, 503, res.text);
       assert.match(res.json.message, /mounted outside the sandbox.*keeps running/);
       await assert.rejects(sbx.betaPause(), 'the SDK\'s pause reports the failure');
-      assert.equal((await Sandbox.getInfo(id, srv.sdkOpts)).state, 'running');
-      const c1 = Number(await run(sbx, 'cat /tmp/count'));
-      await sleep(300);
-      assert.ok(Number(await run(sbx, 'cat /tmp/count')) > c1, 'the sandbox stopped');
-      assert.equal(await sbx.files.read('/home/user/held.txt'), 'held');
-      const pausedDir = path.join(srv.dataDir, 'paused');
-      const left = fs.existsSync(pausedDir) ? fs.readdirSync(pausedDir).filter((n) => n.includes(id)) : [];
-      assert.deepEqual(left, [], 'a refused pause left a snapshot');
-      assert.ok(!fs.existsSync(path.join(srv.dataDir, 'sandboxes', rid, 'pausing')), 'a refused pause left its mark');
+      await stillRunning('mounted before the pause');
+      await release();
+
+      // The mount appears while the pause runs (its checkpoint takes longer than this delay).
+      const pausing = apiFetch(srv, `/sandboxes/${id}/pause`, { method: 'POST', body: '{}' });
+      await sleep(100);
+      await hold();
+      const res2 = await pausing;
+      assert.equal(res2.status, 503, res2.text);
+      await stillRunning('mounted during the pause');
     } finally {
-      const umount = await runChild(['nsenter', `--mount=${pin}`, 'umount', holder]);
-      assert.equal(umount.code, 0, umount.stderr);
+      await inVmon('umount', holder);
       fs.rmdirSync(holder);
     }
     // Once that mount is gone it pauses and resumes as any other.
     assert.equal(await sbx.betaPause(), true);
     const back = await Sandbox.connect(id, srv.sdkOpts);
     assert.equal(await back.files.read('/home/user/held.txt'), 'held');
+    assert.equal((await run(back, 'cat /tmp/py')).split(' ')[1], secret, 'memory after the pause that worked');
   });
 
   srv.test('resume after a node restart while paused', async () => {
