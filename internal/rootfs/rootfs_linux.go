@@ -155,9 +155,9 @@ func Release(ctx context.Context, sandboxDir string) error {
 // moves its writable layer (the disk image, or the upper directory of a sandbox without one) into
 // dst, an existing directory on the same filesystem, for Prepare's Options.Layer to bring back.
 // The runtime must be stopped first. What is left in the sandbox directory is removed by Release.
-// ErrDiskBusy (wrapped) says the layer was moved but its filesystem is still mounted elsewhere,
-// so the image may yet change.
-func Stash(ctx context.Context, sandboxDir, dst string) (busy error) {
+// ErrDiskBusy (wrapped) says the filesystem is still mounted elsewhere after the wait: the image
+// may yet change, so it was not moved; Stash may be called again.
+func Stash(ctx context.Context, sandboxDir, dst string) error {
 	sandboxDir = filepath.Clean(sandboxDir)
 	root := RootDir(sandboxDir)
 	if err := unmount(root); err != nil {
@@ -171,15 +171,14 @@ func Stash(ctx context.Context, sandboxDir, dst string) (busy error) {
 		}
 		// Moved while its filesystem lives on elsewhere, the image would change under the
 		// snapshot's checksum.
-		busy = waitLoopReleased(ctx, diskImage(sandboxDir))
-		if busy != nil && !errors.Is(busy, ErrDiskBusy) {
-			return busy
+		if err := waitLoopReleased(ctx, diskImage(sandboxDir)); err != nil {
+			return err
 		}
 	}
 	if err := os.Rename(filepath.Join(sandboxDir, name), filepath.Join(dst, name)); err != nil {
 		return fmt.Errorf("move writable layer: %w", err)
 	}
-	return busy
+	return nil
 }
 
 // CopyWritable copies the writable layer of a sandbox whose runtime is stopped (its root may stay
