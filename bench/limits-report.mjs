@@ -30,3 +30,17 @@ for (const disk of ['10240', '0']) {
   console.log(`| ${disk === '0' ? 'no disk limit' : `disk limit ${disk} MiB`} | ${mib(m.cgroupUsage.mean * 1)} | ` +
     `${mib(m.rss.mean)} | ${mib(m.diskImageBytes.mean)} |`);
 }
+
+if (files.includes('neighbour.json')) {
+  const nb = read('neighbour.json');
+  const idle = nb.loads.idle.run;
+  console.log(`\nA neighbour's \`commands.run('true')\` while another sandbox runs a load (${nb.n} runs each; ` +
+    `loads run ${nb.aggressorSeconds} s under timeout(1))\n`);
+  console.log('| beside | p50 | p95 | p50 / idle p50 | p95 / idle p95 | failed | root in the loaded sandbox runs a command after |');
+  console.log('|---|---|---|---|---|---|---|');
+  for (const [name, e] of Object.entries(nb.loads)) {
+    const ratio = (a, b) => (name === 'idle' ? '1' : (a / b).toFixed(2));
+    const recovery = e.rootRecoveryMs === undefined ? '' : e.rootRecoveryMs === null ? 'not within the wait' : `${e.rootRecoveryMs} ms`;
+    console.log(`| ${name} | ${e.run.p50} ms | ${e.run.p95} ms | ${ratio(e.run.p50, idle.p50)} | ${ratio(e.run.p95, idle.p95)} | ${e.failed} | ${recovery} |`);
+  }
+}

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# What the sandbox limits cost (issue 10, "Benchmark"): SDK create latency with the per-sandbox
+# What the sandbox limits cost and what they protect: SDK create latency with the per-sandbox
 # disk limit in place (--sandbox-disk-mb 10240) and without it (0), measured in the same run by
-# alternating servers round by round, plus the memory and host disk of idle sandboxes each way.
+# alternating servers round by round, plus the memory and host disk of idle sandboxes each way;
+# then a neighbour's commands.run latency while another sandbox runs an unprivileged fork bomb and
+# while another runs a CPU burner, as a ratio to the neighbour alone, and how long root in the
+# bombed sandbox needs to run a command once the bomb's timeout ended.
 #
 #   sudo bash bench/limits.sh
 #
@@ -9,6 +12,7 @@
 #   VMON_BENCH_DATA_DIR [/var/lib/vmon-bench]  VMON_BENCH_TEMPLATE_SRC [/var/lib/vmon/templates/base]
 #   VMON_BENCH_OUT [/tmp/vmon-bench-limits-<time>]  VMON_BIN [<repo>/bin/vmon]  RUNSC [/usr/local/bin/runsc]
 #   BENCH_ROUNDS [3] BENCH_CREATES [10] (per round and mode) BENCH_MEM_SANDBOXES [5]
+#   BENCH_NEIGHBOUR_RUNS [30] BENCH_AGGRESSOR_S [40]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
@@ -24,6 +28,8 @@ RUNSC=${RUNSC:-/usr/local/bin/runsc}
 ROUNDS=${BENCH_ROUNDS:-3}
 N_CREATES=${BENCH_CREATES:-10}
 N_MEM=${BENCH_MEM_SANDBOXES:-5}
+N_NEIGHBOUR=${BENCH_NEIGHBOUR_RUNS:-30}
+AGGRESSOR_S=${BENCH_AGGRESSOR_S:-40}
 mkdir -p "$OUT"
 
 ensure_sdk
@@ -44,5 +50,10 @@ for round in $(seq 1 "$ROUNDS"); do
     stop_vmon
   done
 done
+
+log "neighbour under a fork bomb and a CPU burner"
+start_vmon "$OUT/vmon-neighbour.log" --warm-pool 0
+node bench/sdk.mjs neighbour --n "$N_NEIGHBOUR" --aggressor-s "$AGGRESSOR_S" --out "$OUT/neighbour.json"
+stop_vmon
 
 node bench/limits-report.mjs "$OUT"

@@ -9,6 +9,11 @@
 //   node bench/sdk.mjs memory  --n 20 --settle-ms 10000 --out F [--cgroup-parent vmon] [--data-dir D]
 //       n sandboxes running idle: RSS/PSS of their runsc processes and their memory cgroups, and
 //       (with --data-dir) the host disk their disk images take.
+//   node bench/sdk.mjs neighbour --n 30 --aggressor-s 40 --out F
+//       commands.run('true') latency of one sandbox while it is alone, while another sandbox runs an
+//       unprivileged fork bomb, and while another runs a CPU burner (one spinning process per vCPU
+//       and one more); and how long after the fork bomb's `timeout` ended root in that sandbox
+//       first runs a command (up to --recover-s, default 120).
 //   node bench/sdk.mjs cleanup
 //       kill every sandbox the server lists.
 //
@@ -140,6 +145,74 @@ async function phaseExec() {
   }
 }
 
+// aggressors are the loads phaseNeighbour runs beside the measured sandbox, as user, bounded by
+// timeout(1) (which signals its whole process group when the time is up: `wait` keeps the shell,
+// and so the group, alive until then).
+const aggressors = {
+  forkBomb: (secs) => `timeout ${secs} bash -c ':(){ :|:& };:; wait' 2>/dev/null; true`,
+  cpuBurner: (secs) => `timeout ${secs} bash -c 'for i in $(seq $(( $(nproc) + 1 ))); do (while :; do :; done) & done; wait'; true`,
+};
+
+async function latencies(sbx, n) {
+  const out = [];
+  for (let i = 0; i < n; i++) {
+    const t0 = now();
+    try {
+      await sbx.commands.run('true', { timeoutMs: 60_000 });
+      out.push(now() - t0);
+    } catch {
+      out.push(null); // failed: counted apart, not as a latency
+    }
+  }
+  return out;
+}
+
+async function phaseNeighbour() {
+  const n = Number(args.n ?? 30);
+  const secs = Number(args['aggressor-s'] ?? 40);
+  const recoverS = Number(args['recover-s'] ?? 120);
+  const neighbour = await createOne();
+  const result = { phase: 'sdk-neighbour', sdkVersion, n, aggressorSeconds: secs, loads: {} };
+  try {
+    await neighbour.commands.run('true');
+    const idle = await latencies(neighbour, n);
+    result.loads.idle = { run: stats(idle.filter((v) => v != null)), failed: idle.filter((v) => v == null).length };
+    for (const [name, command] of Object.entries(aggressors)) {
+      const aggressor = await createOne();
+      try {
+        const began = now();
+        const load = aggressor.commands.run(command(secs), { timeoutMs: (secs + 120) * 1000 }).catch((err) => err);
+        await sleep(3000); // let the load build up
+        const samples = await latencies(neighbour, n);
+        const ok = samples.filter((v) => v != null);
+        const entry = { run: stats(ok), failed: samples.length - ok.length };
+        await load;
+        const ended = now();
+        entry.loadSeconds = (ended - began) / 1000;
+        if (name === 'forkBomb') {
+          // Root in the bombed sandbox: time until its first command succeeds.
+          entry.rootRecoveryMs = null;
+          while (now() - ended < recoverS * 1000) {
+            try {
+              await aggressor.commands.run('true', { user: 'root', timeoutMs: 10_000 });
+              entry.rootRecoveryMs = Math.round(now() - ended);
+              break;
+            } catch {
+              await sleep(500);
+            }
+          }
+        }
+        result.loads[name] = entry;
+      } finally {
+        await killQuiet(aggressor);
+      }
+    }
+    writeJson(args.out, result);
+  } finally {
+    await killQuiet(neighbour);
+  }
+}
+
 function readCgroupMemory(parent, id) {
   const dir = path.join('/sys/fs/cgroup/memory', parent, id);
   try {
@@ -260,9 +333,9 @@ async function phaseCleanup() {
   if (ids.length) console.error(`  cleanup: killed ${killed}/${ids.length} listed sandbox(es)`);
 }
 
-const phases = { create: phaseCreate, exec: phaseExec, memory: phaseMemory, cleanup: phaseCleanup };
+const phases = { create: phaseCreate, exec: phaseExec, memory: phaseMemory, neighbour: phaseNeighbour, cleanup: phaseCleanup };
 if (!phases[cmd]) {
-  console.error(`usage: node bench/sdk.mjs create|exec|memory|cleanup [--n N] [--out file] …`);
+  console.error(`usage: node bench/sdk.mjs create|exec|memory|neighbour|cleanup [--n N] [--out file] …`);
   process.exit(2);
 }
 try {
