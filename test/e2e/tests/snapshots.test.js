@@ -9,7 +9,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { describe } from 'node:test';
 import { Sandbox, SandboxNotFoundError } from 'e2b';
-import { useServer, killQuietly, sleep, apiFetch, pgrep, listAll } from '../lib/harness.js';
+import { useServer, killQuietly, sleep, waitFor, apiFetch, pgrep, listAll } from '../lib/harness.js';
 
 // Unique per run: snapshot names are unique, and the test data dir outlives a run.
 const NAME = `e2e-snap-${process.pid}`;
@@ -42,6 +42,9 @@ describe('snapshots and forks', () => {
     await sbx.commands.run(COUNTER, { background: true });
     await sbx.commands.run(HOLDER, { background: true });
     await sbx.files.write('/home/user/state.txt', 'at snapshot');
+    // The holder's first write comes once python has started, which a busy machine delays.
+    await waitFor(async () => (await sbx.commands.run('test -s /tmp/py', { user: 'root' }).catch((e) => e)).exitCode === 0,
+      { timeoutMs: 30_000, intervalMs: 200, what: 'the memory holder to write /tmp/py' });
     await sleep(300);
     return sbx;
   }
