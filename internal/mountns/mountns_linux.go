@@ -106,6 +106,12 @@ func enterLocked(dir, pin string) error {
 	if err != nil {
 		return fmt.Errorf("mount namespace: %w", err)
 	}
+	// The pin may have been made from another namespace than the one that wrote the id last (a
+	// vmon started from a private mount namespace, as the networking tests do, pins its own: a
+	// copied namespace does not carry the host's pin). Whatever was entered is what the id names.
+	if err := writeFileAtomic(filepath.Join(dir, "id"), []byte(id+" "+bootID()+"\n")); err != nil {
+		return fmt.Errorf("mount namespace: %w", err)
+	}
 	if err := os.Setenv(envMarker, id); err != nil {
 		return err
 	}

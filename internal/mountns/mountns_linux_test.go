@@ -127,3 +127,44 @@ func TestMountsStayInVmonsNamespace(t *testing.T) {
 		}
 	}
 }
+
+// A vmon started from a private copy of the host's namespace (the networking tests run it so) does
+// not see the host's pin, a nsfs mount the kernel does not copy, and pins a namespace of its own
+// there. A vmon started from the host afterwards still enters the host's pinned namespace: it must
+// not take the other's record of what it entered for its own and refuse to start.
+func TestEnterAfterAPinFromAnotherNamespace(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("this test makes mount namespaces and must run as root (CI runs it as root)")
+	}
+	dataDir := t.TempDir()
+	probe := filepath.Join(dataDir, "probe")
+	if err := os.Mkdir(probe, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = exec.Command("nsenter", "--mount="+Pin(dataDir), "umount", probe).Run()
+		_ = unix.Unmount(Pin(dataDir), 0)
+		_ = unix.Unmount(Dir(dataDir), 0)
+	})
+	first := runChild(t, "mount", dataDir)
+
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("unshare", "-m", "--propagation", "private", exe, "-test.run=^$")
+	cmd.Env = append(os.Environ(), childAction+"=none", childDir+"="+dataDir)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	other, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("vmon from a private namespace: %v: %s", err, stderr.String())
+	}
+	if string(other) == first {
+		t.Fatalf("the vmon in a private copy entered the host's pinned namespace %s, which it cannot see", first)
+	}
+
+	if again := runChild(t, "check", dataDir); again != first {
+		t.Fatalf("back on the host, vmon runs in %q, want the host's pinned %q", again, first)
+	}
+}
