@@ -85,8 +85,19 @@ func enterLocked(dir, pin string) error {
 		return err
 	}
 	if ns == nil {
-		if ns, err = create(dir, pin); err != nil {
-			return err
+		// Binding the new namespace onto the pin fails now and then with EINVAL when vmon runs
+		// in a private copy of another namespace whose pin it cannot see (the networking
+		// tests' runner; a second try succeeded every time it was seen). The cause is not
+		// understood; a fresh namespace per try keeps a start from failing on it.
+		for try := 1; ; try++ {
+			ns, err = create(dir, pin)
+			if err == nil {
+				break
+			}
+			if !errors.Is(err, unix.EINVAL) || try == 8 {
+				return err
+			}
+			fmt.Fprintf(os.Stderr, "vmon: %v; trying again with a new namespace\n", err)
 		}
 	}
 	defer ns.Close()
