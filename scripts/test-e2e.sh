@@ -85,6 +85,8 @@ fi
 # internet's DNS server, never the machine's: a private /etc/resolv.conf in the same mount
 # namespace.
 printf 'nameserver 203.0.113.53\noptions timeout:2 attempts:1\n' >"$netdir/resolv.conf"
-nsenter --net="/run/netns/$topo-node" unshare --mount --propagation private \
+# That private mount namespace is the servers' own (private /run/netns and resolv.conf), so they
+# stay in it rather than pin one of their own (VMON_MOUNT_NAMESPACE_MODE=inherit).
+VMON_MOUNT_NAMESPACE_MODE=inherit nsenter --net="/run/netns/$topo-node" unshare --mount --propagation private \
   sh -c 'mount -t tmpfs -o mode=0755 vmon-e2e-netns /run/netns &&
     mount --bind "$1" /etc/resolv.conf && exec npm run test:net' sh "$netdir/resolv.conf"

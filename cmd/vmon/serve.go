@@ -66,7 +66,9 @@ func serveCmd() *cobra.Command {
 			// Before anything is mounted: sandbox mounts must not be copied into mount
 			// namespaces other processes make (a pause would seal a disk still mounted there).
 			// A process not in the data dir's namespace yet is re-executed in it.
-			if err := mountns.Enter(c.DataDir); err != nil {
+			if err := mountns.Enter(c.DataDir); errors.Is(err, mountns.ErrInherited) {
+				fmt.Fprintf(cmd.ErrOrStderr(), "vmon: %v\n", err)
+			} else if err != nil {
 				return err
 			}
 			return serve(cmd.Context(), &c, cmd.OutOrStdout())

@@ -57,7 +57,9 @@ func templateCmd() *cobra.Command {
 			if args[0] == template.BaseID || args[0] == codeInterpreterID {
 				// A local build removes an old rootfs only when no sandbox's overlay uses it,
 				// and those overlays are in vmon serve's mount namespace.
-				if err := mountns.Enter(dataDir); err != nil {
+				if err := mountns.Enter(dataDir); errors.Is(err, mountns.ErrInherited) {
+					fmt.Fprintf(cmd.ErrOrStderr(), "vmon: %v\n", err)
+				} else if err != nil {
 					return err
 				}
 			}

@@ -17,7 +17,10 @@
 // last process in it).
 package mountns
 
-import "path/filepath"
+import (
+	"errors"
+	"path/filepath"
+)
 
 // envMarker tells the re-executed process which namespace it was put in ("mnt:[inode]"), so it
 // knows it is there and does not enter again.
@@ -29,3 +32,9 @@ func Dir(dataDir string) string { return filepath.Join(dataDir, "mntns") }
 // Pin is the file the data dir's mount namespace is bind-mounted on: `nsenter --mount=<Pin>`
 // sees what vmon sees.
 func Pin(dataDir string) string { return filepath.Join(Dir(dataDir), "mnt") }
+
+// InheritEnv set to "inherit" keeps vmon in the mount namespace it was started in.
+const InheritEnv = "VMON_MOUNT_NAMESPACE_MODE"
+
+// ErrInherited is Enter's answer when InheritEnv asks vmon to stay in its mount namespace.
+var ErrInherited = errors.New(InheritEnv + "=inherit: sandbox mounts stay in the mount namespace vmon was started in")

@@ -39,6 +39,13 @@ func Enter(dataDir string) error {
 		// Never loop: an exec that did not land in the namespace will not the next time either.
 		return fmt.Errorf("mount namespace: re-executed into %s but running in %s", marker, cur)
 	}
+	if os.Getenv(InheritEnv) == "inherit" {
+		// The caller gave vmon a private mount namespace of its own (a test harness's copy of
+		// the host's, a container): what vmon mounts there is already out of the host's
+		// namespace. Such a copy does not carry the host's pin (the kernel does not copy nsfs
+		// pins), and pinning another from it failed with EINVAL at times on this kernel.
+		return ErrInherited
+	}
 	return enter(dir, pin)
 }
 
@@ -85,19 +92,8 @@ func enterLocked(dir, pin string) error {
 		return err
 	}
 	if ns == nil {
-		// Binding the new namespace onto the pin fails now and then with EINVAL when vmon runs
-		// in a private copy of another namespace whose pin it cannot see (the networking
-		// tests' runner; a second try succeeded every time it was seen). The cause is not
-		// understood; a fresh namespace per try keeps a start from failing on it.
-		for try := 1; ; try++ {
-			ns, err = create(dir, pin)
-			if err == nil {
-				break
-			}
-			if !errors.Is(err, unix.EINVAL) || try == 8 {
-				return err
-			}
-			fmt.Fprintf(os.Stderr, "vmon: %v; trying again with a new namespace\n", err)
+		if ns, err = create(dir, pin); err != nil {
+			return err
 		}
 	}
 	defer ns.Close()

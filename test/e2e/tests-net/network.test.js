@@ -168,8 +168,7 @@ describe('egress policy on a --net tap node', () => {
     const pooled = vmonNetns().filter((n) => n.startsWith('vmon-net-'));
     assert.ok(pooled.length >= 2, `sandbox namespaces: ${pooled}`);
     for (const ns of pooled) {
-      // The namespace's mount lives in vmon serve's own mount namespace (internal/mountns).
-      const held = (await sh('nsenter', [`--mount=${path.join(srv.dataDir, 'mntns', 'mnt')}`, 'ip', '-n', ns, '-o', '-4', 'addr', 'show', 'dev', 'eth0'])).stdout.trim();
+      const held = (await sh('ip', ['-n', ns, '-o', '-4', 'addr', 'show', 'dev', 'eth0'])).stdout.trim();
       assert.ok(held === '' || /^\d+: eth0 +inet 169\.254\.0\.2\/32 /.test(held), `${ns} eth0: ${held}`);
     }
     assert.ok((await vmonLinks()).includes(`vmon${lease.index}`), `host end vmon${lease.index} exists in the node`);
