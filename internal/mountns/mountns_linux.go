@@ -1,7 +1,6 @@
 package mountns
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"os"
@@ -10,6 +9,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/vibemon/vmon/internal/rootfs"
 )
 
 // Enter puts the calling process into the data dir's mount namespace, creating and pinning it
@@ -207,7 +208,7 @@ func privateBind(dir string) error {
 	if err != nil {
 		return fmt.Errorf("mount namespace: %w", err)
 	}
-	mounted, err := isMountPoint(real)
+	mounted, err := rootfs.Mounted(real)
 	if err != nil {
 		return err
 	}
@@ -220,30 +221,6 @@ func privateBind(dir string) error {
 		return fmt.Errorf("mount namespace: make %s private: %w", real, err)
 	}
 	return nil
-}
-
-// isMountPoint reports whether path (resolved) is a mount point in this thread's namespace.
-func isMountPoint(path string) (bool, error) {
-	f, err := os.Open("/proc/thread-self/mountinfo")
-	if err != nil {
-		return false, fmt.Errorf("mount namespace: %w", err)
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) > 4 && unescape(fields[4]) == path {
-			return true, nil
-		}
-	}
-	return false, sc.Err()
-}
-
-// unescape undoes mountinfo's \ooo escaping of space, tab, newline and backslash.
-func unescape(s string) string {
-	r := strings.NewReplacer(`\040`, " ", `\011`, "\t", `\012`, "\n", `\134`, `\`)
-	return r.Replace(s)
 }
 
 func writeFileAtomic(path string, b []byte) error {

@@ -85,19 +85,7 @@ func mountinfo(t *testing.T, args ...string) string {
 // private namespace another process creates afterwards (what broke pauses), and a later vmon
 // process (a restart) enters the same namespace and finds it.
 func TestMountsStayInVmonsNamespace(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Fatal("this test makes mount namespaces and must run as root (CI runs it as root)")
-	}
-	dataDir := t.TempDir()
-	probe := filepath.Join(dataDir, "probe")
-	if err := os.Mkdir(probe, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = exec.Command("nsenter", "--mount="+Pin(dataDir), "umount", probe).Run()
-		_ = unix.Unmount(Pin(dataDir), 0)
-		_ = unix.Unmount(Dir(dataDir), 0)
-	})
+	dataDir, probe := newDataDir(t)
 	host, _ := os.Readlink("/proc/self/ns/mnt")
 
 	first := runChild(t, "mount", dataDir)
@@ -136,19 +124,7 @@ func TestMountsStayInVmonsNamespace(t *testing.T) {
 // the host's) neither pins another namespace nor changes the record of the host's pinned one,
 // which a vmon started from the host afterwards still enters.
 func TestOutsideTheHostNamespaceVmonStays(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Fatal("this test makes mount namespaces and must run as root (CI runs it as root)")
-	}
-	dataDir := t.TempDir()
-	probe := filepath.Join(dataDir, "probe")
-	if err := os.Mkdir(probe, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = exec.Command("nsenter", "--mount="+Pin(dataDir), "umount", probe).Run()
-		_ = unix.Unmount(Pin(dataDir), 0)
-		_ = unix.Unmount(Dir(dataDir), 0)
-	})
+	dataDir, _ := newDataDir(t)
 	first := runChild(t, "mount", dataDir)
 	id, err := os.ReadFile(filepath.Join(Dir(dataDir), "id"))
 	if err != nil {
@@ -173,4 +149,24 @@ func TestOutsideTheHostNamespaceVmonStays(t *testing.T) {
 	if again := runChild(t, "check", dataDir); again != first {
 		t.Fatalf("back on the host, vmon runs in %q, want the host's pinned %q", again, first)
 	}
+}
+
+// newDataDir is a data dir with a probe directory the children mount on; whatever namespace and
+// mounts the test leaves are given up afterwards.
+func newDataDir(t *testing.T) (dataDir, probe string) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Fatal("this test makes mount namespaces and must run as root (CI runs it as root)")
+	}
+	dataDir = t.TempDir()
+	probe = filepath.Join(dataDir, "probe")
+	if err := os.Mkdir(probe, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = exec.Command("nsenter", "--mount="+Pin(dataDir), "umount", probe).Run()
+		_ = unix.Unmount(Pin(dataDir), 0)
+		_ = unix.Unmount(Dir(dataDir), 0)
+	})
+	return dataDir, probe
 }
