@@ -181,7 +181,7 @@ func serve(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 		return err
 	}
 	nodeRef.Store(n)
-	live, err := n.Recover(ctx)
+	recovery, err := n.Recover(ctx)
 	if err != nil {
 		log.Warn("recovery left errors", "err", err)
 	}
@@ -217,9 +217,9 @@ func serve(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 	if egressProxy != nil {
 		egressProxy.SetSecrets(d)
 	}
-	liveSet := map[string]bool{}
-	for _, id := range live {
-		liveSet[id] = true
+	recoveringSet := map[string]bool{}
+	for _, id := range recovery.IDs() {
+		recoveringSet[id] = true
 	}
 	pausedIDs, err := n.Paused()
 	if err != nil {
@@ -229,7 +229,7 @@ func serve(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 	for _, id := range pausedIDs {
 		pausedSet[id] = true
 	}
-	if err := d.Recover(ctx, func(id string) bool { return liveSet[id] }, func(id string) bool { return pausedSet[id] }); err != nil {
+	if err := d.Recover(ctx, func(id string) bool { return recoveringSet[id] }, func(id string) bool { return pausedSet[id] }); err != nil {
 		return fmt.Errorf("recover sandbox records: %w", err)
 	}
 	orphans, err := d.PausedOrphans(ctx, pausedIDs)
@@ -273,15 +273,9 @@ func serve(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 	n.OnStopped(func(id string, exit runtime.Exit) {
 		d.SandboxStopped(context.Background(), id, exit.String())
 	})
-	for _, id := range d.Orphans(live) {
-		log.Info("destroying sandbox no record owns", "sandbox", id)
-		if err := n.DestroySandbox(ctx, id); err != nil {
-			log.Warn("destroy orphan", "sandbox", id, "err", err)
-		}
-	}
-	if len(live) > 0 {
-		log.Info("recovered running sandboxes", "count", len(live))
-	}
+	// The sandboxes a restart found are settled in the background (an envd to redial, a
+	// checkpoint to finish): the API serves meanwhile and answers 503 for them.
+	recovery.Run(func(r node.Recovered) { d.Recovered(context.WithoutCancel(ctx), r) })
 	n.StartWarmPool()
 	defer func() {
 		if err := n.Close(context.WithoutCancel(ctx)); err != nil {

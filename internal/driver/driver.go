@@ -127,6 +127,9 @@ type Driver struct {
 	// are stale and skipped.
 	deadlines map[string]time.Time // +checklocks:mu
 	heap      deadlineHeap         // +checklocks:mu
+	// recovering holds the sandboxes a restart found that the node is still settling (Recover,
+	// Recovered): the API answers 503 for them meanwhile.
+	recovering map[string]bool // +checklocks:mu
 
 	wake   chan struct{}
 	cancel context.CancelFunc
@@ -165,17 +168,18 @@ func New(opts Options) (*Driver, error) {
 		netStore = opts.Store
 	}
 	d := &Driver{
-		store:     opts.Store,
-		netStore:  netStore,
-		node:      opts.Node,
-		log:       opts.Logger,
-		clock:     opts.Clock,
-		opts:      opts,
-		bootSlots: make(chan struct{}, opts.BootConcurrency),
-		routes:    map[string]Route{},
-		deadlines: map[string]time.Time{},
-		wake:      make(chan struct{}, 1),
-		cancel:    cancel,
+		store:      opts.Store,
+		netStore:   netStore,
+		node:       opts.Node,
+		log:        opts.Logger,
+		clock:      opts.Clock,
+		opts:       opts,
+		bootSlots:  make(chan struct{}, opts.BootConcurrency),
+		routes:     map[string]Route{},
+		deadlines:  map[string]time.Time{},
+		recovering: map[string]bool{},
+		wake:       make(chan struct{}, 1),
+		cancel:     cancel,
 	}
 	d.wg.Add(1)
 	go func() {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/vibemon/vmon/internal/driver/drivertest"
 	"github.com/vibemon/vmon/internal/errdefs"
+	"github.com/vibemon/vmon/internal/node"
 	"github.com/vibemon/vmon/internal/store"
 )
 
@@ -131,4 +132,19 @@ func (e *env) countRecords(t *testing.T) int {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// recoverAll is a restart's recovery as the node does it: Recover, then each sandbox the node
+// still runs settled as running.
+func recoverAll(t *testing.T, d *Driver, alive, paused func(string) bool, ids ...string) {
+	t.Helper()
+	ctx := context.Background()
+	if err := d.Recover(ctx, alive, paused); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range ids {
+		if alive(id) {
+			d.Recovered(ctx, node.Recovered{ID: id, State: node.RecoveredRunning})
+		}
+	}
 }

@@ -34,6 +34,9 @@ func (d *Driver) SandboxByID(_ context.Context, id string) (Route, error) {
 	r, ok := d.routes[id]
 	d.mu.Unlock()
 	if !ok {
+		if err := d.checkRecovered(id); err != nil {
+			return Route{}, err
+		}
 		return Route{}, notFound(id)
 	}
 	return r, nil

@@ -25,6 +25,9 @@ func notFound(id string) error { return errdefs.NotFound("sandbox %q not found",
 // Get returns a live (running or paused) sandbox. Killed and starting sandboxes are NotFound, as
 // E2B reports them.
 func (d *Driver) Get(ctx context.Context, id string) (Sandbox, error) {
+	if err := d.checkRecovered(id); err != nil {
+		return Sandbox{}, err
+	}
 	sb, err := d.store.GetSandbox(ctx, id)
 	if errdefs.Is(err, errdefs.KindNotFound) || (err == nil && !live(sb)) {
 		return Sandbox{}, notFound(id)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/vibemon/vmon/internal/driver/drivertest"
 	"github.com/vibemon/vmon/internal/errdefs"
+	"github.com/vibemon/vmon/internal/node"
 	"github.com/vibemon/vmon/internal/store"
 )
 
@@ -184,9 +185,7 @@ func TestMetrics(t *testing.T) {
 	mn := &metricsNode{Node: e.node, m: Metric{CPUCount: 2, CPUUsedPct: 12.5, MemUsed: 1 << 20}}
 	e.opts.Node = mn
 	d := e.start(t)
-	if err := d.Recover(ctx, e.node.Alive, nil); err != nil {
-		t.Fatal(err)
-	}
+	recoverAll(t, d, e.node.Alive, nil, sb.ID)
 	m, err = d.Metrics(ctx, sb.ID)
 	if err != nil || len(m) != 1 || m[0].CPUUsedPct != 12.5 || m[0].Timestamp.IsZero() {
 		t.Fatalf("node metrics = %+v, %v", m, err)
@@ -245,6 +244,16 @@ func TestRecover(t *testing.T) {
 	if err := d.Recover(ctx, e.node.Alive, nil); err != nil {
 		t.Fatal(err)
 	}
+	// Until the node has settled them, the sandboxes it found answer 503.
+	for _, id := range []string{alive.ID, expired.ID} {
+		_, err := d.SandboxByID(ctx, id)
+		wantKind(t, err, errdefs.KindUnavailable)
+		_, err = d.Get(ctx, id)
+		wantKind(t, err, errdefs.KindUnavailable)
+	}
+	for _, id := range []string{alive.ID, expired.ID, killed.ID, "unknownruntime00000"} {
+		d.Recovered(ctx, node.Recovered{ID: id, State: node.RecoveredRunning})
+	}
 
 	for id, reason := range map[string]string{dead.ID: ReasonRuntimeGone, creating.ID: ReasonInterrupted} {
 		rec, _ := e.store.GetSandbox(ctx, id)
@@ -274,9 +283,13 @@ func TestRecover(t *testing.T) {
 	if !e.node.Alive(alive.ID) {
 		t.Fatal("alive sandbox killed by recovery")
 	}
-	if got := d.Orphans([]string{alive.ID, killed.ID, "unknownruntime00000"}); len(got) != 2 ||
-		got[0] != killed.ID || got[1] != "unknownruntime00000" {
-		t.Fatalf("Orphans = %v", got)
+	// Sandboxes the node still ran that no live record owns are destroyed.
+	destroyed = map[string]bool{}
+	for _, id := range e.node.Destroys() {
+		destroyed[id] = true
+	}
+	if !destroyed[killed.ID] || !destroyed["unknownruntime00000"] || destroyed[alive.ID] {
+		t.Fatalf("destroys after recovery = %v", e.node.Destroys())
 	}
 	e.clock.Advance(31 * time.Second)
 	e.waitState(t, alive.ID, store.StateKilled)

@@ -42,6 +42,9 @@ func (d *Driver) UpdateNetwork(ctx context.Context, id string, c NetworkUpdate) 
 	}
 	unlock := d.locks.Lock(id)
 	defer unlock()
+	if err := d.checkRecovered(id); err != nil {
+		return err
+	}
 	sb, err := d.store.GetSandbox(ctx, id)
 	if errdefs.Is(err, errdefs.KindNotFound) {
 		return notFound(id)

@@ -192,8 +192,9 @@ func (d *Driver) timeoutOrDefault(timeout *time.Duration) (time.Duration, error)
 // with autoResume is resumed first (with the default timeout), transparently to the caller, as
 // E2B does. Filesystem-only pauses are never resumed by traffic: they must be resumed explicitly.
 func (d *Driver) RouteOrResume(ctx context.Context, id string) (Route, error) {
-	if r, err := d.SandboxByID(ctx, id); err == nil {
-		return r, nil
+	r, err := d.SandboxByID(ctx, id)
+	if err == nil || !errdefs.Is(err, errdefs.KindNotFound) {
+		return r, err
 	}
 	sb, err := d.store.GetSandbox(ctx, id)
 	if err != nil || sb.State != store.StatePaused || !sb.AutoResume || !sb.PausedMemory {

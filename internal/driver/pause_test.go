@@ -207,9 +207,7 @@ func TestRecoverPaused(t *testing.T) {
 	}
 	e.d.Close()
 	d := e.start(t)
-	if err := d.Recover(ctx, pn.Alive, pn.Paused); err != nil {
-		t.Fatal(err)
-	}
+	recoverAll(t, d, pn.Alive, pn.Paused, resumedByNode.ID)
 	e.waitState(t, pausedByNode.ID, store.StatePaused)
 	e.waitState(t, resumedByNode.ID, store.StateRunning)
 	e.waitState(t, lost.ID, store.StateKilled)
@@ -223,5 +221,46 @@ func TestRecoverPaused(t *testing.T) {
 	}
 	if len(orphans) != 2 {
 		t.Fatalf("orphans = %v", orphans)
+	}
+}
+
+// A sandbox whose snapshot (or fork) a restart interrupted comes back from the node paused, though
+// nobody asked for a pause: the driver resumes it with its memory, for what is left of its
+// timeout. One whose pause was asked for stays paused. Until then both answer 503.
+func TestRecoveredSnapshotResumes(t *testing.T) {
+	e, pn := newPausingEnv(t, nil)
+	ctx := context.Background()
+	snapped := e.create(t, CreateRequest{Timeout: dur(10 * time.Minute)})
+	pausing := e.create(t, CreateRequest{})
+	// What the node did behind the records' back: both stopped by an interrupted checkpoint.
+	for _, id := range []string{snapped.ID, pausing.ID} {
+		if _, err := pn.PauseSandbox(ctx, id, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.d.Close()
+	d := e.start(t)
+	settling := func(id string) bool { return id == snapped.ID || id == pausing.ID }
+	if err := d.Recover(ctx, settling, nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{snapped.ID, pausing.ID} {
+		_, err := d.Get(ctx, id)
+		wantKind(t, err, errdefs.KindUnavailable)
+		_, err = d.RouteOrResume(ctx, id)
+		wantKind(t, err, errdefs.KindUnavailable)
+	}
+	d.Recovered(ctx, node.Recovered{ID: snapped.ID, State: node.RecoveredPaused, Memory: true, Resume: true})
+	d.Recovered(ctx, node.Recovered{ID: pausing.ID, State: node.RecoveredPaused, Memory: true})
+	e.waitState(t, snapped.ID, store.StateRunning)
+	e.waitState(t, pausing.ID, store.StatePaused)
+	if len(pn.Resumes) != 1 || pn.Resumes[0].Spec.ID != snapped.ID || !pn.Resumes[0].Memory {
+		t.Fatalf("resumes = %+v, want one with memory of %s", pn.Resumes, snapped.ID)
+	}
+	if r, err := d.SandboxByID(ctx, snapped.ID); err != nil || r.ID != snapped.ID {
+		t.Fatalf("the resumed sandbox is not routed: %+v %v", r, err)
+	}
+	if rec, _ := e.store.GetSandbox(ctx, snapped.ID); !rec.EndAt.Equal(snapped.EndAt) {
+		t.Errorf("resumed sandbox ends at %v, want its old end %v", rec.EndAt, snapped.EndAt)
 	}
 }

@@ -3,28 +3,30 @@ package driver
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/vibemon/vmon/internal/errdefs"
+	"github.com/vibemon/vmon/internal/node"
 	"github.com/vibemon/vmon/internal/store"
 )
 
 // Recover reconciles records with what survived a restart. It must run once after New and before
-// serving. alive reports whether the node still runs a sandbox's runtime, paused whether it holds
-// a sandbox paused (nil: the node cannot pause).
+// serving. recovering reports whether the node is still settling a sandbox it found (its runtime
+// was alive, or a pause of it was under way); paused whether it holds a sandbox paused (nil: the
+// node cannot pause).
 //
-//   - running records whose runtime is alive are tracked again: ingress routes and expiry timers
-//     are restored (already expired ones are killed at once by the expiry loop);
-//   - running records the node holds paused (a pause the crash interrupted and recovery finished)
-//     become paused; paused records whose runtime is alive (a resume that got that far) running;
-//   - paused records the node still holds stay paused, untracked (a paused sandbox has no timer);
+//   - records of sandboxes the node is settling wait for Recovered; meanwhile the API answers
+//     503 for them, since they may be back in a moment;
+//   - paused records the node still holds stay paused, untracked (a paused sandbox has no timer),
+//     and running ones it holds paused become paused (the pause was written, not recorded);
 //   - everything else is destroyed on the node (removing leftovers such as directories and
 //     links; "already gone" is success) and marked killed; records still creating belong to a
 //     create the restart interrupted.
 //
-// Paused sandboxes on the node that no record owns are deleted.
-func (d *Driver) Recover(ctx context.Context, alive, paused func(id string) bool) error {
-	if alive == nil {
-		return fmt.Errorf("driver: Recover needs an alive function")
+// Paused sandboxes on the node that no record owns are deleted (PausedOrphans).
+func (d *Driver) Recover(ctx context.Context, recovering, paused func(id string) bool) error {
+	if recovering == nil {
+		return fmt.Errorf("driver: Recover needs a recovering function")
 	}
 	if paused == nil {
 		paused = func(string) bool { return false }
@@ -36,29 +38,22 @@ func (d *Driver) Recover(ctx context.Context, alive, paused func(id string) bool
 	if err != nil {
 		return fmt.Errorf("load sandboxes to recover: %w", err)
 	}
-	var kept, killed, held int
+	var waiting, killed, held int
 	for _, sb := range recs {
 		switch {
-		case sb.State == store.StateRunning && alive(sb.ID):
-			d.track(sb)
-			kept++
+		case sb.State != store.StateCreating && recovering(sb.ID):
+			d.mu.Lock()
+			d.recovering[sb.ID] = true
+			d.mu.Unlock()
+			waiting++
 			continue
 		case sb.State == store.StateRunning && paused(sb.ID):
+			// Its pause was written whole, but the restart came before the record said so.
 			if err := d.store.MarkPaused(ctx, sb.ID, d.now(), false, 0); err != nil {
 				return fmt.Errorf("mark sandbox %s paused: %w", sb.ID, err)
 			}
 			d.log.Info("sandbox paused by recovery (its pause was interrupted)", "sandbox", sb.ID)
 			held++
-			continue
-		case sb.State == store.StatePaused && alive(sb.ID):
-			end := d.now().Add(d.opts.DefaultTimeout)
-			if err := d.store.MarkResumed(ctx, sb.ID, end); err != nil {
-				return fmt.Errorf("mark sandbox %s running: %w", sb.ID, err)
-			}
-			sb.State, sb.EndAt = store.StateRunning, end
-			d.track(sb)
-			d.log.Info("sandbox running after recovery (its resume was interrupted)", "sandbox", sb.ID)
-			kept++
 			continue
 		case sb.State == store.StatePaused && paused(sb.ID):
 			held++
@@ -78,8 +73,93 @@ func (d *Driver) Recover(ctx context.Context, alive, paused func(id string) bool
 		d.log.Info("sandbox not recovered", "sandbox", sb.ID, "reason", reason)
 		killed++
 	}
-	d.log.Info("recovered sandboxes", "running", kept, "paused", held, "killed", killed)
+	d.log.Info("recovering sandboxes", "settling", waiting, "paused", held, "killed", killed)
 	return nil
+}
+
+// checkRecovered answers 503 for a sandbox the node is still settling after a restart.
+func (d *Driver) checkRecovered(id string) error {
+	d.mu.Lock()
+	r := d.recovering[id]
+	d.mu.Unlock()
+	if r {
+		return errdefs.Unavailable("sandbox %q is being recovered after a restart of vmon; try again in a few seconds", id)
+	}
+	return nil
+}
+
+// Recovered records what the node made of a sandbox it found at a restart (node.Recovery.Run):
+//
+//   - running: a running record is tracked again (ingress routes, expiry timer; one already
+//     past its end is killed at once by the expiry loop); a paused record becomes running (a
+//     resume that got that far) with the default timeout; a sandbox no live record owns (killed
+//     in the store, its destroy never reached the node) is destroyed;
+//   - paused: the record becomes paused (a pause the restart interrupted), and is resumed at
+//     once when only a snapshot or fork had stopped it (nobody asked for a pause);
+//   - gone: the record is marked killed.
+func (d *Driver) Recovered(ctx context.Context, r node.Recovered) {
+	unlock := d.locks.Lock(r.ID)
+	defer unlock()
+	d.mu.Lock()
+	delete(d.recovering, r.ID)
+	d.mu.Unlock()
+	sb, err := d.store.GetSandbox(ctx, r.ID)
+	if err != nil && !errdefs.Is(err, errdefs.KindNotFound) {
+		d.log.Error("load a recovered sandbox's record", "sandbox", r.ID, "err", err)
+		return
+	}
+	owned := err == nil && live(sb)
+	switch {
+	case r.State == node.RecoveredRunning && !owned:
+		d.log.Info("destroying sandbox no record owns", "sandbox", r.ID)
+		d.destroyQuietly(ctx, r.ID)
+	case r.State == node.RecoveredRunning:
+		if sb.State == store.StatePaused {
+			end := d.now().Add(d.opts.DefaultTimeout)
+			if err := d.store.MarkResumed(ctx, sb.ID, end); err != nil {
+				d.log.Error("mark a recovered sandbox running", "sandbox", sb.ID, "err", err)
+				return
+			}
+			sb.State, sb.EndAt = store.StateRunning, end
+			d.log.Info("sandbox running after recovery (its resume was interrupted)", "sandbox", sb.ID)
+		}
+		d.track(sb)
+		d.log.Info("sandbox recovered", "sandbox", sb.ID)
+	case r.State == node.RecoveredPaused && !owned:
+		if p, ok := d.node.(Pauser); ok {
+			_ = p.DeletePaused(ctx, r.ID)
+		}
+	case r.State == node.RecoveredPaused:
+		if sb.State == store.StateRunning {
+			if err := d.store.MarkPaused(ctx, sb.ID, d.now(), r.Memory, 0); err != nil {
+				d.log.Error("mark a recovered sandbox paused", "sandbox", sb.ID, "err", err)
+				return
+			}
+			sb.State, sb.PausedMemory = store.StatePaused, r.Memory
+		}
+		d.log.Info("sandbox paused by recovery (its pause was interrupted)", "sandbox", sb.ID, "memory", r.Memory)
+		if !r.Resume {
+			return
+		}
+		// A snapshot or fork stopped it: it goes on as the caller left it, for what was left
+		// of its timeout (at least a minute, so its owner can reach it).
+		t := max(sb.EndAt.Sub(d.now()), time.Minute)
+		if _, err := d.resumeLocked(ctx, sb, t, true); err != nil {
+			d.log.Error("resume a sandbox whose snapshot the restart interrupted; it stays paused", "sandbox", sb.ID, "err", err)
+			return
+		}
+		d.log.Info("sandbox resumed after recovery (its snapshot was interrupted)", "sandbox", sb.ID, "memory", r.Memory)
+	default:
+		if !owned {
+			return
+		}
+		d.destroyQuietly(ctx, sb.ID)
+		if err := d.store.MarkKilled(ctx, sb.ID, d.now(), ReasonRuntimeGone); err != nil {
+			d.log.Error("mark a sandbox that did not survive killed", "sandbox", sb.ID, "err", err)
+			return
+		}
+		d.log.Info("sandbox not recovered", "sandbox", sb.ID, "reason", ReasonRuntimeGone)
+	}
 }
 
 // PausedOrphans returns the ids in paused (what the node holds paused) that no paused record owns.
@@ -87,6 +167,9 @@ func (d *Driver) Recover(ctx context.Context, alive, paused func(id string) bool
 func (d *Driver) PausedOrphans(ctx context.Context, paused []string) ([]string, error) {
 	var out []string
 	for _, id := range paused {
+		if d.checkRecovered(id) != nil {
+			continue // the node settles it; Recovered decides
+		}
 		sb, err := d.store.GetSandbox(ctx, id)
 		if errdefs.Is(err, errdefs.KindNotFound) || (err == nil && sb.State != store.StatePaused) {
 			out = append(out, id)
@@ -97,19 +180,4 @@ func (d *Driver) PausedOrphans(ctx context.Context, paused []string) ([]string, 
 		}
 	}
 	return out, nil
-}
-
-// Orphans returns the ids in live (what the node found running after a restart) that no running
-// record owns, e.g. a sandbox killed in the store whose destroy never reached the node. Call it
-// after Recover; the caller destroys them on the node so nothing is left that no record owns.
-func (d *Driver) Orphans(live []string) []string {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	var out []string
-	for _, id := range live {
-		if _, ok := d.routes[id]; !ok {
-			out = append(out, id)
-		}
-	}
-	return out
 }

@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/vibemon/vmon/internal/agentproto"
+	"github.com/vibemon/vmon/internal/errdefs"
 )
 
 // Target is one running sandbox as ingress needs it.
@@ -204,6 +205,15 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		target, port = t, agentproto.EnvdPort
 	} else {
 		target, err = p.sandboxes.Target(r.Context(), id)
+		if errdefs.Is(err, errdefs.KindUnavailable) {
+			// There in a moment (recovering after a restart): not a sandbox the SDK may
+			// take for gone.
+			w.Header().Set("Retry-After", "2")
+			writeJSON(w, http.StatusServiceUnavailable, map[string]any{
+				"sandboxId": id, "message": err.Error(), "code": http.StatusServiceUnavailable,
+			})
+			return
+		}
 		if err != nil {
 			writeNotFound(w, id)
 			return

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/vibemon/vmon/internal/agentproto"
+	"github.com/vibemon/vmon/internal/errdefs"
 )
 
 type fakeSandboxes map[string]Target
@@ -151,6 +152,29 @@ func TestNotFoundBody(t *testing.T) {
 	if body["sandboxId"] != "gone1" || body["message"] != "The sandbox was not found" || body["code"] != float64(502) {
 		t.Fatalf("body %v", body)
 	}
+}
+
+// A sandbox that will be back in a moment (recovering after a restart) is 503 with Retry-After,
+// not the 502 the SDK reads as gone.
+func TestRecoveringIs503(t *testing.T) {
+	p := New(slog.New(slog.DiscardHandler), recoveringSandboxes{}, "localhost")
+	rec := do(t, p, "GET", "/health", "", map[string]string{HeaderSandboxID: "back1", HeaderSandboxPort: "49983"})
+	if rec.Code != http.StatusServiceUnavailable || rec.Header().Get("Retry-After") == "" {
+		t.Fatalf("status %d, Retry-After %q", rec.Code, rec.Header().Get("Retry-After"))
+	}
+	var body map[string]any
+	if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil {
+		t.Fatal(err)
+	}
+	if body["sandboxId"] != "back1" || !strings.Contains(fmt.Sprint(body["message"]), "recovered") || body["code"] != float64(503) {
+		t.Fatalf("body %v", body)
+	}
+}
+
+type recoveringSandboxes struct{ fakeSandboxes }
+
+func (recoveringSandboxes) Target(_ context.Context, id string) (Target, error) {
+	return Target{}, errdefs.Unavailable("sandbox %q is being recovered after a restart of vmon", id)
 }
 
 func TestClosedPortIs502(t *testing.T) {

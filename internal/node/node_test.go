@@ -421,12 +421,21 @@ func TestRecoverAdoptsHandedOutAndDiscardsTheRest(t *testing.T) {
 	_, _ = e.ns.Create(ctx, "vmon-0other-abc")
 
 	n2 := e.node(t, nil)
-	live, err := n2.Recover(ctx)
+	rec, err := n2.Recover(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Equal(live, []string{"alive"}) {
-		t.Fatalf("recovered %v, want [alive]", live)
+	if !slices.Equal(rec.IDs(), []string{"alive"}) {
+		t.Fatalf("recovering %v, want [alive]", rec.IDs())
+	}
+	var outcomes []Recovered
+	var omu sync.Mutex
+	rec.Run(func(r Recovered) { omu.Lock(); outcomes = append(outcomes, r); omu.Unlock() })
+	if err := rec.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if len(outcomes) != 1 || outcomes[0] != (Recovered{ID: "alive", State: RecoveredRunning}) {
+		t.Fatalf("outcomes %+v, want alive running", outcomes)
 	}
 	sb, ok := n2.lookup("alive")
 	if !ok || sb.token != "tok-alive" {

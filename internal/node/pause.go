@@ -84,8 +84,9 @@ const (
 	// resumingFile marks a resume in progress: recovery either keeps the resumed sandbox (its
 	// runtime runs) or gives the writable layer back to the paused snapshot.
 	resumingFile = "resuming"
-	// checkpointDone, inside a pause's checkpoint directory, says the runtime finished writing it.
-	checkpointDone = "complete"
+	// markSnapshot is the pausing mark's content while a snapshot (or fork) stops the sandbox:
+	// recovery finishes it as a pause the sandbox's owner did not ask for, so it resumes it.
+	markSnapshot = "snapshot"
 )
 
 // bootRecord is bootFile's content.
@@ -313,13 +314,10 @@ func (n *Node) waitFinished(ctx context.Context, id string) error {
 	}
 }
 
-// checkpoint saves sb's runtime into tmp's checkpoint directory and marks it complete.
+// checkpoint saves sb's runtime into tmp's checkpoint directory. The runtime marks it complete
+// itself, even if this process dies before it is done (AwaitCheckpoint).
 func (n *Node) checkpoint(ctx context.Context, cp runtime.Checkpointer, sb *sandbox, tmp string) error {
-	img := filepath.Join(tmp, snapshot.CheckpointDir)
-	if err := cp.Checkpoint(ctx, sb.runtimeID, img, false); err != nil {
-		return err
-	}
-	return os.WriteFile(filepath.Join(img, checkpointDone), nil, 0o600)
+	return cp.Checkpoint(ctx, sb.runtimeID, filepath.Join(tmp, snapshot.CheckpointDir), false)
 }
 
 // flushGuest asks the guest to write its cached file data back before its runtime is stopped
@@ -562,13 +560,22 @@ func dirsMatching(root string, re *regexp.Regexp) ([]string, error) {
 	return ids, nil
 }
 
-// settleAdopted clears what a crash left of a pause or resume of a sandbox that is running: a
-// pause that had not stopped the runtime yet is called off, and a resume whose runtime came up
-// is complete, so its spent snapshot goes.
-func (n *Node) settleAdopted(sb *sandbox) {
+// settleAdopted clears what a crash left of a pause, snapshot or resume of a sandbox that is
+// running: a pause or snapshot whose runtime still runs (it had not stopped yet, or was restored
+// from its checkpoint already) is called off, and a resume whose runtime came up is complete, so
+// its spent snapshot goes.
+func (n *Node) settleAdopted(ctx context.Context, sb *sandbox, hadMark bool) {
 	dir := n.sandboxDir(sb.runtimeID)
-	if err := os.Remove(filepath.Join(dir, pausingFile)); err == nil {
-		n.log.Info("a pause was interrupted before the sandbox stopped; it keeps running", "sandbox", sb.id)
+	if hadMark {
+		// A runtime restored in place comes back with the placeholder address only; giving the
+		// guest its lease again is harmless when it never stopped.
+		wctx, cancel := context.WithTimeout(ctx, n.opts.BootTimeout)
+		if err := n.pushNetwork(wctx, sb); err != nil {
+			n.log.Warn("envd did not take its network back after recovery", "sandbox", sb.id, "err", err)
+		}
+		cancel()
+		_ = os.Remove(filepath.Join(dir, pausingFile))
+		n.log.Info("a pause or snapshot was interrupted while the sandbox ran; it keeps running", "sandbox", sb.id)
 	}
 	if err := os.Remove(filepath.Join(dir, resumingFile)); err == nil {
 		n.log.Info("a resume was interrupted after the sandbox started; it keeps running", "sandbox", sb.id)
@@ -576,55 +583,58 @@ func (n *Node) settleAdopted(sb *sandbox) {
 	}
 }
 
-// finishInterruptedPause completes the pause of a sandbox whose runtime a crash left stopped
-// half-way: its files are still whole, so it becomes paused (with memory when the checkpoint was
-// complete) instead of lost. It reports whether rid was such a sandbox and is now paused.
-func (n *Node) finishInterruptedPause(ctx context.Context, rid string) bool {
+// finishInterruptedPause completes the pause of a sandbox whose runtime a crash (or a failed
+// snapshot) left stopped half-way: its files are still whole, so it becomes paused, with memory
+// when its checkpoint completed, instead of lost. It reports whether rid was such a sandbox and
+// is now paused, and whether with memory.
+func (n *Node) finishInterruptedPause(ctx context.Context, rid string) (memory, ok bool) {
 	dir := n.sandboxDir(rid)
 	if _, err := os.Stat(filepath.Join(dir, pausingFile)); err != nil {
-		return false
+		return false, false
 	}
 	b, err := os.ReadFile(filepath.Join(dir, sandboxIDFile))
 	id := string(b)
 	if err != nil || !idRe.MatchString(id) {
-		return false
+		return false, false
 	}
 	final := n.pausedDir(id)
-	if _, err := snapshot.Read(final); err == nil {
+	if meta, err := snapshot.Read(final); err == nil {
 		// Published already; only the sandbox directory was left.
 		if err := n.releaseRoot(ctx, rid); err != nil {
 			n.log.Warn("remove the directory of a paused sandbox", "sandbox", id, "err", err)
 		}
-		return true
+		return meta.Memory, true
 	}
 	rec, err := readBootRecord(dir)
 	if err != nil {
 		n.log.Error("cannot finish an interrupted pause", "sandbox", id, "err", err)
-		return false
+		return false, false
 	}
 	// Among the unfinished snapshots of this sandbox, one whose checkpoint completed keeps memory.
 	tmps, _ := filepath.Glob(filepath.Join(filepath.Dir(final), ".tmp-"+id+"-*"))
-	tmp, memory := "", false
-	for _, t := range tmps {
-		if _, err := os.Stat(filepath.Join(t, snapshot.CheckpointDir, checkpointDone)); err == nil {
-			tmp, memory = t, true
-			break
+	tmp := ""
+	if cp, can := n.opts.Runtime.(runtime.Checkpointer); can {
+		for _, t := range tmps {
+			if done, err := cp.AwaitCheckpoint(ctx, rid, filepath.Join(t, snapshot.CheckpointDir)); err == nil && done {
+				tmp, memory = t, true
+				break
+			}
 		}
 	}
 	if tmp == "" {
 		if tmp, err = snapshot.TempDir(final); err != nil {
 			n.log.Error("cannot finish an interrupted pause", "sandbox", id, "err", err)
-			return false
+			return false, false
 		}
 	}
 	// The runtime may be stopped but still registered: remove it before moving its files.
 	_ = n.opts.Runtime.Destroy(ctx, rid)
 	if _, err := n.finishPause(ctx, id, dir, tmp, rec, memory); err != nil {
 		n.log.Error("cannot finish an interrupted pause", "sandbox", id, "err", err)
-		return false
+		return false, false
 	}
 	n.log.Info("finished a pause a crash interrupted", "sandbox", id, "memory", memory)
-	return true
+	return memory, true
 }
 
 // checkSnapshotBudget refuses a pause that would take the paused sandboxes past MaxSnapshotBytes,

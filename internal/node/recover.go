@@ -17,11 +17,90 @@ import (
 	"github.com/vibemon/vmon/internal/snapshot"
 )
 
-// Recover adopts the sandboxes that survived a crash of the previous node process and removes
-// everything no live sandbox owns: dead sandboxes' directories, mounts and namespaces,
-// pre-started sandboxes nobody claimed, and runtime containers or namespaces without a directory.
-// It returns the API ids of the sandboxes that are alive.
-func (n *Node) Recover(ctx context.Context) ([]string, error) {
+// RecoveredState is what became of a sandbox a restart found.
+type RecoveredState int
+
+const (
+	// RecoveredRunning: its runtime was alive and the node adopted it.
+	RecoveredRunning RecoveredState = iota
+	// RecoveredPaused: a pause (or a snapshot) was under way; the node finished it as a pause.
+	RecoveredPaused
+	// RecoveredGone: it did not survive and the node removed what was left.
+	RecoveredGone
+)
+
+// Recovered reports what became of one sandbox a restart found.
+type Recovered struct {
+	ID    string
+	State RecoveredState
+	// Memory: a paused sandbox kept its memory and processes.
+	Memory bool
+	// Resume: the sandbox is paused only because a snapshot or fork of it was interrupted. Nobody
+	// asked for it to stop, so its owner resumes it.
+	Resume bool
+}
+
+// Recovery takes back what a previous node process left: Recover finds the sandboxes at once,
+// and Run settles each of them in the background, because that can take a while (an envd to
+// redial, a checkpoint the crash left running to finish, a pause's snapshot to write).
+type Recovery struct {
+	n       *Node
+	pending []pendingRecovery
+	done    chan struct{}
+}
+
+type pendingRecovery struct {
+	rid, id string
+	// mark is the content of the sandbox's pausing mark; hadMark says there was one.
+	mark    string
+	hadMark bool
+	link    *netpool.Link
+}
+
+// IDs are the API ids of the sandboxes Run will settle.
+func (r *Recovery) IDs() []string {
+	ids := make([]string, len(r.pending))
+	for i, p := range r.pending {
+		ids[i] = p.id
+	}
+	return ids
+}
+
+// Run settles every sandbox of IDs in the background and calls report once for each, from
+// several goroutines. Wait waits for them all.
+func (r *Recovery) Run(report func(Recovered)) {
+	var wg sync.WaitGroup
+	for _, p := range r.pending {
+		wg.Add(1)
+		r.n.finishWG.Add(1)
+		go func() {
+			defer wg.Done()
+			defer r.n.finishWG.Done()
+			report(r.n.recoverOne(r.n.ctx, p))
+		}()
+	}
+	go func() {
+		wg.Wait()
+		close(r.done)
+	}()
+}
+
+// Wait waits until Run has settled every sandbox.
+func (r *Recovery) Wait(ctx context.Context) error {
+	select {
+	case <-r.done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Recover finds the sandboxes that survived a crash of the previous node process and removes
+// everything no such sandbox owns: dead sandboxes' directories, mounts and namespaces,
+// pre-started sandboxes nobody claimed, runtime containers or namespaces without a directory,
+// network links. It waits for nothing the guests do; the Recovery it returns settles the
+// survivors (Run).
+func (n *Node) Recover(ctx context.Context) (*Recovery, error) {
 	entries, err := os.ReadDir(filepath.Join(n.opts.DataDir, "sandboxes"))
 	if err != nil {
 		return nil, fmt.Errorf("read sandboxes dir: %w", err)
@@ -29,10 +108,10 @@ func (n *Node) Recover(ctx context.Context) ([]string, error) {
 	var (
 		mu      sync.Mutex
 		wg      sync.WaitGroup
-		adopted = map[string]*sandbox{} // by runtime id
+		found   = map[string]*pendingRecovery{} // by runtime id
 		errs    []error
+		workers = make(chan struct{}, 16)
 	)
-	// Adopting waits for each envd to redial; do it in parallel so many sandboxes don't add up.
 	for _, e := range entries {
 		rid := e.Name()
 		if !e.IsDir() || !idRe.MatchString(rid) {
@@ -41,14 +120,12 @@ func (n *Node) Recover(ctx context.Context) ([]string, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if sb := n.adopt(ctx, rid); sb != nil {
-				n.settleAdopted(sb)
+			workers <- struct{}{}
+			defer func() { <-workers }()
+			if p := n.survivor(ctx, rid); p != nil {
 				mu.Lock()
-				adopted[rid] = sb
+				found[rid] = p
 				mu.Unlock()
-				return
-			}
-			if n.finishInterruptedPause(ctx, rid) {
 				return
 			}
 			n.log.Info("removing sandbox that did not survive", "runtime_id", rid)
@@ -60,30 +137,15 @@ func (n *Node) Recover(ctx context.Context) ([]string, error) {
 		}()
 	}
 	wg.Wait()
-	// What is left of pauses that never published, now that interrupted ones are finished.
-	if err := snapshot.Sweep(filepath.Join(n.opts.DataDir, "paused")); err != nil {
-		errs = append(errs, fmt.Errorf("remove unfinished pause snapshots: %w", err))
-	}
 	if n.opts.Network != nil {
-		errs = append(errs, n.recoverLinks(ctx, adopted))
-	}
-	aliveRID := map[string]bool{}
-	var aliveIDs []string
-	for rid, sb := range adopted {
-		aliveRID[rid] = true
-		aliveIDs = append(aliveIDs, sb.id)
-		n.mu.Lock()
-		n.sandboxes[sb.id] = sb
-		n.mu.Unlock()
-		n.watch(sb)
-		n.log.Info("recovered sandbox", "sandbox", sb.id)
+		errs = append(errs, n.recoverLinks(ctx, found))
 	}
 	ids, err := n.opts.Runtime.List(ctx)
 	if err != nil {
 		errs = append(errs, fmt.Errorf("list runtime sandboxes: %w", err))
 	}
 	for _, rid := range ids {
-		if !aliveRID[rid] {
+		if found[rid] == nil {
 			n.log.Info("removing runtime sandbox no directory owns", "runtime_id", rid)
 			errs = append(errs, n.opts.Runtime.Destroy(ctx, rid))
 		}
@@ -97,19 +159,47 @@ func (n *Node) Recover(ctx context.Context) ([]string, error) {
 	for _, name := range names {
 		rid, ok := strings.CutPrefix(name, n.opts.NetNSPrefix)
 		// A name that is not prefix+id belongs to another node sharing this host.
-		if ok && idRe.MatchString(rid) && !aliveRID[rid] {
+		if ok && idRe.MatchString(rid) && found[rid] == nil {
 			errs = append(errs, n.opts.NetNS.Delete(ctx, name))
 		}
 	}
-	return aliveIDs, errors.Join(errs...)
+	r := &Recovery{n: n, done: make(chan struct{})}
+	for _, p := range found {
+		r.pending = append(r.pending, *p)
+	}
+	// What is left of pauses that never published, but for the survivors': an interrupted pause
+	// is finished from its checkpoint.
+	if err := snapshot.Sweep(filepath.Join(n.opts.DataDir, "paused"), r.IDs()...); err != nil {
+		errs = append(errs, fmt.Errorf("remove unfinished pause snapshots: %w", err))
+	}
+	return r, errors.Join(errs...)
 }
 
-// recoverLinks hands the adopted sandboxes their links back (their rules and policy survived in
-// the kernel) and lets the pool remove every other link. A sandbox whose link is gone has no
-// uplink and no enforceable policy, so it is torn down instead of recovered.
-func (n *Node) recoverLinks(ctx context.Context, adopted map[string]*sandbox) error {
+// survivor says whether the sandbox directory rid belongs to a handed-out sandbox that may still
+// be there after the restart: its runtime runs, or a pause or snapshot of it was under way.
+func (n *Node) survivor(ctx context.Context, rid string) *pendingRecovery {
+	dir := n.sandboxDir(rid)
+	b, err := os.ReadFile(filepath.Join(dir, sandboxIDFile))
+	id := strings.TrimSpace(string(b))
+	if err != nil || !idRe.MatchString(id) {
+		return nil // pre-started and never claimed, or a create the crash interrupted
+	}
+	p := &pendingRecovery{rid: rid, id: id}
+	if m, err := os.ReadFile(filepath.Join(dir, pausingFile)); err == nil {
+		p.mark, p.hadMark = string(m), true
+		return p
+	}
+	if st, err := n.opts.Runtime.Status(ctx, rid); err == nil && st == runtime.StatusRunning {
+		return p
+	}
+	return nil
+}
+
+// recoverLinks hands the survivors their links back (their rules and policy are still in the
+// kernel) and lets the pool remove every other link.
+func (n *Node) recoverLinks(ctx context.Context, found map[string]*pendingRecovery) error {
 	held := map[netpool.LinkID]string{}
-	for rid := range adopted {
+	for rid := range found {
 		b, err := os.ReadFile(filepath.Join(n.sandboxDir(rid), linkFile))
 		v, perr := strconv.Atoi(strings.TrimSpace(string(b)))
 		if err != nil || perr != nil {
@@ -122,31 +212,94 @@ func (n *Node) recoverLinks(ctx context.Context, adopted map[string]*sandbox) er
 		ids = append(ids, id)
 	}
 	links, err := n.opts.Network.Recover(ctx, ids)
-	var errs []error
-	if err != nil {
-		errs = append(errs, fmt.Errorf("recover network links: %w", err))
-	}
 	for id, rid := range held {
 		if l, ok := links[id]; ok {
-			adopted[rid].link = l
+			found[rid].link = l
 		}
 	}
-	for rid, sb := range adopted {
-		if sb.link == nil {
+	if err != nil {
+		return fmt.Errorf("recover network links: %w", err)
+	}
+	return nil
+}
+
+// recoverOne settles one survivor: a checkpoint the crash left running is waited for; a sandbox
+// whose runtime runs and whose envd redials is adopted with its link and policy; one a pause or
+// snapshot had stopped becomes paused (with its memory when the checkpoint completed); anything
+// else is removed.
+func (n *Node) recoverOne(ctx context.Context, p pendingRecovery) (out Recovered) {
+	out = Recovered{ID: p.id, State: RecoveredGone}
+	defer func() {
+		// Checkpoints the outcome did not use (the sandbox runs on, or one was incomplete).
+		if err := snapshot.SweepOne(n.pausedDir(p.id)); err != nil {
+			n.log.Warn("remove unfinished pause snapshots", "sandbox", p.id, "err", err)
+		}
+	}()
+	if p.hadMark {
+		// A checkpoint outlives the node that asked for it; until it ends the sandbox is
+		// neither running nor stopped.
+		n.awaitCheckpoints(ctx, p)
+	}
+	if sb := n.adopt(ctx, p.rid); sb != nil {
+		sb.link = p.link
+		if n.opts.Network != nil && sb.link == nil {
 			n.log.Warn("removing sandbox whose network link is gone", "sandbox", sb.id)
-			errs = append(errs, n.teardown(ctx, sb))
-			delete(adopted, rid)
-			continue
+			n.removeRecovered(ctx, sb)
+			return out
 		}
-		if err := n.restorePolicy(ctx, sb); err != nil {
-			// Without its policy the proxy would refuse the sandbox's domain flows, and the
-			// chains may be half-written: not a sandbox to hand back.
-			n.log.Warn("removing sandbox whose egress policy cannot be restored", "sandbox", sb.id, "err", err)
-			errs = append(errs, n.teardown(ctx, sb))
-			delete(adopted, rid)
+		if sb.link != nil {
+			if err := n.restorePolicy(ctx, sb); err != nil {
+				// Without its policy the proxy would refuse the sandbox's domain flows, and
+				// the chains may be half-written: not a sandbox to hand back.
+				n.log.Warn("removing sandbox whose egress policy cannot be restored", "sandbox", sb.id, "err", err)
+				n.removeRecovered(ctx, sb)
+				return out
+			}
+		}
+		n.settleAdopted(ctx, sb, p.hadMark)
+		n.mu.Lock()
+		n.sandboxes[sb.id] = sb
+		n.mu.Unlock()
+		n.watch(sb)
+		n.log.Info("recovered sandbox", "sandbox", sb.id)
+		out.State = RecoveredRunning
+		return out
+	}
+	if p.hadMark {
+		if memory, ok := n.finishInterruptedPause(ctx, p.rid); ok {
+			if p.link != nil {
+				n.opts.Network.ReleaseLater(p.link)
+			}
+			out.State, out.Memory = RecoveredPaused, memory
+			// Only a pause the caller asked for stays paused; a snapshot's or fork's source
+			// goes on.
+			out.Resume = p.mark == markSnapshot
+			return out
 		}
 	}
-	return errors.Join(errs...)
+	n.log.Info("removing sandbox that did not survive", "sandbox", p.id)
+	n.removeRecovered(ctx, &sandbox{runtimeID: p.rid, id: p.id, link: p.link})
+	return out
+}
+
+func (n *Node) removeRecovered(ctx context.Context, sb *sandbox) {
+	if err := n.teardown(ctx, sb); err != nil {
+		n.log.Warn("clean up sandbox that did not survive", "sandbox", sb.id, "err", err)
+	}
+}
+
+// awaitCheckpoints waits for the checkpoints of p's unfinished pause or snapshot to end.
+func (n *Node) awaitCheckpoints(ctx context.Context, p pendingRecovery) {
+	cp, ok := n.opts.Runtime.(runtime.Checkpointer)
+	if !ok {
+		return
+	}
+	tmps, _ := filepath.Glob(filepath.Join(n.opts.DataDir, "paused", ".tmp-"+p.id+"-*"))
+	for _, t := range tmps {
+		if _, err := cp.AwaitCheckpoint(ctx, p.rid, filepath.Join(t, snapshot.CheckpointDir)); err != nil {
+			n.log.Warn("wait for an interrupted checkpoint", "sandbox", p.id, "err", err)
+		}
+	}
 }
 
 // adopt re-listens on a live, handed-out sandbox's agent socket and waits for its envd to redial.

@@ -66,7 +66,7 @@ func (n *Node) SnapshotSandbox(ctx context.Context, id, snapID string) (PauseInf
 		return PauseInfo{}, err
 	}
 	abandon := func() { _ = os.RemoveAll(ptmp); _ = os.RemoveAll(stmp) }
-	if err := writeFileAtomic(filepath.Join(dir, pausingFile), nil); err != nil {
+	if err := writeFileAtomic(filepath.Join(dir, pausingFile), []byte(markSnapshot)); err != nil {
 		abandon()
 		return PauseInfo{}, fmt.Errorf("mark snapshot: %w", err)
 	}
@@ -170,7 +170,7 @@ func (n *Node) keepAsPaused(ctx context.Context, sb *sandbox, dir string, rec bo
 	if sb.link != nil {
 		n.opts.Network.ReleaseLater(sb.link)
 	}
-	if n.finishInterruptedPause(ctx, sb.runtimeID) {
+	if _, ok := n.finishInterruptedPause(ctx, sb.runtimeID); ok {
 		n.log.Error("a snapshot left its sandbox stopped; it is paused", "sandbox", sb.id, "err", cause)
 		return fmt.Errorf("%w: %w", ErrSandboxPaused, cause)
 	}

@@ -165,7 +165,15 @@ type Checkpointer interface {
 	// keeps of it (state, cgroups, processes on their way out) lasts until Destroy, which the
 	// caller may put off (a pause answers first). A failed Checkpoint with leaveRunning leaves
 	// the sandbox running; without it the sandbox may be gone either way.
+	//
+	// A checkpoint outlives the process that asked for it: if that process dies (kill -9 of the
+	// node), the runtime still finishes writing imageDir, and AwaitCheckpoint tells the next
+	// process whether it did.
 	Checkpoint(ctx context.Context, id, imageDir string, leaveRunning bool) error
+	// AwaitCheckpoint waits until no checkpoint of sandbox id into imageDir is being written any
+	// more (one a previous node process started may still be) and reports whether imageDir holds
+	// a complete checkpoint.
+	AwaitCheckpoint(ctx context.Context, id, imageDir string) (complete bool, err error)
 	// Restore starts the sandbox described by spec from imageDir instead of booting its init.
 	// spec must describe the same root filesystem content and mounts as the checkpointed
 	// sandbox; its id, state directory and network namespace may differ. A failed Restore

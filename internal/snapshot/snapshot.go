@@ -226,8 +226,9 @@ func Discard(final string) (string, error) {
 }
 
 // Sweep removes temporary snapshot directories under parent (left by a crash mid-write) and
-// discarded ones a crash left before they were deleted.
-func Sweep(parent string) error {
+// discarded ones a crash left before they were deleted, except those of the snapshots named in
+// keep (their owner is still settling them).
+func Sweep(parent string, keep ...string) error {
 	ents, err := os.ReadDir(parent)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
@@ -237,8 +238,28 @@ func Sweep(parent string) error {
 	}
 	var errs []error
 	for _, e := range ents {
-		if strings.HasPrefix(e.Name(), tmpPrefix) || strings.HasPrefix(e.Name(), spentPrefix) {
-			errs = append(errs, os.RemoveAll(filepath.Join(parent, e.Name())))
+		name := e.Name()
+		if !strings.HasPrefix(name, tmpPrefix) && !strings.HasPrefix(name, spentPrefix) {
+			continue
+		}
+		if slices.ContainsFunc(keep, func(k string) bool {
+			return strings.HasPrefix(name, tmpPrefix+k+"-") || strings.HasPrefix(name, spentPrefix+k+"-")
+		}) {
+			continue
+		}
+		errs = append(errs, os.RemoveAll(filepath.Join(parent, name)))
+	}
+	return errors.Join(errs...)
+}
+
+// SweepOne removes what unfinished writes and removals of the snapshot at final left.
+func SweepOne(final string) error {
+	parent, base := filepath.Dir(final), filepath.Base(final)
+	var errs []error
+	for _, prefix := range []string{tmpPrefix, spentPrefix} {
+		left, _ := filepath.Glob(filepath.Join(parent, prefix+base+"-*"))
+		for _, l := range left {
+			errs = append(errs, os.RemoveAll(l))
 		}
 	}
 	return errors.Join(errs...)

@@ -143,6 +143,34 @@ func TestSweepRemovesUnpublished(t *testing.T) {
 	}
 }
 
+// Sweep spares the leftovers of the snapshots it is told to keep (a restart still settling them);
+// SweepOne removes exactly one snapshot's.
+func TestSweepKeepsAndSweepOne(t *testing.T) {
+	parent := t.TempDir()
+	var tmps []string
+	for _, name := range []string{"sb1", "sb12", "sb2"} {
+		tmp, err := TempDir(filepath.Join(parent, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		tmps = append(tmps, tmp)
+	}
+	if err := Sweep(parent, "sb1"); err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []bool{true, false, false} {
+		if _, err := os.Stat(tmps[i]); (err == nil) != want {
+			t.Errorf("%s kept = %v, want %v", tmps[i], err == nil, want)
+		}
+	}
+	if err := SweepOne(filepath.Join(parent, "sb1")); err != nil {
+		t.Fatal(err)
+	}
+	if ents, _ := os.ReadDir(parent); len(ents) != 0 {
+		t.Fatalf("SweepOne left %v", ents)
+	}
+}
+
 func writeAt(t *testing.T, path string, off int64, s string) {
 	t.Helper()
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)

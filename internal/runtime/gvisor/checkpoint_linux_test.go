@@ -86,11 +86,24 @@ func TestCheckpointRestore(t *testing.T) {
 	count := waitCount(t, root, 3)
 	for cycle := range 3 {
 		img := filepath.Join(s.dir, "ckpt-"+strconv.Itoa(cycle))
+		if done, err := rt.AwaitCheckpoint(ctx, id, img); err != nil || done {
+			t.Fatalf("cycle %d: AwaitCheckpoint before any checkpoint = %v, %v", cycle, done, err)
+		}
 		began := time.Now()
-		if err := rt.Checkpoint(ctx, id, img, false); err != nil {
+		ckpt := make(chan error, 1)
+		go func() { ckpt <- rt.Checkpoint(ctx, id, img, false) }()
+		// Another process (a restarted node) waits for a checkpoint it did not start.
+		for !checkpointRunning(id, img) && len(ckpt) == 0 {
+			time.Sleep(5 * time.Millisecond)
+		}
+		done, err := rt.AwaitCheckpoint(ctx, id, img)
+		if err := <-ckpt; err != nil {
 			t.Fatalf("cycle %d: checkpoint: %v", cycle, err)
 		}
 		took := time.Since(began)
+		if err != nil || !done {
+			t.Fatalf("cycle %d: AwaitCheckpoint = %v, %v; want a complete checkpoint", cycle, done, err)
+		}
 		// Stopped at once; its remains stay until Destroy.
 		if st, err := rt.Status(ctx, id); err != nil || st == runtime.StatusRunning {
 			t.Fatalf("cycle %d: status after checkpoint = %v, %v; want not running", cycle, st, err)

@@ -31,6 +31,10 @@ type containerState struct {
 	Bundle string `json:"bundle"`
 }
 
+// runscEnv is runsc's whole environment: it must not inherit the caller's knobs (e.g. a TMPDIR
+// on a vanished dir).
+var runscEnv = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+
 // errNotExist is returned (wrapped) when runsc has no container with the id.
 var errNotExist = errors.New("runsc: container does not exist")
 
@@ -38,14 +42,18 @@ func (c *runsc) command(ctx context.Context, sub string, args ...string) *exec.C
 	argv := append(append(slices.Clone(c.flags), sub), args...)
 	cmd := exec.CommandContext(ctx, c.path, argv...)
 	cmd.SysProcAttr = sysProcAttr()
-	// runsc must not inherit the caller's environment knobs (e.g. a TMPDIR on a vanished dir).
-	cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+	cmd.Env = runscEnv
 	return cmd
 }
 
 // run runs a short runsc command and returns its stdout; the error carries stderr.
 func (c *runsc) run(ctx context.Context, sub string, args ...string) ([]byte, error) {
-	cmd := c.command(ctx, sub, args...)
+	return c.output(c.command(ctx, sub, args...), sub, args)
+}
+
+// output runs cmd, the runsc command sub with args, and returns its stdout; the error carries
+// stderr.
+func (c *runsc) output(cmd *exec.Cmd, sub string, args []string) ([]byte, error) {
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	start := time.Now()
@@ -80,6 +88,33 @@ func (c *runsc) runDetached(ctx context.Context, id, bundle, pidFile, imageDir s
 	c.log.Debug("runsc", "cmd", sub, "id", id, "took", time.Since(start), "err", err)
 	if err != nil {
 		return fmt.Errorf("runsc %s: %w", sub, err)
+	}
+	return nil
+}
+
+// runMarked runs a runsc command under a shell that creates the file mark once runsc exits 0.
+// The shell and runsc run in their own session and outlive this process, so mark tells a later
+// process whether a command this one started (a checkpoint) finished after it died. Their output
+// goes to mark.log, not to pipes that die with this process (runsc would die of SIGPIPE); it is
+// removed on success and read for the error otherwise. Cancelling ctx kills both.
+func (c *runsc) runMarked(ctx context.Context, mark, sub string, args ...string) error {
+	logPath := mark + ".log"
+	argv := append(append(slices.Clone(c.flags), sub), args...)
+	script := `m=$1; shift; "$@" >"$m.log" 2>&1 || exit; rm -f "$m.log"; : >"$m"`
+	cmd := exec.CommandContext(ctx, "/bin/sh", append([]string{"-c", script, "sh", mark, c.path}, argv...)...)
+	cmd.SysProcAttr = sysProcAttr()
+	cmd.Cancel = func() error { return killGroup(cmd.Process.Pid) }
+	cmd.Env = runscEnv
+	start := time.Now()
+	err := cmd.Run()
+	c.log.Debug("runsc", "cmd", sub, "args", args, "took", time.Since(start), "err", err)
+	if err != nil {
+		msg := tail(logPath, 2048)
+		_ = os.Remove(logPath)
+		if strings.Contains(msg, "does not exist") {
+			return fmt.Errorf("runsc %s: %w: %s", sub, errNotExist, msg)
+		}
+		return fmt.Errorf("runsc %s: %w: %s", sub, err, msg)
 	}
 	return nil
 }

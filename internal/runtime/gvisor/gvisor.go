@@ -165,6 +165,11 @@ func (r *Runtime) Restore(ctx context.Context, spec runtime.Spec, imageDir strin
 // memory pages go to pages files beside it).
 const checkpointStateFile = "checkpoint.img"
 
+// checkpointComplete, inside a checkpoint image directory, says runsc finished writing it. The
+// process that waits for runsc writes it (see runsc.runMarked), so it appears even when the node
+// that asked for the checkpoint died meanwhile.
+const checkpointComplete = "complete"
+
 // Checkpoint saves sandbox id into imageDir with runsc checkpoint. Uncompressed: on this kind of
 // host compression costs far more time than the disk it saves (docs/benchmarks.md).
 func (r *Runtime) Checkpoint(ctx context.Context, id, imageDir string, leaveRunning bool) error {
@@ -182,7 +187,7 @@ func (r *Runtime) Checkpoint(ctx context.Context, id, imageDir string, leaveRunn
 	if leaveRunning {
 		args = append(args, "--leave-running")
 	}
-	if _, err := r.cli.run(ctx, "checkpoint", append(args, id)...); err != nil {
+	if err := r.cli.runMarked(ctx, filepath.Join(imageDir, checkpointComplete), "checkpoint", append(args, id)...); err != nil {
 		if errors.Is(err, errNotExist) {
 			return errdefs.NotFound("sandbox %q is not running", id)
 		}
@@ -191,6 +196,29 @@ func (r *Runtime) Checkpoint(ctx context.Context, id, imageDir string, leaveRunn
 	r.log.Info("gvisor: sandbox checkpointed", "id", id, "leave_running", leaveRunning,
 		"took", time.Since(began).Round(time.Millisecond))
 	return nil
+}
+
+// AwaitCheckpoint waits for the runsc checkpoint of id into imageDir that a previous vmon may
+// have left running, then reports whether it completed.
+func (r *Runtime) AwaitCheckpoint(ctx context.Context, id, imageDir string) (bool, error) {
+	if err := validateID(id); err != nil {
+		return false, err
+	}
+	if !filepath.IsAbs(imageDir) {
+		return false, errdefs.InvalidArgument("checkpoint image directory must be an absolute path")
+	}
+	for checkpointRunning(id, imageDir) {
+		select {
+		case <-ctx.Done():
+			return false, fmt.Errorf("wait for the checkpoint of sandbox %s: %w", id, ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	_, err := os.Stat(filepath.Join(imageDir, checkpointComplete))
+	if errors.Is(err, os.ErrNotExist) {
+		return false, nil
+	}
+	return err == nil, err
 }
 
 func (r *Runtime) launch(ctx context.Context, spec runtime.Spec, imageDir string) (err error) {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -31,6 +32,29 @@ func sandboxAlive(pid int, id string) bool {
 	}
 	args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
 	return strings.HasPrefix(filepath.Base(args[0]), "runsc") && args[len(args)-1] == id
+}
+
+// killGroup kills the process group pid leads (a runsc command and what it started).
+func killGroup(pid int) error { return syscall.Kill(-pid, syscall.SIGKILL) }
+
+// checkpointRunning reports whether a process is still writing a checkpoint of sandbox id into
+// imageDir: runsc checkpoint, or the shell that waits for it to mark the image complete.
+func checkpointRunning(id, imageDir string) bool {
+	procs, _ := os.ReadDir("/proc")
+	for _, p := range procs {
+		if _, err := strconv.Atoi(p.Name()); err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", p.Name(), "cmdline"))
+		if err != nil || len(b) == 0 {
+			continue
+		}
+		args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+		if args[len(args)-1] == id && slices.Contains(args, "checkpoint") && slices.Contains(args, "--image-path="+imageDir) {
+			return true
+		}
+	}
+	return false
 }
 
 // removeCgroups removes what is left of sandbox id's cgroup in every mounted hierarchy (cgroup v2,

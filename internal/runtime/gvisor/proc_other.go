@@ -21,6 +21,10 @@ func sandboxAlive(pid int, id string) bool { return false }
 
 func removeCgroups(parent, id string) error { return supported() }
 
+func killGroup(int) error { return supported() }
+
+func checkpointRunning(string, string) bool { return false }
+
 type waitStatus = int
 
 type watcher struct{}

@@ -517,7 +517,10 @@ export function runtimeIdOf(dir, id) {
   return id;
 }
 
-/** Wait until the API reports sandbox `id` gone (SandboxNotFoundError from getInfo). */
+/**
+ * Wait until the API reports sandbox `id` gone (SandboxNotFoundError from getInfo); the 503 of a
+ * sandbox a restarted server is still recovering means not yet.
+ */
 export async function waitSandboxGone(sdkOpts, id, what, timeoutMs = 15_000) {
   await waitFor(
     async () => {
@@ -526,11 +529,33 @@ export async function waitSandboxGone(sdkOpts, id, what, timeoutMs = 15_000) {
         return false;
       } catch (err) {
         if (err instanceof SandboxNotFoundError) return true;
+        if (err.name === 'ServiceBusyError') return false;
         throw err;
       }
     },
     { timeoutMs, what },
   );
+}
+
+/**
+ * Sandbox.getInfo of a sandbox a restarted server may still be recovering: until it is back it
+ * answers 503 (ServiceBusyError), which this waits out.
+ */
+export async function getInfoRecovered(id, sdkOpts, timeoutMs = 60_000) {
+  let info;
+  await waitFor(
+    async () => {
+      try {
+        info = await Sandbox.getInfo(id, sdkOpts);
+        return true;
+      } catch (err) {
+        if (err.name === 'ServiceBusyError') return false;
+        throw err;
+      }
+    },
+    { timeoutMs, intervalMs: 200, what: `sandbox ${id} to be recovered after the restart` },
+  );
+  return info;
 }
 
 /**

@@ -23,7 +23,7 @@ import net from 'node:net';
 import path from 'node:path';
 import { before, describe } from 'node:test';
 import { ALL_TRAFFIC, Sandbox, SandboxNotFoundError } from 'e2b';
-import { useServer, runId, killQuietly, waitFor, apiFetch, listAll, pgrep, runtimeIdOf, waitSandboxGone } from '../lib/harness.js';
+import { useServer, runId, killQuietly, waitFor, apiFetch, listAll, pgrep, runtimeIdOf, waitSandboxGone, getInfoRecovered } from '../lib/harness.js';
 import {
   INET,
   ALWAYS_DENIED_HOSTS,
@@ -803,6 +803,7 @@ describe('kill -9 of the server and restart: no orphan links, chains, namespaces
       "the dead sandbox's conntrack entries were flushed",
     );
 
+    for (const s of [a, b]) await getInfoRecovered(s.sandboxId, srv.sdkOpts);
     const a2 = await Sandbox.connect(a.sandboxId, srv.sdkOpts);
     const b2 = await Sandbox.connect(b.sandboxId, srv.sdkOpts);
     await expectReach(a2, { answered: [`http://${A}`], refused: [`http://${B}`, `udp://${B}:7`] }, "a's policy after restart");

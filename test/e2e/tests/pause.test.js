@@ -12,7 +12,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { describe } from 'node:test';
 import { Sandbox, SandboxNotFoundError, InvalidArgumentError } from 'e2b';
-import { useServer, killQuietly, waitFor, sleep, runtimeIdOf, runVmon, apiFetch, pgrep, listAll, vmonBin, templateState, vmonMountinfo, runChild } from '../lib/harness.js';
+import { useServer, killQuietly, waitFor, sleep, runtimeIdOf, runVmon, apiFetch, pgrep, listAll, vmonBin, templateState, vmonMountinfo, runChild, getInfoRecovered } from '../lib/harness.js';
 
 // Written through a rename: a read never sees the file truncated and empty.
 const COUNTER = 'i=0; while true; do i=$((i+1)); echo $i > /tmp/count.new; mv -f /tmp/count.new /tmp/count; sleep 0.05; done';
@@ -233,7 +233,7 @@ describe('pause and resume', () => {
     const res = await apiFetch(srv, `/v2/sandboxes/${sbx.sandboxId}/connect`, { method: 'POST', body: '{}' });
     assert.equal(res.status, 500, res.text);
     assert.match(res.json.message, /damaged/);
-    assert.equal((await Sandbox.getInfo(sbx.sandboxId, srv.sdkOpts)).state, 'paused');
+    assert.equal((await getInfoRecovered(sbx.sandboxId, srv.sdkOpts)).state, 'paused');
     assert.ok(!fs.existsSync(path.join(srv.dataDir, 'sandboxes', sbx.sandboxId)), 'a refused resume left a sandbox directory');
     assert.deepEqual(await pgrep(`runsc.* ${sbx.sandboxId}$`), []);
     // Repaired, it resumes with its files.
@@ -357,7 +357,7 @@ describe('pause and resume', () => {
     assert.equal(await sbx.pause(), true);
     await srv.kill9();
     await srv.restart();
-    assert.equal((await Sandbox.getInfo(sbx.sandboxId, srv.sdkOpts)).state, 'paused');
+    assert.equal((await getInfoRecovered(sbx.sandboxId, srv.sdkOpts)).state, 'paused');
     const back = await Sandbox.connect(sbx.sandboxId, srv.sdkOpts);
     assert.equal(await back.files.read('/home/user/r.txt'), 'across restart');
     const c1 = Number(await run(back, 'cat /tmp/count'));
@@ -382,7 +382,7 @@ describe('pause and resume', () => {
       await sleep(delayMs);
       await srv.kill9();
       await srv.restart();
-      const state = (await Sandbox.getInfo(sbx.sandboxId, srv.sdkOpts)).state;
+      const state = (await getInfoRecovered(sbx.sandboxId, srv.sdkOpts)).state;
       assert.ok(state === 'running' || state === 'paused', `${op} +${delayMs} ms: state ${state}`);
       // Whatever it became, it works: connect resumes it if needed and its files are there.
       const back = await Sandbox.connect(sbx.sandboxId, srv.sdkOpts);

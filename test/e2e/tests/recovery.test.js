@@ -9,7 +9,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { after, before, describe } from 'node:test';
 import { Sandbox, SandboxNotFoundError } from 'e2b';
-import { useServer, runId, listAll, killQuietly, waitFor, sleep, dataDir, pgrep, runtimeIdOf, waitSandboxGone, vmonMountinfo } from '../lib/harness.js';
+import { useServer, runId, listAll, killQuietly, waitFor, sleep, dataDir, pgrep, runtimeIdOf, waitSandboxGone, vmonMountinfo, apiFetch, getInfoRecovered } from '../lib/harness.js';
 
 // Hooks live inside describe(): Node 20 does not await root-level hooks in order.
 describe('restart recovery', () => {
@@ -92,7 +92,7 @@ describe('restart recovery', () => {
   });
 
   after(async () => {
-    if (srv.proc) await killQuietly(srv.sdkOpts, ...live.map((l) => l.sbx), doomed);
+    if (srv.proc) await killQuietly(srv.sdkOpts, ...live.map((l) => l.sbx), doomed, ...forked);
   });
 
   const srv = useServer({ name: 'recovery' });
@@ -161,7 +161,8 @@ describe('restart recovery', () => {
 
     for (const { sbx, content, tickPid } of live) {
       const id = sbx.sandboxId;
-      const info = await Sandbox.getInfo(id, srv.sdkOpts);
+      // Recovery settles sandboxes behind the API: until then they answer 503.
+      const info = await getInfoRecovered(id, srv.sdkOpts);
       assert.equal(info.state, 'running', `${id} is running after restart`);
       assert.deepEqual(info.metadata, infoBefore.get(id).metadata, 'metadata kept');
       assert.ok(Math.abs(info.endAt - infoBefore.get(id).endAt) <= 1000, `expiry kept: ${info.endAt.toISOString()}`);
@@ -196,6 +197,78 @@ describe('restart recovery', () => {
       'only the live sandboxes are listed',
     );
     assert.equal(await Sandbox.kill(doomed.sandboxId, srv.sdkOpts), false);
+  });
+
+  // The pid of a process whose command line holds every one of `parts`, or 0.
+  function findProcess(...parts) {
+    for (const pid of fs.readdirSync('/proc')) {
+      if (!/^\d+$/.test(pid)) continue;
+      const cl = cmdline(pid);
+      if (parts.every((p) => cl.includes(p))) return Number(pid);
+    }
+    return 0;
+  }
+
+  // kill -9 of the server while a fork checkpoints its source, and again once that checkpoint is
+  // written: after the restart the source runs as before, with the processes and memory it had,
+  // and the API answers at once, with 503 for the source until it is back.
+  const forked = [];
+  srv.test('kill -9 during a fork: the source comes back running with its memory; recovery does not hold the API', async () => {
+    for (const when of ['while checkpointing', 'once checkpointed']) {
+      const sbx = await Sandbox.create({ ...srv.sdkOpts, timeoutMs: 900_000, metadata: { run: RUN, n: `fork ${when}` } });
+      forked.push(sbx);
+      // A process only a checkpoint keeps (no start command would bring it back), holding a secret
+      // in its memory and counting.
+      await sbx.commands.run(
+        `python3 -c "import os,time,secrets
+s=secrets.token_hex(8); n=0
+while True:
+  n+=1; open('/tmp/py.new','w').write(f'{os.getpid()} {s} {n}'); os.rename('/tmp/py.new','/tmp/py'); time.sleep(0.1)"`,
+        { background: true, timeoutMs: 0 },
+      );
+      const state = async (s) => (await s.commands.run('cat /tmp/py 2>/dev/null || true')).stdout.trim().split(' ');
+      await waitFor(async () => (await state(sbx)).length === 3, { what: 'python to start counting' });
+      const [pid, secret] = await state(sbx);
+      const runtimeId = runtimeIdOf(srv.dataDir, sbx.sandboxId);
+
+      const fork = apiFetch(srv, `/sandboxes/${sbx.sandboxId}/fork`, { method: 'POST', body: '{"count":1}' }).catch((err) => err);
+      const pausedDir = path.join(srv.dataDir, 'paused');
+      const checkpointed = () =>
+        fs.existsSync(pausedDir) &&
+        fs.readdirSync(pausedDir).some((d) => d.startsWith(`.tmp-${sbx.sandboxId}-`) && fs.existsSync(path.join(pausedDir, d, 'checkpoint', 'complete')));
+      if (when === 'while checkpointing') {
+        await waitFor(() => findProcess('checkpoint', runtimeId) !== 0, { intervalMs: 5, timeoutMs: 30_000, what: 'the fork\'s checkpoint to start' });
+      } else {
+        await waitFor(checkpointed, { intervalMs: 5, timeoutMs: 60_000, what: 'the fork\'s checkpoint to be written' });
+      }
+      const phase = findProcess('checkpoint', runtimeId) ? 'checkpoint running' : checkpointed() ? 'checkpoint written' : 'checkpoint not seen';
+      await srv.kill9();
+      await fork;
+      console.log(`# kill -9 ${when}: ${phase} at the kill`);
+
+      const began = Date.now();
+      await srv.restart();
+      const ready = Date.now() - began;
+      const first = await apiFetch(srv, `/sandboxes/${sbx.sandboxId}`);
+      console.log(`# restart to /health ${ready} ms; the source's first answer: ${first.status}`);
+      assert.ok([200, 503].includes(first.status), `GET of a recovering sandbox answered ${first.status}: ${first.text}`);
+      if (first.status === 503) assert.match(first.json?.message ?? '', /recover/, 'a 503 says the sandbox is being recovered');
+      await waitFor(async () => (await apiFetch(srv, `/sandboxes/${sbx.sandboxId}`)).json?.state === 'running', {
+        timeoutMs: 120_000,
+        intervalMs: 200,
+        what: `${sbx.sandboxId} to be running again after the restart`,
+      });
+      console.log(`# the source was running again ${Date.now() - began} ms after the restart began`);
+
+      // Running as before: the same python, with its secret, still counting.
+      const again = await Sandbox.connect(sbx.sandboxId, srv.sdkOpts);
+      const [pid2, secret2, n2] = await state(again);
+      assert.deepEqual([pid2, secret2], [pid, secret], 'the source lost its processes or memory');
+      await sleep(500);
+      assert.ok(Number((await state(again))[2]) > Number(n2), 'the source\'s process stopped counting');
+      assert.equal((await again.commands.run('echo fine')).stdout, 'fine\n');
+    }
+    for (const sbx of forked) assert.equal(await Sandbox.kill(sbx.sandboxId, srv.sdkOpts), true);
   });
 
   srv.test('after killing everything and stopping the server nothing is left', async () => {
