@@ -34,6 +34,25 @@ const (
 	EnvdVersion = "0.6.13"
 )
 
+// EndStreamsPath is vmon's own envd endpoint (POST, access token required) that ends every open
+// process event stream with a reason before the node freezes the sandbox (EndStreamsRequest).
+const EndStreamsPath = "/vmon/end-streams"
+
+// The reasons EndStreamsRequest may give.
+const (
+	// EndStreamsPause: a pause that keeps memory; the processes go on after the resume.
+	EndStreamsPause = "pause"
+	// EndStreamsPauseFiles: a pause that keeps files only; the processes end.
+	EndStreamsPauseFiles = "pause-files"
+	// EndStreamsSnapshot: a snapshot or fork; the sandbox goes on at once.
+	EndStreamsSnapshot = "snapshot"
+)
+
+// EndStreamsRequest is EndStreamsPath's body.
+type EndStreamsRequest struct {
+	Reason string `json:"reason"`
+}
+
 // TunnelAuthority is the CONNECT authority that asks envd for a tunnel to a guest loopback port.
 func TunnelAuthority(port int) string {
 	return net.JoinHostPort("127.0.0.1", strconv.Itoa(port))

@@ -1,10 +1,13 @@
 package node
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -12,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/vibemon/vmon/internal/agentproto"
 	"github.com/vibemon/vmon/internal/errdefs"
 	"github.com/vibemon/vmon/internal/runtime"
 	"github.com/vibemon/vmon/internal/snapshot"
@@ -202,6 +206,7 @@ func (n *Node) PauseSandbox(ctx context.Context, id string, memory bool) (PauseI
 	// runs after the answer with the rest of the snapshot's writing.
 	destroyLater := memory
 	if memory {
+		n.endStreams(ctx, sb, agentproto.EndStreamsPause)
 		err = n.checkpoint(ctx, cp, sb, tmp)
 		if err == nil {
 			if herr := n.diskHeld(context.WithoutCancel(ctx), id, dir); herr != nil {
@@ -219,6 +224,7 @@ func (n *Node) PauseSandbox(ctx context.Context, id string, memory bool) (PauseI
 			}
 		}
 	} else {
+		n.endStreams(ctx, sb, agentproto.EndStreamsPauseFiles)
 		n.flushGuest(ctx, sb)
 		err = n.opts.Runtime.Destroy(ctx, sb.runtimeID)
 	}
@@ -318,6 +324,38 @@ func (n *Node) waitFinished(ctx context.Context, id string) error {
 // itself, even if this process dies before it is done (AwaitCheckpoint).
 func (n *Node) checkpoint(ctx context.Context, cp runtime.Checkpointer, sb *sandbox, tmp string) error {
 	return cp.Checkpoint(ctx, sb.runtimeID, filepath.Join(tmp, snapshot.CheckpointDir), false)
+}
+
+// endStreams asks envd to end every open process event stream with reason (an
+// agentproto.EndStreams* value) before the sandbox is frozen, so a client streaming a command
+// reads that the sandbox was paused or snapshotted instead of a cut connection it would take for
+// a dead sandbox. It is best effort: envd answers once the streams ended (it bounds that itself),
+// and an envd too old to know the endpoint answers 404.
+func (n *Node) endStreams(ctx context.Context, sb *sandbox, reason string) {
+	if sb.ch == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	body, _ := json.Marshal(agentproto.EndStreamsRequest{Reason: reason})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, envdURL(agentproto.EndStreamsPath), bytes.NewReader(body))
+	if err != nil {
+		return
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if sb.token != "" {
+		req.Header.Set("X-Access-Token", sb.token)
+	}
+	resp, err := (&http.Client{Transport: sb.ch.Transport()}).Do(req)
+	if err != nil {
+		n.log.Warn("envd did not end the process streams before a pause", "sandbox", sb.id, "err", err)
+		return
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNoContent {
+		n.log.Debug("envd did not end the process streams before a pause", "sandbox", sb.id, "status", resp.Status)
+	}
 }
 
 // flushGuest asks the guest to write its cached file data back before its runtime is stopped

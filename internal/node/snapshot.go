@@ -9,6 +9,7 @@ import (
 	"regexp"
 	"time"
 
+	"github.com/vibemon/vmon/internal/agentproto"
 	"github.com/vibemon/vmon/internal/errdefs"
 	"github.com/vibemon/vmon/internal/runtime"
 	"github.com/vibemon/vmon/internal/snapshot"
@@ -71,6 +72,7 @@ func (n *Node) SnapshotSandbox(ctx context.Context, id, snapID string) (PauseInf
 		return PauseInfo{}, fmt.Errorf("mark snapshot: %w", err)
 	}
 	sb.stopping.Store(true)
+	n.endStreams(ctx, sb, agentproto.EndStreamsSnapshot)
 	if err := n.checkpoint(ctx, cp, sb, ptmp); err != nil {
 		abandon()
 		if st, serr := n.opts.Runtime.Status(context.WithoutCancel(ctx), sb.runtimeID); serr == nil && st == runtime.StatusRunning {

@@ -80,6 +80,51 @@ type Service struct {
 	mu sync.Mutex
 	// procs holds running processes and, for retainExited, exited ones. +checklocks:mu
 	procs map[uint32]*proc
+	// streams is the generation of event streams EndStreams would end now. +checklocks:mu
+	streams *streamGen
+}
+
+// streamGen is the set of process event streams open between two EndStreams calls.
+type streamGen struct {
+	end  chan struct{}
+	why  func(pid uint32) error
+	open sync.WaitGroup
+}
+
+func newStreamGen() *streamGen { return &streamGen{end: make(chan struct{})} }
+
+// joinStreams counts a stream into the current generation; the caller calls open.Done at its end.
+func (s *Service) joinStreams() *streamGen {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	g := s.streams
+	g.open.Add(1)
+	return g
+}
+
+// EndStreams ends every process event stream open now (Start and Connect) with the error why
+// gives for its process, and waits until they have ended or ctx is done. The processes are not
+// touched, and streams opened afterwards are not affected. The node calls it before a pause or
+// snapshot freezes the sandbox: a stream that ends with a reason tells the client what happened,
+// where one cut by the freeze looks like a sandbox that died.
+func (s *Service) EndStreams(ctx context.Context, why func(pid uint32) error) error {
+	s.mu.Lock()
+	g := s.streams
+	s.streams = newStreamGen()
+	s.mu.Unlock()
+	g.why = why
+	close(g.end)
+	done := make(chan struct{})
+	go func() {
+		g.open.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 var _ processconnect.ProcessHandler = (*Service)(nil)
@@ -97,7 +142,8 @@ func New(opts Options) (*Service, error) {
 	if starter == nil {
 		starter = plainStarter{}
 	}
-	return &Service{log: log.With("component", "process"), env: opts.Env, starter: starter, procs: map[uint32]*proc{}}, nil
+	return &Service{log: log.With("component", "process"), env: opts.Env, starter: starter, procs: map[uint32]*proc{},
+		streams: newStreamGen()}, nil
 }
 
 // Start launches a process and streams its events.
@@ -216,6 +262,8 @@ func (s *Service) Connect(ctx context.Context, req *connect.Request[pb.ConnectRe
 // the request's end. timedOut, when non-nil, turns a timeout kill into deadline_exceeded.
 func (s *Service) follow(ctx context.Context, h http.Header, p *proc, sub *subscriber, timedOut <-chan struct{}, send func(*pb.ProcessEvent) error) error {
 	defer p.unsubscribe(sub)
+	gen := s.joinStreams()
+	defer gen.open.Done()
 	interval := keepaliveInterval(h)
 	tick := time.NewTimer(interval)
 	defer tick.Stop()
@@ -254,6 +302,8 @@ func (s *Service) follow(ctx context.Context, h http.Header, p *proc, sub *subsc
 			return emit(&pb.ProcessEvent{Event: &pb.ProcessEvent_End{End: end}})
 		case <-timedOut:
 			return deadlineErr()
+		case <-gen.end:
+			return gen.why(p.pid)
 		case <-tick.C:
 			if err := emit(&pb.ProcessEvent{Event: &pb.ProcessEvent_Keepalive{Keepalive: &pb.ProcessEvent_KeepAlive{}}}); err != nil {
 				return err

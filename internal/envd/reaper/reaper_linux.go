@@ -84,30 +84,37 @@ func (r *Reaper) Run(ctx context.Context) {
 	}
 }
 
-// sweep reaps exited untracked children until none is left or a tracked one is next.
+// sweep reaps exited untracked children until none is left or a tracked one is next. It takes mu
+// for one child at a time: under a fork bomb orphans exit as fast as they are reaped, and a sweep
+// that held mu throughout kept every Start (root's command to clean up, too) waiting for minutes.
 func (r *Reaper) sweep() {
+	for r.reapOne() {
+	}
+}
+
+// reapOne reaps one exited untracked child and reports whether it did.
+func (r *Reaper) reapOne() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for {
-		pid, err := peekExited()
-		if err != nil {
-			if !errors.Is(err, unix.ECHILD) {
-				r.log.Warn("reaper: waitid", "err", err)
-			}
-			return
+	pid, err := peekExited()
+	if err != nil {
+		if !errors.Is(err, unix.ECHILD) {
+			r.log.Warn("reaper: waitid", "err", err)
 		}
-		if pid == 0 {
-			return
-		}
-		if _, ok := r.tracked[pid]; ok {
-			return
-		}
-		var ws unix.WaitStatus
-		if _, err := unix.Wait4(pid, &ws, unix.WNOHANG, nil); err != nil && !errors.Is(err, unix.ECHILD) {
-			r.log.Warn("reaper: wait4", "pid", pid, "err", err)
-			return
-		}
+		return false
 	}
+	if pid == 0 {
+		return false
+	}
+	if _, ok := r.tracked[pid]; ok {
+		return false
+	}
+	var ws unix.WaitStatus
+	if _, err := unix.Wait4(pid, &ws, unix.WNOHANG, nil); err != nil && !errors.Is(err, unix.ECHILD) {
+		r.log.Warn("reaper: wait4", "pid", pid, "err", err)
+		return false
+	}
+	return true
 }
 
 // peekExited returns the pid of an exited child without reaping it (WNOWAIT), or 0 if none.

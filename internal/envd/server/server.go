@@ -57,6 +57,7 @@ type Server struct {
 	trustBundles []string
 	handler      http.Handler
 	fs           *filesystem.Service
+	procs        *process.Service
 	metrics      cpuSampler
 
 	mu sync.RWMutex
@@ -95,6 +96,7 @@ func New(opts Options) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	s.procs = procs
 	s.fs, err = filesystem.New(filesystem.Options{Logger: log, Env: s, Users: opts.Users})
 	if err != nil {
 		return nil, err
@@ -108,6 +110,7 @@ func New(opts Options) (*Server, error) {
 	mux.HandleFunc("GET /metrics", s.getMetrics)
 	mux.HandleFunc("GET /files", s.download)
 	mux.HandleFunc("POST /files", s.upload)
+	mux.HandleFunc("POST "+agentproto.EndStreamsPath, s.endStreams)
 	// httpguard: unclean paths get a 404 instead of ServeMux's redirect, and the plain-text
 	// errors of ServeMux and http.ServeContent come out in E2B's JSON shape.
 	s.handler = httpguard.Handler(cors(s.requireToken(mux)))

@@ -195,6 +195,28 @@ describe('pause and resume', () => {
     );
   });
 
+  // A command streaming when its sandbox is paused ends with the reason, not as if the sandbox
+  // had died ("The sandbox was killed"); after the resume the same process is reached again.
+  srv.test('a command stream cut by a pause says the sandbox was paused; the process is reached after resume', async () => {
+    const sbx = await create();
+    const handle = await sbx.commands.run('for i in $(seq 1 600); do echo tick $i; sleep 0.1; done', { background: true, timeoutMs: 0 });
+    await waitFor(() => handle.stdout.includes('tick 3'), { what: 'the command to stream' });
+    const ended = handle.wait().then(
+      () => null,
+      (err) => err,
+    );
+    assert.equal(await sbx.pause(), true);
+    const err = await ended;
+    assert.ok(err, 'the stream of a paused sandbox ended without an error');
+    assert.match(err.message, /the sandbox was paused: process \d+ keeps its state/, `stream error: ${err.message}`);
+    assert.doesNotMatch(err.message, /killed/);
+    const back = await Sandbox.connect(sbx.sandboxId, srv.sdkOpts);
+    const again = await back.commands.connect(handle.pid);
+    const before = again.stdout.length;
+    await waitFor(() => again.stdout.length > before && /tick \d+/.test(again.stdout), { what: 'the same process to stream after the resume' });
+    assert.equal(await again.kill(), true);
+  });
+
   srv.test('unknown, killed and paused sandboxes answer as E2B does', async () => {
     await assert.rejects(Sandbox.connect('nosuchsandbox0000000', srv.sdkOpts), SandboxNotFoundError);
     await assert.rejects(Sandbox.pause('nosuchsandbox0000000', srv.sdkOpts), SandboxNotFoundError);
