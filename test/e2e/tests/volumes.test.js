@@ -210,6 +210,19 @@ describe('volumes', () => {
     assert.equal(mk.status, 0, mk.stderr);
     assert.throws(() => fs.closeSync(fs.openSync(node, 'r')), { code: 'EACCES' }, 'a device node in the volume opened on the host');
     fs.unlinkSync(node);
+
+    // A FIFO (or socket) the guest makes in the volume lives in its sandbox's kernel only
+    // (gVisor keeps them there): the volume's filesystem, and so the content API, has no such
+    // path. One that is on the volume's filesystem is refused, never waited on.
+    assert.equal(await run(sbx, 'mkfifo /mnt/v/pipe && stat -c %F /mnt/v/pipe'), 'fifo\n');
+    assert.ok(!fs.existsSync(seenByVmon(path.join(dir, 'pipe'))), "a guest's FIFO reached the volume's filesystem");
+    await assert.rejects(vol.readFile('/pipe', vopts()), VolumePathNotFoundError);
+    const hostFifo = spawnSync('mkfifo', [seenByVmon(path.join(dir, 'hostpipe'))], { encoding: 'utf8' });
+    assert.equal(hostFifo.status, 0, hostFifo.stderr);
+    const res = await apiFetch(srv, `/volumecontent/${vol.volumeId}/file?path=${encodeURIComponent('/hostpipe')}`, { key: null, headers: { Authorization: `Bearer ${vol.token}` } });
+    assert.equal(res.status, 400, res.text);
+    assert.match(res.text, /not a regular file/);
+    fs.unlinkSync(seenByVmon(path.join(dir, 'hostpipe')));
   });
 
   srv.test('bad volume sizes are 400', async () => {
