@@ -5,9 +5,11 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"os"
@@ -28,6 +30,7 @@ func main() {
 	node := flag.String("node", "/usr/bin/node", "Node.js, for javascript and typescript")
 	bash := flag.String("bash", "/bin/bash", "bash, for bash cells")
 	runtimeDir := flag.String("runtime-dir", "", "directory for kernel connection files (default: a private one under /tmp)")
+	envd := flag.String("envd", "http://127.0.0.1:49983", "envd's address, to read the sandbox's environment variables")
 	logLevel := flag.String("log-level", "info", "debug, info, warn or error")
 	logFile := flag.String("log-file", "", "append the log to this file instead of stderr (the template's start command has no reader)")
 	flag.Parse()
@@ -47,13 +50,41 @@ func main() {
 		out = f
 	}
 	log := slog.New(slog.NewTextHandler(out, &slog.HandlerOptions{Level: level}))
-	if err := run(log, *listen, *cwd, *python, *rBin, *node, *bash, *runtimeDir); err != nil {
+	if err := run(log, *listen, *cwd, *python, *rBin, *node, *bash, *runtimeDir, *envd); err != nil {
 		log.Error("code interpreter stopped", "err", err)
 		os.Exit(1)
 	}
 }
 
-func run(log *slog.Logger, listen, cwd, python, rBin, node, bash, runtimeDir string) error {
+// envdEnv reads the sandbox's environment variables from envd (GET /envs), as E2B's service
+// does: they are what Sandbox.create's envs set, and they change only with a new /init.
+func envdEnv(base string) func(ctx context.Context, token string) (map[string]string, error) {
+	client := &http.Client{Timeout: 5 * time.Second}
+	return func(ctx context.Context, token string) (map[string]string, error) {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/envs", nil)
+		if err != nil {
+			return nil, err
+		}
+		if token != "" {
+			req.Header.Set("X-Access-Token", token)
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			return nil, fmt.Errorf("envd /envs: %w", err)
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return nil, fmt.Errorf("envd /envs answered %s", resp.Status)
+		}
+		var env map[string]string
+		if err := json.NewDecoder(io.LimitReader(resp.Body, 4<<20)).Decode(&env); err != nil {
+			return nil, fmt.Errorf("envd /envs: %w", err)
+		}
+		return env, nil
+	}
+}
+
+func run(log *slog.Logger, listen, cwd, python, rBin, node, bash, runtimeDir, envdURL string) error {
 	if cwd == "" {
 		cwd, _ = os.UserHomeDir()
 	}
@@ -78,7 +109,8 @@ func run(log *slog.Logger, listen, cwd, python, rBin, node, bash, runtimeDir str
 	if _, err := exec.LookPath(bash); err == nil {
 		langs["bash"] = codeinterp.Bash(bash)
 	}
-	srv := codeinterp.New(codeinterp.Options{Languages: langs, Cwd: cwd, RuntimeDir: runtimeDir, Log: log})
+	srv := codeinterp.New(codeinterp.Options{Languages: langs, Cwd: cwd, RuntimeDir: runtimeDir, Log: log,
+		SandboxEnv: envdEnv(envdURL)})
 	defer srv.Close()
 	hs := &http.Server{Addr: listen, Handler: srv, ReadHeaderTimeout: 30 * time.Second}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)

@@ -33,6 +33,13 @@ func Bash(bash string) Language {
 			}
 			return set.String(), restore.String()
 		},
+		ExportEnv: func(env map[string]string) string {
+			var b bytes.Buffer
+			for _, k := range sortedKeys(env) {
+				fmt.Fprintf(&b, "export %s=%s\n", k, shellQuote(env[k]))
+			}
+			return b.String()
+		},
 	}
 }
 

@@ -19,6 +19,9 @@ type executeRequest struct {
 	ContextID string            `json:"context_id"`
 	Language  string            `json:"language"`
 	EnvVars   map[string]string `json:"env_vars"`
+	// token is the envd access token the SDK sends with each execution (X-Access-Token): the
+	// service proves it to envd to read the sandbox's variables.
+	token string
 }
 
 var envNameRe = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
@@ -98,6 +101,7 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "code is required", http.StatusBadRequest)
 		return
 	}
+	req.token = r.Header.Get("X-Access-Token")
 	if req.ContextID != "" && req.Language != "" {
 		http.Error(w, "Only one of context_id or language can be provided", http.StatusBadRequest)
 		return
@@ -170,6 +174,7 @@ func (s *Server) runIn(ctx context.Context, c *kcontext, req executeRequest, out
 		}
 	}()
 	lang := s.opts.Languages[c.Language]
+	s.exportSandboxEnv(ctx, c, k, lang, req.token)
 	restore := ""
 	for k := range req.EnvVars {
 		// Names go into each language's code (bash's unquoted): only what a shell accepts.
@@ -238,6 +243,36 @@ func (s *Server) runIn(ctx context.Context, c *kcontext, req executeRequest, out
 			s.renew(ctx, c, k)
 		}
 	}
+}
+
+// exportSandboxEnv gives kernel k the sandbox's variables (Sandbox.create's envs), once per
+// kernel: kernels restored with the template's started snapshot began before the sandbox had any,
+// and a restarted kernel starts from the service's environment. A failure is logged and tried
+// again at the next execution; the execution itself goes on. The caller holds c.run.
+func (s *Server) exportSandboxEnv(ctx context.Context, c *kcontext, k kernel, lang Language, token string) {
+	if s.opts.SandboxEnv == nil || lang.ExportEnv == nil || c.envKernel == k {
+		return
+	}
+	env, err := s.opts.SandboxEnv(ctx, token)
+	if err != nil {
+		s.log.Warn("read the sandbox's environment variables", "context", c.ID, "err", err)
+		return
+	}
+	for name := range env {
+		// Names go into each language's code (bash's unquoted): envd takes any, the kernels not.
+		if !envNameRe.MatchString(name) {
+			s.log.Warn("a sandbox environment variable's name cannot be set in a kernel", "name", name)
+			delete(env, name)
+		}
+	}
+	if len(env) > 0 {
+		rep, err := k.Execute(ctx, lang.ExportEnv(env), true, func(jupyter.Output) {})
+		if err != nil || rep.Status != "ok" {
+			s.log.Warn("set the sandbox's environment variables in a kernel", "context", c.ID, "err", err, "status", rep.Status)
+			return
+		}
+	}
+	c.envKernel = k
 }
 
 // broken says whether an execution's error leaves its kernel unusable: exited, or deaf to

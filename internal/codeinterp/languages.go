@@ -63,6 +63,9 @@ type Language struct {
 	// SetEnv is code that sets env for the next execution, and Restore code that puts back what
 	// was there before (run after it).
 	SetEnv func(env map[string]string) (set, restore string)
+	// ExportEnv is code that sets env for good (the sandbox's variables), leaving nothing else
+	// behind in the kernel.
+	ExportEnv func(env map[string]string) string
 }
 
 // lit quotes s as a string literal that Python, R and JavaScript all read the same way.
@@ -105,6 +108,13 @@ func Python(python string) Language {
 				"del __vmon_saved, __vmon_os"
 			return set, restore
 		},
+		ExportEnv: func(env map[string]string) string {
+			pairs := make([]string, 0, len(env))
+			for _, k := range sortedKeys(env) {
+				pairs = append(pairs, lit(k)+": "+lit(env[k]))
+			}
+			return "import os as __vmon_os\n__vmon_os.environ.update({" + strings.Join(pairs, ", ") + "})\ndel __vmon_os"
+		},
 	}
 }
 
@@ -120,12 +130,20 @@ func R(rscript string) Language {
 				keys = append(keys, lit(k))
 				args = append(args, fmt.Sprintf("%s = %s", lit(k), lit(env[k])))
 			}
-			set := ".vmon_saved <- Sys.getenv(c(" + strings.Join(keys, ", ") + "), unset = NA)\n" +
+			// names = TRUE: R leaves a one-element result unnamed, and restore walks the names.
+			set := ".vmon_saved <- Sys.getenv(c(" + strings.Join(keys, ", ") + "), unset = NA, names = TRUE)\n" +
 				"invisible(Sys.setenv(" + strings.Join(args, ", ") + "))"
 			restore := "for (.vmon_k in names(.vmon_saved)) { if (is.na(.vmon_saved[[.vmon_k]])) Sys.unsetenv(.vmon_k) " +
 				"else do.call(Sys.setenv, setNames(list(.vmon_saved[[.vmon_k]]), .vmon_k)) }\n" +
 				"rm(.vmon_saved, .vmon_k)"
 			return set, restore
+		},
+		ExportEnv: func(env map[string]string) string {
+			args := make([]string, 0, len(env))
+			for _, k := range sortedKeys(env) {
+				args = append(args, fmt.Sprintf("%s = %s", lit(k), lit(env[k])))
+			}
+			return "invisible(Sys.setenv(" + strings.Join(args, ", ") + "))"
 		},
 	}
 }

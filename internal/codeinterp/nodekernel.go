@@ -37,6 +37,10 @@ func Node(node, lang string) Language {
 				"delete globalThis.__vmonSaved;\nundefined"
 			return set, restore
 		},
+		ExportEnv: func(env map[string]string) string {
+			b, _ := json.Marshal(env)
+			return "Object.assign(process.env, " + string(b) + ");\nundefined"
+		},
 	}
 }
 

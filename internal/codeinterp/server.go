@@ -5,7 +5,8 @@
 // (contexts) executions run in, each with its own language and working directory.
 //
 // It runs inside the sandbox, as the template's start command, and owns the kernel processes it
-// starts (package jupyter); it never talks to envd or the node.
+// starts (package jupyter); it never talks to the node, and reaches envd only through
+// Options.SandboxEnv, which its command wires.
 package codeinterp
 
 import (
@@ -38,7 +39,10 @@ type Options struct {
 	Env []string
 	// StartTimeout bounds a kernel's start.
 	StartTimeout time.Duration
-	Log          *slog.Logger
+	// SandboxEnv reads the sandbox's environment variables (envd's GET /envs), proving the
+	// access token an execution came with; nil: kernels get none.
+	SandboxEnv func(ctx context.Context, token string) (map[string]string, error)
+	Log        *slog.Logger
 }
 
 // Server is the service's HTTP handler.
@@ -65,9 +69,11 @@ type kcontext struct {
 	Language string `json:"language"`
 	Cwd      string `json:"cwd"`
 
-	run    sync.Mutex // held by the execution in progress
-	kmu    sync.Mutex
-	kernel kernel // +checklocks:kmu
+	run sync.Mutex // held by the execution in progress
+	// envKernel is the kernel that has the sandbox's variables already. +checklocks:run
+	envKernel kernel
+	kmu       sync.Mutex
+	kernel    kernel // +checklocks:kmu
 	// restarted is closed when the context's kernel is replaced or removed, ending what ran in
 	// the old one. +checklocks:kmu
 	restarted chan struct{}

@@ -440,3 +440,81 @@ func TestPythonDisplayFormatters(t *testing.T) {
 		t.Fatalf("a frame of 200,001 cells: %v", lines)
 	}
 }
+
+// The sandbox's variables (envd's /envs, read with the execution's access token) reach every
+// kernel once, before its first execution; an execution's own env_vars override them for that
+// execution only.
+func TestSandboxEnvReachesKernels(t *testing.T) {
+	if err := exec.Command(python, "-c", "import ipykernel").Run(); err != nil {
+		t.Fatalf("%s with ipykernel is required: %v", python, err)
+	}
+	var mu sync.Mutex
+	var tokens []string
+	s := New(Options{
+		Languages: map[string]Language{"python": Python(python), "bash": Bash("/bin/bash")},
+		Cwd:       t.TempDir(), RuntimeDir: t.TempDir(),
+		SandboxEnv: func(_ context.Context, token string) (map[string]string, error) {
+			mu.Lock()
+			tokens = append(tokens, token)
+			mu.Unlock()
+			return map[string]string{"SBX": "from sandbox", "OVR": "sandbox", "bad-name": "x"}, nil
+		},
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	if err := s.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewServer(s)
+	t.Cleanup(func() { ts.Close(); s.Close() })
+	run := func(body map[string]any) string {
+		t.Helper()
+		b, _ := json.Marshal(body)
+		req, _ := http.NewRequestWithContext(ctx, "POST", ts.URL+"/execute", strings.NewReader(string(b)))
+		req.Header.Set("X-Access-Token", "tok-1")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var lines []map[string]any
+		sc := bufio.NewScanner(resp.Body)
+		for sc.Scan() {
+			var m map[string]any
+			_ = json.Unmarshal(sc.Bytes(), &m)
+			lines = append(lines, m)
+		}
+		if errs := ofType(lines, "error"); len(errs) > 0 {
+			t.Fatalf("execution failed: %v", errs)
+		}
+		return streamText(lines, "stdout")
+	}
+	py := `import os; print(os.getenv("SBX"), os.getenv("OVR"), os.getenv("ONLY"))`
+	if got := run(map[string]any{"code": py}); got != "from sandbox sandbox None\n" {
+		t.Fatalf("python, first execution: %q", got)
+	}
+	if got := run(map[string]any{"code": py, "env_vars": map[string]string{"OVR": "exec", "ONLY": "once"}}); got != "from sandbox exec once\n" {
+		t.Fatalf("python with env_vars: %q", got)
+	}
+	if got := run(map[string]any{"code": py}); got != "from sandbox sandbox None\n" {
+		t.Fatalf("python after env_vars: %q", got)
+	}
+	sh := `echo "$SBX|$OVR|${ONLY-unset}"`
+	if got := run(map[string]any{"code": sh, "language": "bash", "env_vars": map[string]string{"OVR": "exec", "ONLY": "once"}}); got != "from sandbox|exec|once\n" {
+		t.Fatalf("bash with env_vars: %q", got)
+	}
+	if got := run(map[string]any{"code": sh, "language": "bash"}); got != "from sandbox|sandbox|unset\n" {
+		t.Fatalf("bash after env_vars: %q", got)
+	}
+	mu.Lock()
+	n := len(tokens)
+	for _, tok := range tokens {
+		if tok != "tok-1" {
+			t.Errorf("envd was asked with token %q", tok)
+		}
+	}
+	mu.Unlock()
+	if n != 2 {
+		t.Fatalf("envd was asked %d times for 2 kernels", n)
+	}
+}

@@ -476,8 +476,10 @@ func (n *Node) boot(ctx context.Context, bs bootSpec) (_ *sandbox, retErr error)
 			{HostPath: agentDir, GuestPath: agentproto.GuestDir, ReadOnly: true},
 			{HostPath: envdDir, GuestPath: guestBinDir, ReadOnly: true},
 		},
+		// envd also serves on the guest's loopback, as E2B's does (its own token guards it):
+		// guest services such as the code interpreter read the sandbox's variables there.
 		Args: []string{guestBinDir + "/" + filepath.Base(n.opts.EnvdPath), "--agent-socket", agentproto.GuestSocket,
-			"--max-tasks", strconv.Itoa(lim.GuestTasks)},
+			"--max-tasks", strconv.Itoa(lim.GuestTasks), "--listen", net.JoinHostPort("127.0.0.1", strconv.Itoa(agentproto.EnvdPort))},
 		Env:      []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
 		CPUs:     cpus,
 		MemoryMB: memoryMB,

@@ -179,6 +179,41 @@ describe('code interpreter', () => {
     assert.equal((await sbx.runCode(code)).text, 'unset');
   });
 
+  // Sandbox.create's envs reach every kernel, including the Python one restored warm from the
+  // template's snapshot (started before the sandbox had envs) and contexts made later; an
+  // execution's own envs override them for that execution, then they are back (an unset one is
+  // unset again), in every language. R with a single variable once leaked it into later cells.
+  srv.test('sandbox envs reach every kernel; execution envs override them once, in every language', async () => {
+    const withEnvs = await Sandbox.create({ ...srv.sdkOpts, timeoutMs: 600_000, envs: { VMON_SBX: 'sbx-value', VMON_OVR: 'sandbox' } });
+    created.push(withEnvs);
+    const probes = {
+      python: 'import os\nprint(os.getenv("VMON_SBX"), os.getenv("VMON_OVR"), os.getenv("VMON_ONCE", "unset"))',
+      javascript: 'console.log(process.env.VMON_SBX, process.env.VMON_OVR, process.env.VMON_ONCE ?? "unset")',
+      typescript: 'console.log(process.env.VMON_SBX, process.env.VMON_OVR, process.env.VMON_ONCE ?? "unset")',
+      r: 'cat(Sys.getenv("VMON_SBX"), Sys.getenv("VMON_OVR"), Sys.getenv("VMON_ONCE", unset = "unset"), "\\n")',
+      bash: 'echo "$VMON_SBX $VMON_OVR ${VMON_ONCE-unset}"',
+    };
+    const out = async (language, code, envs) => {
+      const ex = await withEnvs.runCode(code, { language, ...(envs ? { envs } : {}) });
+      assert.equal(ex.error, undefined, `${language}: ${JSON.stringify(ex.error)}`);
+      return ex.logs.stdout.join('').trim();
+    };
+    const serviceLog = async () => (await withEnvs.files.read('/tmp/.vmon-code-interpreter.log').catch((err) => err.message)).slice(-3000);
+    for (const [language, code] of Object.entries(probes)) {
+      const first = await out(language, code);
+      if (first !== 'sbx-value sandbox unset') assert.fail(`${language}: sandbox envs: ${first}\nservice log:\n${await serviceLog()}`);
+      assert.equal(await out(language, code, { VMON_OVR: 'exec', VMON_ONCE: 'once' }), 'sbx-value exec once', `${language}: execution envs`);
+      assert.equal(await out(language, code), 'sbx-value sandbox unset', `${language}: after execution envs`);
+    }
+    // R with one variable only.
+    assert.equal(await out('r', 'cat(Sys.getenv("VMON_ONCE", unset = "unset"))', { VMON_ONCE: 'r-once' }), 'r-once');
+    assert.equal(await out('r', 'cat(Sys.getenv("VMON_ONCE", unset = "unset"))'), 'unset', 'R kept a one-variable execution env');
+    // A context created later has them too.
+    const ctx = await withEnvs.createCodeContext({ language: 'python' });
+    const later = await withEnvs.runCode('import os\nos.getenv("VMON_SBX")', { context: ctx });
+    assert.equal(later.text, 'sbx-value', JSON.stringify(later));
+  });
+
   srv.test('contexts: create with cwd, list, state of their own, restart, remove', async () => {
     const ctx = await sbx.createCodeContext({ cwd: '/tmp' });
     assert.equal(ctx.language, 'python');
