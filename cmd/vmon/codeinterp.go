@@ -23,8 +23,10 @@ import (
 // with the code-execution service as start command, saved started so every sandbox is restored
 // with a warm Python kernel.
 const (
-	codeInterpreterID       = "code-interpreter-v1"
-	codeInterpreterStart    = "/opt/vmon/bin/vmon-code-interpreter --cwd /home/user --log-file /tmp/.vmon-code-interpreter.log"
+	codeInterpreterID = "code-interpreter-v1"
+	// As root, as E2B's template starts its service (sudo): kernels run as root, so a context may
+	// work anywhere (cwd /root), while new contexts start in /home/user.
+	codeInterpreterStart    = "sudo /opt/vmon/bin/vmon-code-interpreter --cwd /home/user --log-file /tmp/.vmon-code-interpreter.log"
 	codeInterpreterReady    = "curl -sf http://127.0.0.1:49999/health"
 	codeInterpreterCPUs     = 2
 	codeInterpreterMemoryMB = 1024
@@ -116,6 +118,9 @@ func codeInterpreterFresh(ctx context.Context, st *store.Store, dataDir string, 
 	}
 	if rel, err := filepath.Rel(dataDir, rootfs.RootfsDir()); err != nil || !slices.Contains(m.Layers, rel) {
 		return false, "its rootfs was rebuilt"
+	}
+	if m.StartCmd != codeInterpreterStart {
+		return false, "its start command changed"
 	}
 	if m.StartSnapshot == "" {
 		return false, "it has no started snapshot"

@@ -10,6 +10,7 @@
 package codeinterp
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/json"
@@ -59,7 +60,10 @@ type Server struct {
 	defaults map[string]*kcontext
 	// closed is set by Close: contexts that finish starting after it are stopped. +checklocks:mu
 	closed bool
-	ready  chan struct{}
+	// created numbers contexts in the order they were made: GET /contexts lists them so.
+	// +checklocks:mu
+	created uint64
+	ready   chan struct{}
 }
 
 // kcontext is one context: a kernel, its language and working directory. Executions in it run
@@ -69,6 +73,7 @@ type kcontext struct {
 	Language string `json:"language"`
 	Cwd      string `json:"cwd"`
 
+	seq uint64     // its place in creation order (set once, under Server.mu)
 	run sync.Mutex // held by the execution in progress
 	// envKernel is the kernel that has the sandbox's variables already. +checklocks:run
 	envKernel kernel
@@ -118,9 +123,18 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.Serve
 
 // Start starts the default Python context; /health answers 200 once it is up, so a template's
 // ready command (and its started snapshot) waits for a warm kernel.
+//
+// A default JavaScript context starts too, as E2B's service has one from the start (it is in a
+// template's started snapshot then); one that fails to start is logged, and the first JavaScript
+// execution tries again.
 func (s *Server) Start(ctx context.Context) error {
 	if _, err := s.defaultContext(ctx, "python"); err != nil {
 		return err
+	}
+	if _, ok := s.opts.Languages["javascript"]; ok {
+		if _, err := s.defaultContext(ctx, "javascript"); err != nil {
+			s.log.Warn("the default JavaScript context did not start", "err", err)
+		}
 	}
 	close(s.ready)
 	return nil
@@ -184,6 +198,8 @@ func (s *Server) newContext(ctx context.Context, lang, cwd string) (*kcontext, e
 		k.Shutdown()
 		return nil, errors.New("the code-execution service is shutting down")
 	}
+	s.created++
+	c.seq = s.created
 	s.contexts[c.ID] = c
 	s.mu.Unlock()
 	s.log.Info("context created", "id", c.ID, "language", lang, "cwd", cwd)
@@ -370,7 +386,7 @@ func (s *Server) listContexts(w http.ResponseWriter, _ *http.Request) {
 		list = append(list, c)
 	}
 	s.mu.Unlock()
-	slices.SortFunc(list, func(a, b *kcontext) int { return strings.Compare(a.ID, b.ID) })
+	slices.SortFunc(list, func(a, b *kcontext) int { return cmp.Compare(a.seq, b.seq) })
 	writeJSON(w, http.StatusOK, list)
 }
 

@@ -236,6 +236,28 @@ describe('code interpreter', () => {
     await sbx.removeCodeContext(jsCtx);
   });
 
+  // As E2B's service: Python and JavaScript contexts exist from the start, contexts are listed
+  // in the order they were made, and kernels run as root (E2B starts its service with sudo), so
+  // a context may work in /root; new contexts start in /home/user.
+  srv.test('contexts as on E2B: python and javascript from the start, creation order, root kernels, cwd /root', async () => {
+    const fresh = await Sandbox.create({ ...srv.sdkOpts, timeoutMs: 600_000 });
+    created.push(fresh);
+    const initial = await fresh.listCodeContexts();
+    assert.deepEqual(initial.map((c) => [c.language, c.cwd]), [['python', '/home/user'], ['javascript', '/home/user']], JSON.stringify(initial));
+    const made = [];
+    for (const [language, cwd] of [['python', '/root'], ['bash', '/tmp'], ['python', '/home/user'], ['r', '/root']]) {
+      made.push(await fresh.createCodeContext({ language, cwd }));
+    }
+    const listed = await fresh.listCodeContexts();
+    assert.deepEqual(listed.map((c) => c.id), [...initial, ...made].map((c) => c.id), 'contexts are listed in creation order');
+    const inRoot = await fresh.runCode('import os\nf"{os.getuid()} {os.getcwd()}"', { context: made[0] });
+    assert.equal(inRoot.text, '0 /root', JSON.stringify(inRoot));
+    const rRoot = await fresh.runCode('cat(getwd())', { context: made[3] });
+    assert.equal(rRoot.logs.stdout.join(''), '/root', JSON.stringify(rRoot));
+    assert.equal((await fresh.runCode('import os\nos.getcwd()')).text, '/home/user');
+    assert.equal((await fresh.runCode('process.cwd()', { language: 'javascript' })).text, '/home/user');
+  });
+
   srv.test('two executions at once in different contexts', async () => {
     const a = await sbx.createCodeContext();
     const b = await sbx.createCodeContext();
