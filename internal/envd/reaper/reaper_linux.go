@@ -66,30 +66,45 @@ func (r *Reaper) Forget(pid int) {
 	}
 }
 
-// Run reaps untracked zombies every second and after every tracked child's exit, until ctx is
-// done. It polls instead of handling SIGCHLD: with a SIGCHLD handler installed, gVisor
-// occasionally broke envd's in-flight streams (about one command in 60 ended "canceled" at the
-// SDK), and a zombie that waits up to a second costs nothing.
+// ReapsPerSecond bounds how many untracked children (orphans) a second the reaper reaps. An orphan
+// waits as a zombie until then, and a zombie still counts against its user's RLIMIT_NPROC and the
+// guest's task limit. A fork bomb's processes all end up orphans (each parent exits right after
+// forking), so the bound is also the bomb's fork rate: unbounded, a user's bomb at its task limit
+// kept gVisor's sentry so busy that root's `pkill` took 20-30 s (minutes with one sweep holding
+// mu throughout); at 32 a second it takes well under a second. Real workloads reap their own
+// children and orphan few.
+const ReapsPerSecond = 32
+
+// Run reaps untracked zombies every second and after every tracked child's exit, up to
+// ReapsPerSecond a second, until ctx is done. It polls instead of handling SIGCHLD: with a
+// SIGCHLD handler installed, gVisor occasionally broke envd's in-flight streams (about one
+// command in 60 ended "canceled" at the SDK), and a zombie that waits up to a second costs
+// nothing.
 func (r *Reaper) Run(ctx context.Context) {
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
+	budget := ReapsPerSecond
 	for {
-		r.sweep()
+		budget -= r.sweep(budget)
 		select {
 		case <-ctx.Done():
 			return
 		case <-r.kick:
 		case <-tick.C:
+			budget = ReapsPerSecond
 		}
 	}
 }
 
-// sweep reaps exited untracked children until none is left or a tracked one is next. It takes mu
-// for one child at a time: under a fork bomb orphans exit as fast as they are reaped, and a sweep
-// that held mu throughout kept every Start (root's command to clean up, too) waiting for minutes.
-func (r *Reaper) sweep() {
-	for r.reapOne() {
+// sweep reaps up to limit exited untracked children, stopping early when none is left or a tracked
+// one is next, and returns how many it reaped. It takes mu for one child at a time, so a Start
+// (root's command to clean up, too) waits for one reap at most, not for a whole sweep.
+func (r *Reaper) sweep(limit int) int {
+	n := 0
+	for n < limit && r.reapOne() {
+		n++
 	}
+	return n
 }
 
 // reapOne reaps one exited untracked child and reports whether it did.

@@ -1,0 +1,73 @@
+package reaper
+
+import (
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// zombieChildren counts this process's children that exited and wait to be reaped.
+func zombieChildren(t *testing.T) int {
+	t.Helper()
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	self := strconv.Itoa(os.Getpid())
+	n := 0
+	for _, e := range entries {
+		status, err := os.ReadFile("/proc/" + e.Name() + "/status")
+		if err != nil {
+			continue
+		}
+		s := string(status)
+		if strings.Contains(s, "\nPPid:\t"+self+"\n") && strings.Contains(s, "\nState:\tZ") {
+			n++
+		}
+	}
+	return n
+}
+
+// A sweep reaps orphans up to its limit and leaves the rest as zombies for the next one: the bound
+// that keeps a user's fork bomb from starving root (ReapsPerSecond).
+func TestSweepIsBounded(t *testing.T) {
+	r, err := New(slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const orphans = 40
+	// The shell is tracked and waited for; its children outlive it and become this process's
+	// (a subreaper's) orphans.
+	cmd := exec.Command("/bin/sh", "-c", "for i in $(seq "+strconv.Itoa(orphans)+"); do sleep 0.2 & done")
+	if err := r.Start(cmd); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	r.Forget(cmd.Process.Pid)
+	deadline := time.Now().Add(10 * time.Second)
+	for zombieChildren(t) < orphans {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d orphans became zombies", zombieChildren(t), orphans)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if n := r.sweep(16); n != 16 {
+		t.Fatalf("sweep(16) reaped %d", n)
+	}
+	if z := zombieChildren(t); z != orphans-16 {
+		t.Fatalf("%d zombies left after sweep(16), want %d", z, orphans-16)
+	}
+	if n := r.sweep(100); n != orphans-16 {
+		t.Fatalf("sweep(100) reaped %d, want %d", n, orphans-16)
+	}
+	if z := zombieChildren(t); z != 0 {
+		t.Fatalf("%d zombies left", z)
+	}
+}
