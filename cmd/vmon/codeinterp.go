@@ -12,6 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/vibemon/vmon/internal/doctor"
 	"github.com/vibemon/vmon/internal/errdefs"
 	"github.com/vibemon/vmon/internal/snapshot"
 	"github.com/vibemon/vmon/internal/store"
@@ -31,7 +32,7 @@ const (
 	codeInterpreterCPUs     = 2
 	codeInterpreterMemoryMB = 1024
 	// codeInterpreterBinary is the service, installed beside envd and mounted with it.
-	codeInterpreterBinary = "vmon-code-interpreter"
+	codeInterpreterBinary = doctor.CodeInterpreterBinary
 )
 
 // buildCodeInterpreter is `vmon template build code-interpreter-v1`: the rootfs locally, then
@@ -77,6 +78,10 @@ func ensureCodeInterpreter(ctx context.Context, svc *templates.Service, st *stor
 	}
 	fresh, why := codeInterpreterFresh(ctx, st, dataDir, rootfs, envdPath)
 	if fresh {
+		return
+	}
+	if err := checkGuestPrograms(codeInterpreterStart, filepath.Dir(envdPath)); err != nil {
+		log.Error("cannot make the code-interpreter template", "template", codeInterpreterID, "why", why, "err", err)
 		return
 	}
 	log.Info("making the code-interpreter template", "template", codeInterpreterID, "why", why)

@@ -20,6 +20,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+	"unicode"
 
 	"github.com/spf13/cobra"
 	"golang.org/x/sys/unix"
@@ -30,6 +31,7 @@ import (
 	"github.com/vibemon/vmon/internal/capability"
 	"github.com/vibemon/vmon/internal/config"
 	"github.com/vibemon/vmon/internal/denied"
+	"github.com/vibemon/vmon/internal/doctor"
 	"github.com/vibemon/vmon/internal/driver"
 	"github.com/vibemon/vmon/internal/egress"
 	"github.com/vibemon/vmon/internal/egressdns"
@@ -736,6 +738,26 @@ func warmSpecs(ms []template.Manifest, size, diskMB int) []node.WarmSpec {
 	return nil
 }
 
+// checkGuestPrograms refuses a start command that runs one of vmon's own guest programs
+// (/opt/vmon/bin/…, the node's envd directory mounted in every sandbox) this node does not have:
+// it could only fail once its ready command timed out.
+func checkGuestPrograms(startCmd, envdDir string) error {
+	for _, f := range strings.FieldsFunc(startCmd, func(r rune) bool { return unicode.IsSpace(r) || strings.ContainsRune(";&|()'\"", r) }) {
+		name, ok := strings.CutPrefix(f, node.GuestBinDir+"/")
+		if !ok || name == "" || strings.Contains(name, "/") {
+			continue
+		}
+		if _, err := os.Stat(filepath.Join(envdDir, name)); err != nil {
+			fix := "install it beside envd"
+			if name == doctor.CodeInterpreterBinary {
+				fix = "make build puts bin/vmon-code-interpreter beside bin/envd; install it there and restart vmon serve"
+			}
+			return errdefs.InvalidArgument("the start command runs %s, which this node does not have: %s", f, fix)
+		}
+	}
+	return nil
+}
+
 // syncTemplates registers every built template with the store so the API can resolve it. Their
 // sandboxes get diskMB of disk (E2B's diskSizeMB is the sandbox's disk, not the image's size).
 func syncTemplates(ctx context.Context, st *store.Store, dataDir string, diskMB int) ([]template.Manifest, error) {
@@ -877,7 +899,12 @@ func startTemplateBuilds(ctx context.Context, c *config.Serve, st *store.Store, 
 		return nil, err
 	}
 	svc := templates.New(templates.Options{DataDir: c.DataDir, Store: st, Engine: engine, Files: files, Resolver: d,
-		MaxConcurrent: c.BuildConcurrency, Log: log.With("component", "templates")})
+		MaxConcurrent: c.BuildConcurrency, Log: log.With("component", "templates"),
+		Rescan: func(ctx context.Context) error {
+			_, err := syncTemplates(ctx, st, c.DataDir, c.SandboxDiskMB)
+			return err
+		},
+		CheckStart: func(startCmd string) error { return checkGuestPrograms(startCmd, filepath.Dir(n.EnvdPath())) }})
 	if err := svc.Recover(ctx); err != nil {
 		return nil, fmt.Errorf("recover template builds: %w", err)
 	}

@@ -61,6 +61,7 @@ func Run(ctx context.Context, o Options) []Result {
 		checkRoot(),
 		checkRunsc(o),
 		checkEnvd(o.EnvdPath),
+		checkCodeInterpreter(o.EnvdPath),
 		checkFilesystem("overlay", "overlayfs (each sandbox's writable root)", "load the module: modprobe overlay"),
 		checkNetNS(),
 		checkCgroup2(),
@@ -168,6 +169,24 @@ func checkEnvd(path string) Result {
 	st, err := os.Stat(path)
 	if err != nil || st.IsDir() {
 		r.Level, r.Detail, r.Fix = Fail, fmt.Sprintf("%s not found", path), "make build (installs bin/envd beside bin/vmon) or pass --envd-path"
+		return r
+	}
+	r.Detail = path
+	return r
+}
+
+// CodeInterpreterBinary is the code-execution service of code-interpreter-v1; vmon serve
+// installs it with envd when it lies beside envd.
+const CodeInterpreterBinary = "vmon-code-interpreter"
+
+// checkCodeInterpreter warns when the code-execution service is not beside envd: vmon runs
+// without it, but code-interpreter-v1 (@e2b/code-interpreter's runCode) cannot.
+func checkCodeInterpreter(envdPath string) Result {
+	r := Result{Name: "code-execution service (code-interpreter-v1)"}
+	path := filepath.Join(filepath.Dir(envdPath), CodeInterpreterBinary)
+	if st, err := os.Stat(path); err != nil || st.IsDir() {
+		r.Level, r.Detail, r.Fix = Warn, fmt.Sprintf("%s not found: code-interpreter-v1 cannot start", path),
+			"make build (installs bin/vmon-code-interpreter beside bin/envd), or copy it beside envd"
 		return r
 	}
 	r.Detail = path

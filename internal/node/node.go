@@ -148,7 +148,9 @@ type Options struct {
 }
 
 const (
-	guestBinDir = "/opt/vmon/bin"
+	// GuestBinDir is where every sandbox sees the node's envd directory: envd and the other
+	// guest programs installed with it (the code-execution service).
+	GuestBinDir = "/opt/vmon/bin"
 	// sandboxIDFile names, inside a sandbox's directory, the API sandbox id it was handed to. Its
 	// absence marks a pre-started sandbox nobody claimed, which recovery discards.
 	sandboxIDFile = "sandbox-id"
@@ -474,11 +476,11 @@ func (n *Node) boot(ctx context.Context, bs bootSpec) (_ *sandbox, retErr error)
 			// Read-only: connecting to the socket works on a read-only mount, and the guest must
 			// not create files or symlinks in a host directory.
 			{HostPath: agentDir, GuestPath: agentproto.GuestDir, ReadOnly: true},
-			{HostPath: envdDir, GuestPath: guestBinDir, ReadOnly: true},
+			{HostPath: envdDir, GuestPath: GuestBinDir, ReadOnly: true},
 		},
 		// envd also serves on the guest's loopback, as E2B's does (its own token guards it):
 		// guest services such as the code interpreter read the sandbox's variables there.
-		Args: []string{guestBinDir + "/" + filepath.Base(n.opts.EnvdPath), "--agent-socket", agentproto.GuestSocket,
+		Args: []string{GuestBinDir + "/" + filepath.Base(n.opts.EnvdPath), "--agent-socket", agentproto.GuestSocket,
 			"--max-tasks", strconv.Itoa(lim.GuestTasks), "--listen", net.JoinHostPort("127.0.0.1", strconv.Itoa(agentproto.EnvdPort))},
 		Env:      []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
 		CPUs:     cpus,

@@ -52,6 +52,13 @@ type Options struct {
 	// UploadTTL is how long an upload URL stays valid (E2B's SDK allows an hour per upload).
 	UploadTTL time.Duration
 	Log       *slog.Logger
+	// Rescan registers templates built on this host since the server started (`vmon template
+	// build` of a rootfs while it runs); a build from a template the store does not know calls it
+	// once before giving up. Nil: only what the store knows.
+	Rescan func(ctx context.Context) error
+	// CheckStart refuses a start command this node cannot run (e.g. one of vmon's own programs
+	// that is not installed), before the build starts and waits for it. Nil: every one is tried.
+	CheckStart func(startCmd string) error
 }
 
 // Service runs the template build API.
@@ -409,6 +416,11 @@ func (s *Service) StartBuild(ctx context.Context, templateID, buildID string, sp
 		// environment; vmon's base template is that environment, built offline.
 		spec.FromImage = ""
 	}
+	if spec.StartCmd != "" && s.opts.CheckStart != nil {
+		if err := s.opts.CheckStart(spec.StartCmd); err != nil {
+			return err
+		}
+	}
 	req := build.Request{TemplateID: templateID, BuildID: buildID, FromImage: spec.FromImage,
 		FromImageRegistry: spec.FromImageRegistry, StartCmd: spec.StartCmd, ReadyCmd: spec.ReadyCmd,
 		Force: spec.Force, Steps: spec.Steps, CPUs: b.CPU, MemoryMB: b.MemoryMB}
@@ -453,6 +465,12 @@ func isE2BBaseImage(ref string) bool {
 // parent resolves fromTemplate to the build sandboxes of it run.
 func (s *Service) parent(ctx context.Context, ref string) (*build.Parent, error) {
 	tpl, _, err := s.opts.Resolver.ResolveTemplate(ctx, ref)
+	if errdefs.Is(err, errdefs.KindNotFound) && s.opts.Rescan != nil {
+		if rerr := s.opts.Rescan(ctx); rerr != nil {
+			s.opts.Log.Warn("look for templates built since the server started", "err", rerr)
+		}
+		tpl, _, err = s.opts.Resolver.ResolveTemplate(ctx, ref)
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -371,6 +371,42 @@ describe('templates (Template builder, OCI images, start/ready)', () => {
     assert.deepEqual(await pgrep(`runsc.*${srv.dataDir}.* build[a-z0-9]{20}$`), []);
   });
 
+  // `vmon template build` of a rootfs while the server runs (code-interpreter-v1-rootfs): the
+  // server finds a template built on disk since it started when a build names it. And a start
+  // command that runs a vmon guest program this node lacks is refused at once, not after the
+  // ready timeout.
+  srv.test('a rootfs built on disk while the server runs can be built from; a missing vmon guest program is refused at once', async () => {
+    const late = `late-${RUN}`.toLowerCase().replace(/[^a-z0-9-]/g, '-').slice(0, 40);
+    const dir = path.join(srv.dataDir, 'templates', late);
+    const base = path.join(srv.dataDir, 'templates', 'base');
+    fs.mkdirSync(dir);
+    try {
+      const manifest = JSON.parse(fs.readFileSync(path.join(base, 'manifest.json'), 'utf8'));
+      const cp = spawn('cp', ['-al', path.join(base, manifest.rootfs), path.join(dir, manifest.rootfs)]);
+      assert.equal(await new Promise((r) => cp.on('exit', r)), 0, 'hard-link copy of base');
+      fs.writeFileSync(path.join(dir, 'manifest.json'), JSON.stringify({ ...manifest, id: late }));
+      await Template.build(Template().fromTemplate(late).runCmd(`echo ${RUN} > /tmp/late`), name('fromlate'), opts());
+      const sbx = await Sandbox.create(name('fromlate'), opts());
+      try {
+        assert.equal((await sbx.commands.run('cat /tmp/late')).stdout.trim(), RUN);
+      } finally {
+        await sbx.kill();
+      }
+    } finally {
+      await apiFetch(srv, `/templates/${name('fromlate')}`, { method: 'DELETE' }).catch(() => {});
+      await apiFetch(srv, `/templates/${late}`, { method: 'DELETE' }).catch(() => {});
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
+
+    const missing = Template().fromTemplate('base').setStartCmd('/opt/vmon/bin/vmon-no-such-program --serve', 'true');
+    await assert.rejects(Template.build(missing, name('noprog'), opts()), (err) => {
+      // Refused when the build starts, not by a ready check that timed out.
+      assert.match(err.message, /vmon-no-such-program, which this node does not have/);
+      assert.doesNotMatch(err.message, /ready command/);
+      return true;
+    });
+  });
+
   srv.test('status polling pages logs by logsOffset; delete removes the template', async () => {
     const n = name('del');
     // The run id keeps the step out of the build cache, whose hits print nothing.
