@@ -11,10 +11,11 @@
 #   bash-static       the fixture images' /bin/bash (the SDK runs commands with bash)
 #   ca-certificates, curl, file  used by the scripts and tests
 #   python3-ipykernel the Jupyter kernel the code-interpreter service's Go tests drive
+#   node-typescript   the parser the service's JavaScript runner uses for top-level await and import
 # Node.js and npm (for the SDK end-to-end tests) are expected to be installed already.
 set -eu
 
-PACKAGES="make git mmdebstrap iproute2 iptables e2fsprogs libnss-myhostname busybox-static bash-static ca-certificates curl file python3-ipykernel"
+PACKAGES="make git mmdebstrap iproute2 iptables e2fsprogs libnss-myhostname busybox-static bash-static ca-certificates curl file python3-ipykernel node-typescript"
 
 missing=""
 for p in $PACKAGES; do

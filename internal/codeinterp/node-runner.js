@@ -13,6 +13,8 @@ const readline = require('readline');
 const util = require('util');
 const vm = require('vm');
 const Module = require('module');
+const path = require('path');
+const { pathToFileURL } = require('url');
 
 const send = (msg) => fs.writeSync(3, JSON.stringify(msg) + '\n');
 let current = null; // the id of the running cell
@@ -40,19 +42,101 @@ sandbox.globalThis = sandbox;
 const context = vm.createContext(sandbox);
 
 let typescript = null;
-function transpile(code) {
+// loadTypescript returns Debian's node-typescript: the TypeScript compiler, and the JavaScript
+// parser behind top-level await and import in cells.
+function loadTypescript(why) {
   if (!typescript) {
-    try {
-      typescript = require('typescript');
-    } catch {
-      const err = new Error('TypeScript is not installed in this sandbox (Debian package node-typescript)');
+    for (const name of ['typescript', '/usr/share/nodejs/typescript']) {
+      try {
+        typescript = require(name);
+        break;
+      } catch {
+        // next
+      }
+    }
+    if (!typescript) {
+      const err = new Error(`TypeScript is not installed in this sandbox (Debian package node-typescript); ${why} needs it`);
       err.name = 'LanguageNotAvailable';
       throw err;
     }
   }
-  return typescript.transpileModule(code, {
-    compilerOptions: { target: typescript.ScriptTarget.ES2022, module: typescript.ModuleKind.ES2022 },
+  return typescript;
+}
+
+function transpile(code) {
+  const ts = loadTypescript('TypeScript');
+  return ts.transpileModule(code, {
+    // preserveValueImports: an import a later cell uses is kept, not elided as unused here.
+    compilerOptions: { target: ts.ScriptTarget.ES2022, module: ts.ModuleKind.ES2022, preserveValueImports: true },
   }).outputText;
+}
+
+// Cells import modules as a script in the context's directory would: Node built-ins by name,
+// relative paths from the working directory, packages from its node_modules (CommonJS or ESM).
+sandbox.__vmonImport = (spec) => {
+  if (spec.startsWith('node:') || Module.isBuiltin(spec)) return import(spec);
+  if (spec.startsWith('.') || spec.startsWith('/')) return import(pathToFileURL(path.resolve(process.cwd(), spec)).href);
+  let resolved;
+  try {
+    resolved = pathToFileURL(Module.createRequire(path.join(process.cwd(), '/')).resolve(spec)).href;
+  } catch {
+    resolved = spec;
+  }
+  return import(resolved);
+};
+
+// asyncCell turns a cell with top-level await or import declarations into the body of an async
+// function that behaves like the cell at the top level, as a REPL does: import declarations
+// become awaited dynamic imports, top-level declarations become globals (so later cells see
+// them), and the last expression statement is returned (the cell's value).
+function asyncCell(code) {
+  const ts = loadTypescript('a cell with top-level await or import');
+  const sf = ts.createSourceFile('cell.js', code, ts.ScriptTarget.Latest, true, ts.ScriptKind.JS);
+  const src = (n) => code.slice(n.getStart(sf), n.end);
+  const edits = [];
+  const replace = (node, text) => edits.push({ start: node.getStart(sf), end: node.end, text });
+  let tmp = 0;
+  sf.statements.forEach((st, i) => {
+    const last = i === sf.statements.length - 1;
+    if (ts.isImportDeclaration(st)) {
+      const from = `await __vmonImport(${src(st.moduleSpecifier)})`;
+      const c = st.importClause;
+      if (!c) return replace(st, `${from};`);
+      const parts = [];
+      let ns = from;
+      if (c.name && c.namedBindings) {
+        ns = `__vmon_import_${tmp++}`;
+        parts.push(`globalThis.${ns} = ${from};`);
+        ns = `globalThis.${ns}`;
+      }
+      if (c.name) parts.push(`${c.name.text} = (${ns}).default;`);
+      if (c.namedBindings && ts.isNamespaceImport(c.namedBindings)) parts.push(`${c.namedBindings.name.text} = ${ns};`);
+      if (c.namedBindings && ts.isNamedImports(c.namedBindings)) {
+        const names = c.namedBindings.elements.map((e) => (e.propertyName ? `${e.propertyName.text}: ${e.name.text}` : e.name.text));
+        parts.push(`({ ${names.join(', ')} } = ${ns});`);
+      }
+      return replace(st, parts.join(' '));
+    }
+    if (ts.isVariableStatement(st)) {
+      // const/let/var x = v → x = v, on the context's global object (sloppy mode assigns globals).
+      const assigns = st.declarationList.declarations.map((d) => {
+        const target = src(d.name);
+        const value = d.initializer ? src(d.initializer) : 'undefined';
+        return ts.isObjectBindingPattern(d.name) ? `(${target} = ${value})` : `${target} = ${value}`;
+      });
+      return replace(st, `void (${assigns.join(', ')});`);
+    }
+    if (ts.isFunctionDeclaration(st) && st.name) {
+      return edits.push({ start: st.end, end: st.end, text: `\nglobalThis.${st.name.text} = ${st.name.text};` });
+    }
+    if (ts.isClassDeclaration(st) && st.name) return replace(st, `${st.name.text} = ${src(st)};`);
+    // TypeScript's module output may end with `export {}`: a cell exports nothing.
+    if (ts.isExportDeclaration(st) && !st.moduleSpecifier) return replace(st, '');
+    if (last && ts.isExpressionStatement(st)) return replace(st, `return (${src(st.expression)});`);
+  });
+  let out = code;
+  for (const e of edits.sort((a, b) => b.start - a.start)) out = out.slice(0, e.start) + e.text + out.slice(e.end);
+  return `(async () => {\n${out}\n})()`;
 }
 
 let interrupt = null;
@@ -62,15 +146,16 @@ process.on('SIGINT', () => {
 
 async function run(code, lang) {
   if (lang === 'typescript') code = transpile(code);
-  let value;
+  let script;
   try {
-    value = new vm.Script(code, { filename: 'cell' }).runInContext(context, { breakOnSigint: true });
+    script = new vm.Script(code, { filename: 'cell' });
   } catch (err) {
-    // Top-level await: run the cell as the body of an async function (its value is lost unless
-    // the cell returns it).
-    if (!(err instanceof SyntaxError && /await/.test(err.message))) throw err;
-    value = new vm.Script(`(async () => {\n${code}\n})()`, { filename: 'cell' }).runInContext(context, { breakOnSigint: true });
+    // Top-level await, an import declaration or a top-level return: a cell that only runs as
+    // the body of an async function.
+    if (!(err instanceof SyntaxError && /await|import|export|return/.test(err.message))) throw err;
+    script = new vm.Script(asyncCell(code), { filename: 'cell' });
   }
+  let value = script.runInContext(context, { breakOnSigint: true });
   if (value && typeof value.then === 'function') {
     value = await Promise.race([value, new Promise((_, reject) => (interrupt = reject))]);
   }

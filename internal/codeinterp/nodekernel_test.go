@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -43,8 +44,35 @@ func TestJavaScript(t *testing.T) {
 	if len(errs) != 1 || errs[0]["name"] != "TypeError" || !strings.Contains(errs[0]["traceback"].(string), "TypeError") {
 		t.Fatalf("error %v", errs)
 	}
-	if m := mainText(js("await new Promise((r) => setTimeout(() => r(7), 10))")); m != "" {
-		t.Fatalf("top-level await without return gave %q", m)
+	if m := mainText(js("await new Promise((r) => setTimeout(() => r(7), 10))")); m != "7" {
+		t.Fatalf("top-level await: the awaited value is the cell's, got %q", m)
+	}
+	// Declarations of a cell with top-level await are there for later cells, as at the top level.
+	js("const aw = await Promise.resolve(3); let [p, q] = [1, 2]; function twice(n) { return 2 * n }\nclass K { k() { return 'k' } }")
+	if m := mainText(js("`${aw} ${p} ${q} ${twice(aw)} ${new K().k()}`")); m != "3 1 2 6 k" {
+		t.Fatalf("declarations after an await cell: %q", m)
+	}
+	// ESM imports of Node built-ins (default, named, namespace, node: prefix) and of a package in
+	// the context's node_modules, kept for later cells.
+	dir := t.TempDir()
+	pkg := filepath.Join(dir, "node_modules", "vmon-esm-pkg")
+	if err := os.MkdirAll(pkg, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for name, body := range map[string]string{
+		"package.json": `{"name": "vmon-esm-pkg", "type": "module", "exports": "./index.js"}`,
+		"index.js":     "export const greet = (n) => `hi ${n}`; export default 42;",
+	} {
+		if err := os.WriteFile(filepath.Join(pkg, name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	js("process.chdir(" + strconv.Quote(dir) + ")")
+	if m := mainText(js("import path from 'path'\nimport { join } from 'node:path'\nimport * as os from 'os'\nimport answer, { greet } from 'vmon-esm-pkg'\njoin('a', 'b') + ' ' + path.sep + ' ' + typeof os.cpus + ' ' + answer + ' ' + greet('x')")); m != "a/b / function 42 hi x" {
+		t.Fatalf("imports: %q", m)
+	}
+	if m := mainText(js("greet('again')")); m != "hi again" {
+		t.Fatalf("an import for later cells: %q", m)
 	}
 	if m := mainText(js("const v = await Promise.resolve(5); return v * 2")); m != "10" {
 		t.Fatalf("top-level await with return gave %q", m)

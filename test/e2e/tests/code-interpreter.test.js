@@ -5,6 +5,9 @@
 
 import assert from 'node:assert/strict';
 import path from 'node:path';
+import crypto from 'node:crypto';
+
+const sha256hex = (s) => crypto.createHash('sha256').update(s).digest('hex');
 import { describe } from 'node:test';
 import { Sandbox } from '@e2b/code-interpreter';
 import { TimeoutError } from 'e2b';
@@ -256,6 +259,21 @@ describe('code interpreter', () => {
     assert.equal(rRoot.logs.stdout.join(''), '/root', JSON.stringify(rRoot));
     assert.equal((await fresh.runCode('import os\nos.getcwd()')).text, '/home/user');
     assert.equal((await fresh.runCode('process.cwd()', { language: 'javascript' })).text, '/home/user');
+  });
+
+  // E2B's JavaScript kernel takes ESM imports and returns the value of a cell that ends with a
+  // top-level await; what such a cell declares is there for the next one.
+  srv.test('javascript and typescript: ESM imports, top-level await with its value, declarations kept', async () => {
+    const jsCtx = await sbx.createCodeContext({ language: 'javascript' });
+    const imp = await sbx.runCode("import fs from 'fs'\nimport { join } from 'node:path'\nconst made = await fs.promises.mkdtemp(join('/tmp', 'esm-'))\nawait fs.promises.writeFile(join(made, 'f'), 'x'.repeat(5))\n(await fs.promises.stat(join(made, 'f'))).size", { context: jsCtx });
+    assert.equal(imp.error, undefined, JSON.stringify(imp.error));
+    assert.equal(imp.text, '5', JSON.stringify(imp));
+    const later = await sbx.runCode('fs.existsSync(made) + " " + join("a", "b")', { context: jsCtx });
+    assert.equal(later.text, 'true a/b', JSON.stringify(later));
+    const ts = await sbx.runCode("import { createHash } from 'crypto'\nconst h: string = await Promise.resolve(createHash('sha256').update('vmon').digest('hex'))\nh.slice(0, 8)", { language: 'typescript' });
+    assert.equal(ts.error, undefined, JSON.stringify(ts.error));
+    assert.equal(ts.text, sha256hex('vmon').slice(0, 8), JSON.stringify(ts));
+    await sbx.removeCodeContext(jsCtx);
   });
 
   srv.test('two executions at once in different contexts', async () => {
