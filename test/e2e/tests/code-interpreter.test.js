@@ -265,7 +265,7 @@ describe('code interpreter', () => {
   // top-level await; what such a cell declares is there for the next one.
   srv.test('javascript and typescript: ESM imports, top-level await with its value, declarations kept', async () => {
     const jsCtx = await sbx.createCodeContext({ language: 'javascript' });
-    const imp = await sbx.runCode("import fs from 'fs'\nimport { join } from 'node:path'\nconst made = await fs.promises.mkdtemp(join('/tmp', 'esm-'))\nawait fs.promises.writeFile(join(made, 'f'), 'x'.repeat(5))\n(await fs.promises.stat(join(made, 'f'))).size", { context: jsCtx });
+    const imp = await sbx.runCode("import fs from 'fs'\nimport { join } from 'node:path'\nconst made = await fs.promises.mkdtemp(join('/tmp', 'esm-'))\nawait fs.promises.writeFile(join(made, 'f'), 'x'.repeat(5));\n(await fs.promises.stat(join(made, 'f'))).size", { context: jsCtx });
     assert.equal(imp.error, undefined, JSON.stringify(imp.error));
     assert.equal(imp.text, '5', JSON.stringify(imp));
     const later = await sbx.runCode('fs.existsSync(made) + " " + join("a", "b")', { context: jsCtx });
