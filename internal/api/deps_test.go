@@ -9,7 +9,8 @@ import (
 // TestDependencies keeps the control plane's layering one-way: api → driver, templates → store →
 // apikey, errdefs. templates reaches the host side only through the build engine. The driver reaches nodes only through its Node interface and node's plain types, so the
 // node package is the only door to the host side; egress is the pure policy model both share, and
-// secrets the pure sealing of secret values. apikey, store, egress and secrets are checked
+// secrets the pure sealing of secret values, sandboxlog the per-sandbox logs. apikey, store, egress,
+// secrets and sandboxlog are checked
 // transitively (they must stay leaves); driver and api by
 // their direct imports, since node legitimately pulls in the host side behind it.
 func TestDependencies(t *testing.T) {
@@ -23,10 +24,12 @@ func TestDependencies(t *testing.T) {
 		{"store", true, []string{"apikey", "errdefs"}},
 		{"egress", true, []string{"errdefs"}},
 		{"secrets", true, []string{"errdefs"}},
-		{"driver", false, []string{"store", "errdefs", "node", "egress", "secrets"}},
+		// sandboxlog is the per-sandbox log's files and queries, with its types for both edges.
+		{"sandboxlog", true, nil},
+		{"driver", false, []string{"store", "errdefs", "node", "egress", "secrets", "sandboxlog"}},
 		{"templates", false, []string{"store", "errdefs", "build", "template", "agentproto"}},
 		// volumes for its entry types only: the files come in through the VolumeFiles interface.
-		{"api", false, []string{"driver", "store", "errdefs", "templates", "volumes", "httpguard"}},
+		{"api", false, []string{"driver", "store", "errdefs", "templates", "volumes", "httpguard", "sandboxlog"}},
 	} {
 		args := []string{"list", "-f", `{{join .Imports "\n"}}`, mod + tc.pkg}
 		if tc.deep {

@@ -11,6 +11,7 @@ import (
 	"github.com/vibemon/vmon/internal/egress"
 	"github.com/vibemon/vmon/internal/errdefs"
 	"github.com/vibemon/vmon/internal/node"
+	"github.com/vibemon/vmon/internal/sandboxlog"
 	"github.com/vibemon/vmon/internal/store"
 )
 
@@ -147,6 +148,11 @@ func (d *Driver) Create(ctx context.Context, req CreateRequest) (Sandbox, error)
 	sb, err = d.startRecord(ctx, sb, timeout, boot)
 	if err != nil {
 		return Sandbox{}, err
+	}
+	if snap != nil {
+		d.sbLog(sb.ID, sandboxlog.LevelInfo, "sandbox created from snapshot "+snap.ID, "snapshot", snap.ID, "template", sb.TemplateID, "cpu", itoa(sb.CPU), "memoryMB", itoa(sb.MemoryMB), "diskMB", itoa(sb.DiskMB), "timeout", secs(timeout))
+	} else {
+		d.sbLog(sb.ID, sandboxlog.LevelInfo, "sandbox created from template "+cmp.Or(alias, tpl.ID), "template", tpl.ID, "alias", alias, "cpu", itoa(sb.CPU), "memoryMB", itoa(sb.MemoryMB), "diskMB", itoa(sb.DiskMB), "timeout", secs(timeout))
 	}
 	if snap == nil {
 		if err := d.store.RecordSpawn(context.WithoutCancel(ctx), tpl.ID, sb.StartedAt); err != nil {

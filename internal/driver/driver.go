@@ -103,6 +103,9 @@ type Options struct {
 	// Secrets seals secret values at rest; nil: the secrets API answers 501 and header rules
 	// with secret placeholders are refused.
 	Secrets *secrets.Sealer
+	// Logs keeps each sandbox's log of what happened to it (internal/sandboxlog); nil: the logs
+	// API answers 501 and nothing is written.
+	Logs SandboxLog
 }
 
 // Driver orchestrates sandboxes. Create it with New, call Recover before serving, Close at exit.

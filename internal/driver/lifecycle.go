@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/vibemon/vmon/internal/errdefs"
+	"github.com/vibemon/vmon/internal/sandboxlog"
 	"github.com/vibemon/vmon/internal/store"
 )
 
@@ -77,6 +78,7 @@ func (d *Driver) killLocked(ctx context.Context, sb Sandbox, reason string) erro
 		return err
 	}
 	d.log.Info("sandbox killed", "sandbox", sb.ID, "reason", reason)
+	d.sbEnded(sb.ID, reason)
 	return nil
 }
 
@@ -150,6 +152,7 @@ func (d *Driver) extendLocked(ctx context.Context, sb Sandbox, t time.Duration, 
 	}
 	sb.EndAt = end
 	d.arm(id, end)
+	d.sbLog(id, sandboxlog.LevelInfo, "sandbox timeout changed: it ends in "+secs(t)+" s", "timeout", secs(t), "endAt", end.Format(time.RFC3339))
 	return sb, nil
 }
 
@@ -226,6 +229,7 @@ func (d *Driver) expire(ctx context.Context, id string) {
 	}
 	if sb.AutoPause {
 		if p, ok := d.node.(Pauser); ok {
+			d.sbLog(id, sandboxlog.LevelInfo, "sandbox timeout reached: pausing it (lifecycle onTimeout pause)", "reason", ReasonTimeout)
 			if err := d.pauseLocked(ctx, p, sb, sb.AutoPauseMemory); err != nil {
 				d.log.Error("pause expired sandbox; will retry", "sandbox", id, "err", err)
 				d.arm(id, d.now().Add(killRetryAfterError))
@@ -268,6 +272,7 @@ func (d *Driver) SandboxStopped(ctx context.Context, id, reason string) {
 		return
 	}
 	d.log.Info("sandbox killed", "sandbox", id, "reason", reason)
+	d.sbEnded(id, reason)
 	kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), destroyTimeout)
 	defer cancel()
 	if err := d.node.DestroySandbox(kctx, id); err != nil && !errdefs.Is(err, errdefs.KindNotFound) {

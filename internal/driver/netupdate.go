@@ -4,10 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/vibemon/vmon/internal/egress"
 	"github.com/vibemon/vmon/internal/errdefs"
+	"github.com/vibemon/vmon/internal/sandboxlog"
 	"github.com/vibemon/vmon/internal/store"
 )
 
@@ -97,5 +99,6 @@ func (d *Driver) UpdateNetwork(ctx context.Context, id string, c NetworkUpdate) 
 	}
 	d.log.Info("sandbox network updated", "sandbox", id, "allow_out", len(norm.AllowOut),
 		"deny_out", len(norm.DenyOut), "rules", len(norm.Rules), "proxy", norm.EgressProxy != nil)
+	d.sbLog(id, sandboxlog.LevelInfo, "network policy updated", "allowOut", clipList(norm.AllowOut), "denyOut", clipList(norm.DenyOut), "ruleDomains", itoa(len(norm.Rules)), "egressProxy", strconv.FormatBool(norm.EgressProxy != nil))
 	return nil
 }

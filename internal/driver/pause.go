@@ -1,13 +1,16 @@
 package driver
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/vibemon/vmon/internal/errdefs"
 	"github.com/vibemon/vmon/internal/node"
+	"github.com/vibemon/vmon/internal/sandboxlog"
 	"github.com/vibemon/vmon/internal/store"
 )
 
@@ -74,6 +77,7 @@ func (d *Driver) pauseLocked(ctx context.Context, p Pauser, sb Sandbox, memory b
 		if merr := d.store.MarkKilled(pctx, sb.ID, d.now(), ReasonPauseFailed+": "+err.Error()); merr != nil {
 			d.log.Error("mark sandbox killed", "sandbox", sb.ID, "err", merr)
 		}
+		d.sbEnded(sb.ID, ReasonPauseFailed+": "+err.Error())
 		return errdefs.Wrap(errdefs.KindUnknown, err, "pausing sandbox %q failed and it could not be kept", sb.ID)
 	}
 	if err != nil {
@@ -89,6 +93,7 @@ func (d *Driver) pauseLocked(ctx context.Context, p Pauser, sb Sandbox, memory b
 		return err
 	}
 	d.log.Info("sandbox paused", "sandbox", sb.ID, "memory", info.Memory, "bytes", info.Bytes)
+	d.sbLog(sb.ID, sandboxlog.LevelInfo, pausedMessage(info.Memory), "memory", strconv.FormatBool(info.Memory), "bytes", strconv.FormatInt(info.Bytes, 10))
 	return nil
 }
 
@@ -118,7 +123,7 @@ func (d *Driver) resumeLocked(ctx context.Context, sb Sandbox, t time.Duration, 
 	if err != nil {
 		return Sandbox{}, err
 	}
-	began := time.Now()
+	began, keptMemory := time.Now(), memory && sb.PausedMemory
 	policy, err := policyOf(sb)
 	if err != nil {
 		return Sandbox{}, err
@@ -147,6 +152,7 @@ func (d *Driver) resumeLocked(ctx context.Context, sb Sandbox, t time.Duration, 
 		if merr := d.store.MarkKilled(rctx, sb.ID, d.now(), ReasonResumeFailed+": its saved state is gone"); merr != nil {
 			d.log.Error("mark sandbox killed", "sandbox", sb.ID, "err", merr)
 		}
+		d.sbEnded(sb.ID, ReasonResumeFailed+": its saved state is gone")
 		return Sandbox{}, notFound(sb.ID)
 	}
 	if err != nil {
@@ -168,6 +174,7 @@ func (d *Driver) resumeLocked(ctx context.Context, sb Sandbox, t time.Duration, 
 	d.track(sb)
 	d.log.Info("sandbox resumed", "sandbox", sb.ID, "timeout", t, "prepared", prepared.Round(time.Millisecond),
 		"took", time.Since(began).Round(time.Millisecond))
+	d.sbLog(sb.ID, sandboxlog.LevelInfo, "sandbox resumed on node "+cmp.Or(d.opts.NodeID, "local"), "memory", strconv.FormatBool(keptMemory), "node", cmp.Or(d.opts.NodeID, "local"), "timeout", secs(t))
 	return sb, nil
 }
 
@@ -219,4 +226,12 @@ func (d *Driver) templateUser(ctx context.Context, templateID string) (user, wor
 		workdir = tpl.DefaultWorkdir
 	}
 	return user, workdir
+}
+
+// pausedMessage says what a pause kept, for the sandbox's log.
+func pausedMessage(memory bool) string {
+	if memory {
+		return "sandbox paused with its memory"
+	}
+	return "sandbox paused (its files only; its processes start afresh on resume)"
 }

@@ -71,6 +71,7 @@ func (d *Driver) Recover(ctx context.Context, recovering, paused func(id string)
 			return fmt.Errorf("mark sandbox %s killed: %w", sb.ID, err)
 		}
 		d.log.Info("sandbox not recovered", "sandbox", sb.ID, "reason", reason)
+		d.sbEnded(sb.ID, reason)
 		killed++
 	}
 	d.log.Info("recovering sandboxes", "settling", waiting, "paused", held, "killed", killed)
@@ -159,6 +160,7 @@ func (d *Driver) Recovered(ctx context.Context, r node.Recovered) {
 			return
 		}
 		d.log.Info("sandbox not recovered", "sandbox", sb.ID, "reason", ReasonRuntimeGone)
+		d.sbEnded(sb.ID, ReasonRuntimeGone)
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 	"github.com/vibemon/vmon/internal/egress"
 	"github.com/vibemon/vmon/internal/errdefs"
 	"github.com/vibemon/vmon/internal/node"
+	"github.com/vibemon/vmon/internal/sandboxlog"
 	"github.com/vibemon/vmon/internal/store"
 )
 
@@ -104,6 +105,7 @@ func (d *Driver) CreateSnapshot(ctx context.Context, id, name string) (SnapshotI
 		return SnapshotInfo{}, err
 	}
 	d.log.Info("snapshot created", "sandbox", id, "snapshot", snapID, "name", name, "bytes", info.Bytes)
+	d.sbLog(id, sandboxlog.LevelInfo, "snapshot "+snapID+" created", "snapshot", snapID, "name", name)
 	return infoOf(sn), nil
 }
 
@@ -120,6 +122,7 @@ func (d *Driver) afterFailedCheckpoint(ctx context.Context, sb Sandbox, err erro
 		if merr := d.store.MarkKilled(ctx, sb.ID, d.now(), ReasonPauseFailed+": "+err.Error()); merr != nil {
 			d.log.Error("mark sandbox killed", "sandbox", sb.ID, "err", merr)
 		}
+		d.sbEnded(sb.ID, ReasonPauseFailed+": "+err.Error())
 	}
 }
 
@@ -317,6 +320,7 @@ func (d *Driver) Fork(ctx context.Context, id string, count int, timeout *time.D
 		return nil, err
 	}
 	results := make([]ForkResult, count)
+	var forks []string
 	for i := range results {
 		sb, err := d.createFrom(ctx, src, from, policy, t)
 		if err != nil {
@@ -324,6 +328,11 @@ func (d *Driver) Fork(ctx context.Context, id string, count int, timeout *time.D
 			continue
 		}
 		results[i].Sandbox = &sb
+		forks = append(forks, sb.ID)
+		d.sbLog(sb.ID, sandboxlog.LevelInfo, "sandbox created as a fork of "+id, "forkOf", id, "template", sb.TemplateID, "cpu", itoa(sb.CPU), "memoryMB", itoa(sb.MemoryMB), "diskMB", itoa(sb.DiskMB), "timeout", secs(t))
+	}
+	if len(forks) > 0 {
+		d.sbLog(id, sandboxlog.LevelInfo, "sandbox forked to "+strings.Join(forks, ", "), "forks", strings.Join(forks, ","), "count", itoa(len(forks)))
 	}
 	return results, nil
 }
