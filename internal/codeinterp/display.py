@@ -341,3 +341,79 @@ if _shell is not None:
     _formatters = _shell.display_formatter.formatters
     _formatters["e2b/data"] = _DataFormatter(parent=_shell.display_formatter)
     _formatters["e2b/chart"] = _ChartFormatter(parent=_shell.display_formatter)
+
+
+# PIL images, as E2B's template has them: Image.show() and Image.save(<path>) display the image
+# (a png result), and a viewer is never started (there is no display). PIL is patched as a cell
+# imports it (an import hook), never imported here.
+def _patch_pil():
+    import sys
+
+    image_mod = sys.modules.get("PIL.Image")
+    if image_mod is None or getattr(image_mod, "_vmon_patched", False):
+        return
+    from IPython.display import display
+
+    try:
+        from PIL import ImageShow
+    except Exception:  # noqa: BLE001 - without ImageShow, show() is left as it is
+        ImageShow = None
+
+    image_class = image_mod.Image
+    original_save = image_class.save
+
+    def show(self, title=None, **_options):
+        display(self)
+
+    def save(self, fp, format=None, **params):
+        if isinstance(fp, (str, bytes)) or hasattr(fp, "__fspath__"):
+            display(self)
+        return original_save(self, fp, format, **params)
+
+    image_class.show = show
+    image_class.save = save
+    if ImageShow is not None:
+        # Code that calls ImageShow directly displays too, and no viewer program is run.
+        ImageShow.show = lambda image, title=None, **_options: (display(image), True)[1]
+    image_mod._vmon_patched = True
+
+
+class _PILImportHook:
+    """Patches PIL.Image right after it is first imported, wherever the import comes from."""
+
+    def find_spec(self, name, path, target=None):
+        if name != "PIL.Image":
+            return None
+        import sys
+
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        exec_module = getattr(loader, "exec_module", None)
+        if exec_module is None:
+            return spec
+
+        def exec_and_patch(module):
+            exec_module(module)
+            try:
+                _patch_pil()
+            except Exception:  # noqa: BLE001 - PIL works as it is without the patch
+                pass
+
+        loader.exec_module = exec_and_patch
+        return spec
+
+
+if _shell is not None:
+    import sys as _sys
+
+    if "PIL.Image" in _sys.modules:
+        _patch_pil()
+    else:
+        _sys.meta_path.insert(0, _PILImportHook())

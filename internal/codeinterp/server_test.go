@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -516,5 +517,46 @@ func TestSandboxEnvReachesKernels(t *testing.T) {
 	mu.Unlock()
 	if n != 2 {
 		t.Fatalf("envd was asked %d times for 2 kernels", n)
+	}
+}
+
+// PIL images as on E2B: Image.show() and Image.save(<path>) display the image, also when PIL is
+// first imported in the same cell, and no viewer program runs. A stand-in PIL package in the
+// kernel's directory has the classes and methods the patch touches.
+func TestPythonPILShowAndSaveDisplay(t *testing.T) {
+	s, ts := newServer(t)
+	pil := filepath.Join(s.opts.Cwd, "PIL")
+	if err := os.MkdirAll(pil, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for name, body := range map[string]string{
+		"__init__.py": "",
+		"Image.py": "class Image:\n" +
+			"    def _repr_png_(self):\n        return b'\\x89PNG fake'\n" +
+			"    def show(self, title=None):\n        raise RuntimeError('a viewer ran')\n" +
+			"    def save(self, fp, format=None, **params):\n        open(fp, 'w').write('saved')\n",
+		"ImageShow.py": "def show(image, title=None, **options):\n    raise RuntimeError('a viewer ran')\n",
+	} {
+		if err := os.WriteFile(filepath.Join(pil, name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	saved := filepath.Join(t.TempDir(), "out.png")
+	lines, _ := execute(t, context.Background(), ts, map[string]any{"code": "from PIL import Image, ImageShow\n" +
+		"img = Image.Image()\nimg.show()\nimg.save(" + strconv.Quote(saved) + ")\nImageShow.show(img)\nprint('done')"})
+	if errs := ofType(lines, "error"); len(errs) > 0 {
+		t.Fatalf("errors: %v", errs)
+	}
+	res := ofType(lines, "result")
+	if len(res) != 3 {
+		t.Fatalf("want 3 displayed images (show, save, ImageShow.show), got %v", lines)
+	}
+	for _, r := range res {
+		if r["png"] == nil || r["is_main_result"] != false {
+			t.Fatalf("display result %v", r)
+		}
+	}
+	if b, err := os.ReadFile(saved); err != nil || string(b) != "saved" {
+		t.Fatalf("save still saves: %q %v", b, err)
 	}
 }

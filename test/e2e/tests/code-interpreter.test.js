@@ -276,6 +276,21 @@ describe('code interpreter', () => {
     await sbx.removeCodeContext(jsCtx);
   });
 
+  // PIL images as on E2B: show(), save(<path>) and an image as the cell's value each give a png.
+  srv.test('PIL: Image.show(), Image.save() and an Image value give png results', async () => {
+    const ctx = await sbx.createCodeContext({ language: 'python' });
+    const shown = await sbx.runCode("from PIL import Image\nim = Image.new('RGB', (4, 4), 'red')\nim.show()\nim.save('/tmp/red.png')\nprint('ok')", { context: ctx });
+    assert.equal(shown.error, undefined, JSON.stringify(shown.error));
+    assert.deepEqual(shown.logs.stdout, ['ok\n']);
+    assert.equal(shown.results.filter((r) => r.png).length, 2, JSON.stringify(shown.results.map((r) => Object.keys(r))));
+    const png = Buffer.from(shown.results[0].png, 'base64');
+    assert.equal(png.subarray(1, 4).toString(), 'PNG', 'the result is a PNG');
+    const value = await sbx.runCode('im', { context: ctx });
+    assert.ok(value.results.some((r) => r.isMainResult && r.png), JSON.stringify(value.results));
+    assert.equal((await sbx.runCode("import os\nos.path.getsize('/tmp/red.png') > 0", { context: ctx })).text, 'True');
+    await sbx.removeCodeContext(ctx);
+  });
+
   srv.test('two executions at once in different contexts', async () => {
     const a = await sbx.createCodeContext();
     const b = await sbx.createCodeContext();
