@@ -64,7 +64,7 @@ func sandboxCmd() *cobra.Command {
 	config.BindDataDir(ls.Flags(), &dataDir)
 	ls.Flags().BoolVarP(&all, "all", "a", false, "also list sandboxes that ended (killed, timed out, or stopped on their own)")
 	ls.Flags().IntVar(&limit, "limit", 100, "list at most this many (0: all)")
-	cmd.AddCommand(ls, deniedCmd())
+	cmd.AddCommand(ls, deniedCmd(), sandboxLogsCmd())
 	return cmd
 }
 

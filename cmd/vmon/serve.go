@@ -196,6 +196,13 @@ func serve(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
+	sandboxLogs, err := openSandboxLogs(ctx, c, st, log.With("component", "sandboxlog"))
+	if err != nil {
+		return err
+	}
+	if network != nil {
+		logRefusals(ctx, network.hub, sandboxLogs)
+	}
 	maxSandboxes := c.MaxSandboxes
 	if maxSandboxes == 0 {
 		maxSandboxes = capacityFromMemory()
@@ -211,6 +218,7 @@ func serve(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 		Features:        n.Features(),
 		Volumes:         vols,
 		Secrets:         sealer,
+		Logs:            sandboxLogs,
 	})
 	if err != nil {
 		return err
@@ -234,6 +242,8 @@ func serve(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 	if err := d.Recover(ctx, func(id string) bool { return recoveringSet[id] }, func(id string) bool { return pausedSet[id] }); err != nil {
 		return fmt.Errorf("recover sandbox records: %w", err)
 	}
+	// Swept only once the records say which sandboxes still live.
+	go sandboxLogs.Run(ctx)
 	orphans, err := d.PausedOrphans(ctx, pausedIDs)
 	if err != nil {
 		return fmt.Errorf("find paused sandboxes no record owns: %w", err)

@@ -59,6 +59,10 @@ type Serve struct {
 	// each sandbox's memory (0: derived).
 	SandboxMaxTasks int
 	SandboxMaxFiles int
+	// SandboxLogMaxBytes caps each sandbox's log (oldest entries dropped first);
+	// SandboxLogRetention is how long the log of an ended sandbox stays readable.
+	SandboxLogMaxBytes  int64
+	SandboxLogRetention time.Duration
 }
 
 // Mirrors parses --registry-mirror into a host -> mirror map.
@@ -123,6 +127,8 @@ func BindServe(fs *pflag.FlagSet, c *Serve) {
 	fs.IntVar(&c.MaxVolumeSizeMB, "max-volume-size-mb", DefaultMaxVolumeSizeMB, "largest sizeMB a volume create may ask for, in MiB")
 	fs.IntVar(&c.SandboxMaxTasks, "sandbox-max-tasks", 0, "processes and threads per sandbox (0: one per MiB of the sandbox's memory, at least 128)")
 	fs.IntVar(&c.SandboxMaxFiles, "sandbox-max-files", 0, "open files per sandbox process, RLIMIT_NOFILE (0: 64 per MiB of the sandbox's memory, 1024 to 1048576)")
+	fs.Int64Var(&c.SandboxLogMaxBytes, "sandbox-log-max-bytes", 1<<20, "size cap of each sandbox's log, in bytes; past it the oldest entries are dropped")
+	fs.DurationVar(&c.SandboxLogRetention, "sandbox-log-retention", 24*time.Hour, "how long the log of an ended sandbox stays readable through the logs API")
 }
 
 // DefaultSandboxDiskMB is E2B's free disk per sandbox on its Hobby tier.
@@ -226,6 +232,12 @@ func (c *Serve) Validate() error {
 	}
 	if err := (limits.Overrides{Tasks: c.SandboxMaxTasks, Files: c.SandboxMaxFiles}).Validate(); err != nil {
 		return fmt.Errorf("--sandbox-max-tasks/--sandbox-max-files: %w", err)
+	}
+	if c.SandboxLogMaxBytes < 16<<10 || c.SandboxLogMaxBytes > 1<<30 {
+		return fmt.Errorf("--sandbox-log-max-bytes must be between 16384 and %d", 1<<30)
+	}
+	if c.SandboxLogRetention < time.Minute {
+		return fmt.Errorf("--sandbox-log-retention must be at least 1m")
 	}
 	if c.Runtime != "gvisor" {
 		return fmt.Errorf("--runtime %q is not available: only gvisor is built in (firecracker needs /dev/kvm and is not implemented yet)", c.Runtime)

@@ -63,6 +63,8 @@ type Hub struct {
 	recent map[string][]Event
 	// +checklocks:mu
 	subs map[string]map[*Sub]struct{}
+	// +checklocks:mu
+	tap func(Event)
 }
 
 type burst struct {
@@ -126,12 +128,23 @@ func (h *Hub) emitLocked(e Event) {
 		r = r[len(r)-h.backlog:]
 	}
 	h.recent[e.SandboxID] = r
+	if h.tap != nil {
+		h.tap(e)
+	}
 	for s := range h.subs[e.SandboxID] {
 		select {
 		case s.ch <- e:
 		default: // a watcher that does not keep up loses events; the publisher never waits
 		}
 	}
+}
+
+// SetTap makes every line the hub emits, for every sandbox, go to f too (the sandboxes' logs). f
+// runs with the hub's lock held, so it must not block: hand the event on and return.
+func (h *Hub) SetTap(f func(Event)) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.tap = f
 }
 
 // Sub is one watcher of a sandbox.

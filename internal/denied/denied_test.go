@@ -1,6 +1,7 @@
 package denied
 
 import (
+	"fmt"
 	"testing"
 	"time"
 )
@@ -107,5 +108,29 @@ func BenchmarkPublish(b *testing.B) {
 	e := ev("203.0.113.10")
 	for b.Loop() {
 		h.Publish(e)
+	}
+}
+
+// The tap sees every line the hub emits, first refusals and repeat summaries, of every sandbox.
+func TestTapSeesEveryLine(t *testing.T) {
+	h := New(100*time.Millisecond, 10)
+	got := make(chan Event, 10)
+	h.SetTap(func(e Event) { got <- e })
+	for range 3 {
+		h.Publish(ev("203.0.113.10"))
+	}
+	other := ev("203.0.113.12")
+	other.SandboxID = "sb2"
+	h.Publish(other)
+	want := []string{"sb1 203.0.113.10 1 false", "sb2 203.0.113.12 1 false", "sb1 203.0.113.10 2 true"}
+	for _, w := range want {
+		select {
+		case e := <-got:
+			if g := fmt.Sprint(e.SandboxID, " ", e.Dst, " ", e.Count, " ", e.Repeats); g != w {
+				t.Errorf("tap got %q, want %q", g, w)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("tap missed %q", w)
+		}
 	}
 }

@@ -1,0 +1,203 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/url"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/vibemon/vmon/internal/config"
+	"github.com/vibemon/vmon/internal/denied"
+	"github.com/vibemon/vmon/internal/errdefs"
+	"github.com/vibemon/vmon/internal/sandboxlog"
+	"github.com/vibemon/vmon/internal/store"
+)
+
+// openSandboxLogs opens the node's sandbox logs (<data>/sandbox-logs) and sweeps them now and
+// hourly until ctx ends. A log no live record owns (its sandbox ended while vmon was down, or
+// its record went) goes after the retention like any other.
+func openSandboxLogs(ctx context.Context, c *config.Serve, st *store.Store, log *slog.Logger) (*sandboxlog.Store, error) {
+	live := func(id string) bool {
+		sb, err := st.GetSandbox(ctx, id)
+		if errdefs.Is(err, errdefs.KindNotFound) {
+			return false
+		}
+		// On a store error the log is kept: a sweep an hour later decides again.
+		return err != nil || sb.State != store.StateKilled
+	}
+	logs, err := sandboxlog.Open(sandboxlog.Options{Dir: filepath.Join(c.DataDir, "sandbox-logs"),
+		MaxBytes: c.SandboxLogMaxBytes, Retention: c.SandboxLogRetention, Live: live, Log: log})
+	if err != nil {
+		return nil, err
+	}
+	return logs, nil
+}
+
+// egressLogger names refusals in sandbox logs, in E2B's style.
+const egressLogger = "egressSvc"
+
+// logRefusals copies what the denied hub reports (first refusals and their repeat counts) into
+// the sandboxes' logs. The hub calls its tap under its lock, so events are handed to a goroutine
+// through a buffer; if it fills, refusals miss the log (never the enforcement, nor the hub's own
+// stream).
+func logRefusals(ctx context.Context, hub *denied.Hub, logs *sandboxlog.Store) {
+	ch := make(chan denied.Event, 1024)
+	hub.SetTap(func(e denied.Event) {
+		select {
+		case ch <- e:
+		default:
+		}
+	})
+	go func() {
+		for {
+			select {
+			case <-ctx.Done():
+				hub.SetTap(nil)
+				return
+			case e := <-ch:
+				logs.Append(e.SandboxID, refusalEntry(e))
+			}
+		}
+	}()
+}
+
+// refusalEntry is a refusal as a log entry: what was refused, by which rule, how often. Header
+// rules' values never appear in refusals (a refusal names the destination and the rule only).
+func refusalEntry(e denied.Event) sandboxlog.Entry {
+	dst := e.Dst
+	if e.Port != 0 {
+		dst = net.JoinHostPort(e.Dst, strconv.Itoa(int(e.Port)))
+	}
+	if e.Name != "" {
+		dst = e.Name + " (" + dst + ")"
+	}
+	msg := fmt.Sprintf("egress refused: %s %s by %s", e.Proto, dst, e.Stage)
+	if e.Rule != "" {
+		msg += " (" + e.Rule + ")"
+	}
+	if e.Repeats {
+		msg = fmt.Sprintf("egress refused %d more times: %s %s by %s", e.Count, e.Proto, dst, e.Stage)
+	}
+	f := map[string]string{"destination": e.Dst, "proto": e.Proto, "stage": e.Stage, "count": strconv.Itoa(e.Count)}
+	if e.Port != 0 {
+		f["port"] = strconv.Itoa(int(e.Port))
+	}
+	if e.Name != "" {
+		f["name"] = e.Name
+	}
+	if e.Rule != "" {
+		f["rule"] = e.Rule
+	}
+	return sandboxlog.Entry{Time: e.Time, Level: sandboxlog.LevelWarn, Logger: egressLogger, Message: msg, Fields: f}
+}
+
+// logEntry is an entry of GET /v2/sandboxes/{id}/logs.
+type logEntry struct {
+	Timestamp time.Time         `json:"timestamp"`
+	Level     string            `json:"level"`
+	Message   string            `json:"message"`
+	Fields    map[string]string `json:"fields"`
+}
+
+// sandboxLogsCmd is `vmon sandbox logs ID [--follow] [--level L] [--json]`: a sandbox's log,
+// running, paused or ended, from the API (GET /v2/sandboxes/{id}/logs).
+func sandboxLogsCmd() *cobra.Command {
+	var dataDir, apiURL, apiKey, level string
+	var follow, asJSON bool
+	c := &cobra.Command{
+		Use:   "logs ID",
+		Short: "show what happened to a sandbox (created, paused, resumed, ended and why, egress refusals), also after it ended",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if level != "" {
+				if _, err := sandboxlog.ParseLevel(level); err != nil {
+					return err
+				}
+			}
+			client, err := newAPIClient(dataDir, apiURL, apiKey, 30*time.Second)
+			if err != nil {
+				return err
+			}
+			var cursor int64
+			for {
+				q := url.Values{"limit": {"1000"}, "cursor": {strconv.FormatInt(cursor, 10)}}
+				if level != "" {
+					q.Set("level", level)
+				}
+				var page struct {
+					Logs []logEntry `json:"logs"`
+				}
+				path := "/v2/sandboxes/" + url.PathEscape(args[0]) + "/logs?" + q.Encode()
+				if err := client.do(cmd.Context(), "GET", path, nil, &page); err != nil {
+					if cmd.Context().Err() != nil {
+						return nil
+					}
+					return err
+				}
+				for _, e := range page.Logs {
+					if err := printLogEntry(cmd.OutOrStdout(), e, asJSON); err != nil {
+						return err
+					}
+					// Stamps are unique per sandbox, so the next page starts one past the last.
+					cursor = e.Timestamp.UnixMilli() + 1
+				}
+				if len(page.Logs) == 1000 {
+					continue
+				}
+				if !follow {
+					return nil
+				}
+				select {
+				case <-cmd.Context().Done():
+					return nil
+				case <-time.After(time.Second):
+				}
+			}
+		},
+	}
+	config.BindDataDir(c.Flags(), &dataDir)
+	c.Flags().StringVar(&apiURL, "api-url", "http://127.0.0.1:3000", "API of the running `vmon serve`")
+	c.Flags().StringVar(&apiKey, "api-key", "", "API key (default: <data-dir>/api-key)")
+	c.Flags().BoolVarP(&follow, "follow", "f", false, "keep printing entries as they are written")
+	c.Flags().StringVar(&level, "level", "", "show only entries at this level or above (debug, info, warn, error)")
+	c.Flags().BoolVar(&asJSON, "json", false, "print each entry as a JSON object (the API's shape), one per line")
+	return c
+}
+
+// printLogEntry prints one entry: time, level, logger (without E2B's Svc suffix), message and
+// the other fields as key=value, sorted.
+func printLogEntry(w io.Writer, e logEntry, asJSON bool) error {
+	if asJSON {
+		b, err := json.Marshal(e)
+		if err != nil {
+			return err
+		}
+		_, err = fmt.Fprintln(w, string(b))
+		return err
+	}
+	logger := strings.TrimSuffix(e.Fields["logger"], "Svc")
+	var kv []string
+	for k, v := range e.Fields {
+		if k != "logger" {
+			kv = append(kv, k+"="+strconv.Quote(v))
+		}
+	}
+	slices.Sort(kv)
+	line := fmt.Sprintf("%s  %-5s  %-9s  %s", e.Timestamp.UTC().Format("2006-01-02T15:04:05.000Z"),
+		strings.ToUpper(e.Level), logger, e.Message)
+	if len(kv) > 0 {
+		line += "  " + strings.Join(kv, " ")
+	}
+	_, err := fmt.Fprintln(w, line)
+	return err
+}
