@@ -1,0 +1,186 @@
+// Sandbox logs (GET /sandboxes/{id}/logs and /v2/sandboxes/{id}/logs) against a real vmon serve:
+// a sandbox's lifecycle (created, paused, resumed, timeout changed, killed) and an egress refusal
+// are listed in order with their levels and fields; paging with cursor/limit/direction returns
+// each entry exactly once; level and search filter; v1 lines are JSON objects with level and
+// logger, as E2B's CLI parses them; an ended sandbox's logs are still served; unknown sandboxes
+// are 404 and bad parameters 400 with E2B's error body; `vmon sandbox logs` prints them.
+
+import assert from 'node:assert/strict';
+import { describe } from 'node:test';
+import { Sandbox } from 'e2b';
+import { useServer, runId, killQuietly, apiFetch, runVmon, waitFor } from '../lib/harness.js';
+
+describe('sandbox logs', () => {
+  const srv = useServer({ name: 'logs' });
+  const RUN = runId('logs');
+  const created = [];
+  /** The sandbox whose whole life the tests read: created, ran, paused, resumed, timed, killed. */
+  let id;
+  const SECRET = 'env-value-that-must-not-be-logged';
+
+  const v2 = async (sandboxId, query = '') => {
+    const res = await apiFetch(srv, `/v2/sandboxes/${sandboxId}/logs${query}`);
+    assert.equal(res.status, 200, `v2 logs${query}: ${res.status} ${res.text}`);
+    assert.ok(Array.isArray(res.json?.logs), `v2 body: ${res.text}`);
+    return res.json.logs;
+  };
+
+  srv.before(async () => {
+    const sbx = await Sandbox.create({
+      ...srv.sdkOpts,
+      metadata: { run: RUN },
+      envs: { SECRET_ENV: SECRET },
+      // A policy with a domain sends port 80 through the node's egress proxy, which refuses any
+      // other name there (no packet leaves the node: the proxy answers 403 itself).
+      network: { allowOut: ['allowed.test'], denyOut: ['0.0.0.0/0'] },
+    });
+    created.push(sbx);
+    id = sbx.sandboxId;
+    const r = await sbx.commands.run('echo ran');
+    assert.equal(r.stdout, 'ran\n');
+    const refused = await sbx.commands.run(
+      "curl -s -o /dev/null -w '%{http_code}' -m 5 -H 'Host: other.test' http://203.0.113.10/ || true",
+    );
+    assert.equal(refused.stdout, '403', `the proxy refuses other.test: ${refused.stdout} ${refused.stderr}`);
+    assert.equal(await sbx.pause(), true);
+    const res = await apiFetch(srv, `/v2/sandboxes/${id}/connect`, { method: 'POST', body: '{"timeout":300}' });
+    assert.equal(res.status, 201, `resume: ${res.text}`);
+    const again = await Sandbox.connect(id, srv.sdkOpts);
+    await again.setTimeout(600_000);
+    // The refusal reaches the log through the denied hub, asynchronously.
+    await waitFor(async () => (await v2(id, '?search=egress%20refused')).length > 0, {
+      timeoutMs: 10_000,
+      what: 'the egress refusal in the log',
+    });
+    assert.equal(await Sandbox.kill(id, srv.sdkOpts), true);
+  });
+
+  srv.after(async () => {
+    await killQuietly(srv.sdkOpts, ...created);
+  });
+
+  srv.test('v2 lists the lifecycle in order with levels and fields, also after the sandbox ended', async () => {
+    const logs = await v2(id);
+    const lines = logs.map((l) => `${l.level} ${l.fields.logger} ${l.message}`);
+    const want = [
+      /^info lifecycleSvc sandbox created from template base$/,
+      /^warn egressSvc egress refused: tcp other\.test \(203\.0\.113\.10:80\) by /,
+      /^info lifecycleSvc sandbox paused with its memory$/,
+      /^info lifecycleSvc sandbox resumed on node /,
+      /^info lifecycleSvc sandbox timeout changed: it ends in 600 s$/,
+      /^info lifecycleSvc sandbox killed by request$/,
+    ];
+    // The connect's extension (300 s from the resume) may log a timeout change too; every
+    // expected entry must be there, in this order.
+    let at = 0;
+    for (const re of want) {
+      const i = lines.findIndex((l, j) => j >= at && re.test(l));
+      assert.ok(i >= 0, `no entry matching ${re} after position ${at}:\n${lines.join('\n')}`);
+      at = i + 1;
+    }
+    assert.match(lines.at(-1), /killed by request/, 'the end is the last entry');
+    const byMsg = (re) => logs.find((l) => re.test(l.message));
+    const createdE = byMsg(/created from template/);
+    assert.equal(createdE.fields.cpu, '2');
+    assert.equal(createdE.fields.memoryMB, '512');
+    assert.ok(createdE.fields.template, 'template id field');
+    const refusal = byMsg(/egress refused/);
+    assert.equal(refusal.fields.name, 'other.test');
+    assert.equal(refusal.fields.port, '80');
+    assert.ok(refusal.fields.destination && refusal.fields.rule !== undefined, JSON.stringify(refusal));
+    assert.equal(byMsg(/paused/).fields.memory, 'true');
+    assert.equal(byMsg(/killed by request/).fields.reason, 'killed by request');
+    for (let i = 1; i < logs.length; i++) {
+      assert.ok(Date.parse(logs[i].timestamp) > Date.parse(logs[i - 1].timestamp), 'timestamps strictly increase');
+    }
+    const all = JSON.stringify(logs);
+    assert.ok(!all.includes(SECRET), 'an environment value reached the logs');
+  });
+
+  srv.test('paging with cursor, limit and direction returns every entry exactly once', async () => {
+    const all = await v2(id);
+    assert.ok(all.length >= 6);
+    for (const direction of ['forward', 'backward']) {
+      for (const limit of [1, 2, 4]) {
+        const seen = [];
+        let cursor = null;
+        for (let page = 0; page < 100; page++) {
+          const q = `?limit=${limit}&direction=${direction}${cursor === null ? '' : `&cursor=${cursor}`}`;
+          const logs = await v2(id, q);
+          assert.ok(logs.length <= limit, `${q}: ${logs.length} entries`);
+          if (logs.length === 0) break;
+          seen.push(...logs.map((l) => l.timestamp + ' ' + l.message));
+          const last = Date.parse(logs.at(-1).timestamp);
+          cursor = direction === 'forward' ? last + 1 : last - 1;
+        }
+        const want = all.map((l) => l.timestamp + ' ' + l.message);
+        if (direction === 'backward') want.reverse();
+        assert.deepEqual(seen, want, `${direction} limit ${limit}`);
+      }
+    }
+  });
+
+  srv.test('level and search filter', async () => {
+    const warn = await v2(id, '?level=warn');
+    assert.ok(warn.length >= 1 && warn.every((l) => l.level === 'warn' || l.level === 'error'), JSON.stringify(warn));
+    assert.ok(warn.some((l) => l.fields.logger === 'egressSvc'));
+    const paused = await v2(id, '?search=paused');
+    assert.deepEqual(paused.map((l) => l.message), ['sandbox paused with its memory']);
+    assert.deepEqual(await v2(id, '?search=PAUSED'), [], 'search is case-sensitive');
+    assert.equal((await v2(id, '?level=error')).length, 0);
+  });
+
+  srv.test('v1 lines are JSON objects with level and logger, as E2B\'s CLI parses them', async () => {
+    const all = await v2(id);
+    const res = await apiFetch(srv, `/sandboxes/${id}/logs?start=0`);
+    assert.equal(res.status, 200, res.text);
+    assert.equal(res.json.logs.length, all.length);
+    assert.equal(res.json.logEntries.length, all.length);
+    res.json.logs.forEach((l, i) => {
+      const line = JSON.parse(l.line);
+      assert.equal(typeof line, 'object');
+      assert.equal(line.level, all[i].level);
+      assert.equal(line.logger, all[i].fields.logger);
+      assert.equal(line.message, all[i].message);
+      assert.equal(l.timestamp, all[i].timestamp);
+    });
+    // start (ms, inclusive) skips what came before, as the CLI's follow mode uses it.
+    const from = Date.parse(all[2].timestamp);
+    const later = await apiFetch(srv, `/sandboxes/${id}/logs?start=${from}`);
+    assert.equal(later.json.logs.length, all.length - 2);
+  });
+
+  srv.test('unknown sandboxes are 404; bad parameters 400 with E2B\'s error body', async () => {
+    for (const p of ['/v2/sandboxes/nosuchsandbox0000000/logs', '/sandboxes/nosuchsandbox0000000/logs']) {
+      const res = await apiFetch(srv, p);
+      assert.equal(res.status, 404, `${p}: ${res.text}`);
+      assert.equal(res.json.code, 404);
+    }
+    for (const [q, msg] of [
+      ['?limit=5000', /limit must be at most 1000/],
+      ['?direction=sideways', /direction must be forward or backward/],
+      [`?search=${'x'.repeat(300)}`, /search must be at most 256 characters/],
+      ['?level=loud', /level must be/],
+      ['?cursor=yesterday', /cursor must be/],
+    ]) {
+      const res = await apiFetch(srv, `/v2/sandboxes/${id}/logs${q}`);
+      assert.equal(res.status, 400, `${q}: ${res.text}`);
+      assert.equal(res.json.code, 400);
+      assert.match(res.json.message, msg);
+    }
+  });
+
+  srv.test('vmon sandbox logs prints the log, filtered by level or as JSON', async () => {
+    const base = ['sandbox', 'logs', id, '--api-url', srv.apiUrl, '--api-key', srv.apiKey];
+    const { stdout } = await runVmon(base);
+    assert.match(stdout, /INFO +lifecycle +sandbox created from template base/);
+    assert.match(stdout, /WARN +egress +egress refused: tcp other\.test/);
+    assert.match(stdout, /sandbox killed by request +reason="killed by request"/);
+    const warn = await runVmon([...base, '--level', 'warn']);
+    assert.ok(!/INFO/.test(warn.stdout) && /WARN/.test(warn.stdout), warn.stdout);
+    const json = await runVmon([...base, '--json']);
+    const entries = json.stdout.trim().split('\n').map((l) => JSON.parse(l));
+    assert.equal(entries.length, (await v2(id)).length);
+    await assert.rejects(runVmon(['sandbox', 'logs', 'nosuchsandbox0000000', '--api-url', srv.apiUrl, '--api-key', srv.apiKey]), /404/);
+  });
+});
