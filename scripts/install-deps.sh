@@ -12,10 +12,11 @@
 #   ca-certificates, curl, file  used by the scripts and tests
 #   python3-ipykernel the Jupyter kernel the code-interpreter service's Go tests drive
 #   node-typescript   the parser the service's JavaScript runner uses for top-level await and import
+#   openjdk-17-jdk-headless  java and jshell, for the service's Java runner tests
 # Node.js and npm (for the SDK end-to-end tests) are expected to be installed already.
 set -eu
 
-PACKAGES="make git mmdebstrap iproute2 iptables e2fsprogs libnss-myhostname busybox-static bash-static ca-certificates curl file python3-ipykernel node-typescript"
+PACKAGES="make git mmdebstrap iproute2 iptables e2fsprogs libnss-myhostname busybox-static bash-static ca-certificates curl file python3-ipykernel node-typescript openjdk-17-jdk-headless"
 
 missing=""
 for p in $PACKAGES; do

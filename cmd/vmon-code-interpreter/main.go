@@ -29,6 +29,7 @@ func main() {
 	rBin := flag.String("r", "/usr/bin/R", "R with IRkernel (languages without their interpreter are reported unavailable)")
 	node := flag.String("node", "/usr/bin/node", "Node.js, for javascript and typescript")
 	bash := flag.String("bash", "/bin/bash", "bash, for bash cells")
+	java := flag.String("java", "/usr/bin/java", "a JDK's java (with jdk.jshell), for java cells")
 	runtimeDir := flag.String("runtime-dir", "", "directory for kernel connection files (default: a private one under /tmp)")
 	envd := flag.String("envd", "http://127.0.0.1:49983", "envd's address, to read the sandbox's environment variables")
 	logLevel := flag.String("log-level", "info", "debug, info, warn or error")
@@ -50,7 +51,7 @@ func main() {
 		out = f
 	}
 	log := slog.New(slog.NewTextHandler(out, &slog.HandlerOptions{Level: level}))
-	if err := run(log, *listen, *cwd, *python, *rBin, *node, *bash, *runtimeDir, *envd); err != nil {
+	if err := run(log, *listen, *cwd, *python, *rBin, *node, *bash, *java, *runtimeDir, *envd); err != nil {
 		log.Error("code interpreter stopped", "err", err)
 		os.Exit(1)
 	}
@@ -84,7 +85,7 @@ func envdEnv(base string) func(ctx context.Context, token string) (map[string]st
 	}
 }
 
-func run(log *slog.Logger, listen, cwd, python, rBin, node, bash, runtimeDir, envdURL string) error {
+func run(log *slog.Logger, listen, cwd, python, rBin, node, bash, java, runtimeDir, envdURL string) error {
 	if cwd == "" {
 		cwd, _ = os.UserHomeDir()
 	}
@@ -108,6 +109,10 @@ func run(log *slog.Logger, listen, cwd, python, rBin, node, bash, runtimeDir, en
 	}
 	if _, err := exec.LookPath(bash); err == nil {
 		langs["bash"] = codeinterp.Bash(bash)
+	}
+	// A JRE has java but not jshell (jdk.jshell): Java cells need a JDK.
+	if _, err := exec.LookPath(filepath.Join(filepath.Dir(java), "jshell")); err == nil {
+		langs["java"] = codeinterp.Java(java)
 	}
 	srv := codeinterp.New(codeinterp.Options{Languages: langs, Cwd: cwd, RuntimeDir: runtimeDir, Log: log,
 		SandboxEnv: envdEnv(envdURL)})

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -40,6 +41,10 @@ const (
 func buildCodeInterpreter(cmd *cobra.Command, dataDir string, force bool, client func() (*apiClient, error)) error {
 	w := cmd.ErrOrStderr()
 	m, err := template.Load(dataDir, template.CodeInterpreterRootfsID)
+	if missing := m.MissingPackages(template.CodeInterpreterPackages); err == nil && !force && len(missing) > 0 {
+		fmt.Fprintf(w, "template %s lacks %s (added since it was built); building it again\n", m.ID, strings.Join(missing, ", "))
+		force = true
+	}
 	if err != nil || force {
 		if m, err = template.BuildCodeInterpreterRootfs(cmd.Context(), template.BaseOptions{DataDir: dataDir, Force: force, Progress: os.Stderr}); err != nil {
 			return err
@@ -75,6 +80,10 @@ func ensureCodeInterpreter(ctx context.Context, svc *templates.Service, st *stor
 		fmt.Fprintf(os.Stderr, "vmon: @e2b/code-interpreter needs the %s template; build it with `vmon template build %s` "+
 			"(a few minutes and about 200 MB of Debian packages the first time)\n", codeInterpreterID, codeInterpreterID)
 		return
+	}
+	if missing := rootfs.MissingPackages(template.CodeInterpreterPackages); len(missing) > 0 {
+		fmt.Fprintf(os.Stderr, "vmon: the %s template lacks %s (added by this vmon); run `vmon template build %s` to add them\n",
+			template.CodeInterpreterRootfsID, strings.Join(missing, ", "), codeInterpreterID)
 	}
 	fresh, why := codeInterpreterFresh(ctx, st, dataDir, rootfs, envdPath)
 	if fresh {

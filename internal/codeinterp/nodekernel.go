@@ -5,7 +5,6 @@ import (
 	"context"
 	_ "embed"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -44,12 +43,16 @@ func Node(node, lang string) Language {
 	}
 }
 
-// nodeKernel is one node-runner.js process.
+// nodeKernel is one runner process speaking node-runner.js's protocol: node-runner.js, or
+// JavaRunner.java.
 type nodeKernel struct {
 	jupyter.Process
 	lang  string
 	stdin io.WriteCloser
 	log   *slog.Logger
+	// name says which runner, in errors; encode frames one cell for its stdin.
+	name   string
+	encode func(id, code string) []byte
 
 	mu sync.Mutex
 	// +checklocks:mu
@@ -68,22 +71,40 @@ type nodeEvent struct {
 }
 
 func startNode(ctx context.Context, node, lang string, spec jupyter.Spec) (kernel, error) {
+	encode := func(id, code string) []byte {
+		b, _ := json.Marshal(map[string]string{"id": id, "code": code, "lang": lang})
+		return b
+	}
+	return startRunner(ctx, spec, runnerSpec{name: "the node runner", file: "node-runner.js", body: nodeRunner,
+		argv: []string{node}, lang: lang, encode: encode})
+}
+
+// runnerSpec is a kernel process speaking node-runner.js's protocol: argv plus the runner file,
+// written to the runtime directory.
+type runnerSpec struct {
+	name, file, lang string
+	body             []byte
+	argv             []string
+	encode           func(id, code string) []byte
+}
+
+func startRunner(ctx context.Context, spec jupyter.Spec, rs runnerSpec) (kernel, error) {
 	if err := os.MkdirAll(spec.RuntimeDir, 0o700); err != nil {
 		return nil, err
 	}
-	script, err := writeNodeRunner(spec.RuntimeDir)
+	script, err := writeRunner(spec.RuntimeDir, rs.file, rs.body)
 	if err != nil {
-		return nil, fmt.Errorf("write the node runner: %w", err)
+		return nil, fmt.Errorf("write %s: %w", rs.name, err)
 	}
 	evR, evW, err := os.Pipe()
 	if err != nil {
 		return nil, err
 	}
-	k := &nodeKernel{lang: lang, log: spec.Log, waiters: map[string]chan nodeEvent{}}
+	k := &nodeKernel{lang: rs.lang, log: spec.Log, waiters: map[string]chan nodeEvent{}, name: rs.name, encode: rs.encode}
 	if k.log == nil {
 		k.log = slog.New(slog.DiscardHandler)
 	}
-	cmd := exec.Command(node, script)
+	cmd := exec.Command(rs.argv[0], append(rs.argv[1:], script)...)
 	cmd.Env, cmd.Dir = spec.Env, spec.Dir
 	cmd.ExtraFiles = []*os.File{evW}                // fd 3: the runner's events
 	cmd.Stdout, cmd.Stderr = io.Discard, io.Discard // the runner reports its own output on fd 3
@@ -95,7 +116,7 @@ func startNode(ctx context.Context, node, lang string, spec jupyter.Spec) (kerne
 	if err := k.Start(cmd); err != nil {
 		evR.Close()
 		evW.Close()
-		return nil, fmt.Errorf("start %s: %w", node, err)
+		return nil, fmt.Errorf("start %s: %w", rs.argv[0], err)
 	}
 	evW.Close()
 	ready := make(chan struct{})
@@ -110,19 +131,19 @@ func startNode(ctx context.Context, node, lang string, spec jupyter.Spec) (kerne
 		return nil, ctx.Err()
 	case <-time.After(spec.StartWithin()):
 		k.Shutdown()
-		return nil, errors.New("the node runner did not start")
+		return nil, fmt.Errorf("%s did not start", rs.name)
 	}
 }
 
-// writeNodeRunner puts the runner script in dir by renaming a complete copy over it: a context
-// starting at the same time may be reading the script, and must never see it half written.
-func writeNodeRunner(dir string) (string, error) {
-	script := filepath.Join(dir, "node-runner.js")
-	f, err := os.CreateTemp(dir, ".node-runner-*.js")
+// writeRunner puts a runner file in dir by renaming a complete copy over it: a context starting
+// at the same time may be reading it, and must never see it half written.
+func writeRunner(dir, name string, body []byte) (string, error) {
+	script := filepath.Join(dir, name)
+	f, err := os.CreateTemp(dir, "."+name+"-*")
 	if err != nil {
 		return "", err
 	}
-	_, err = f.Write(nodeRunner)
+	_, err = f.Write(body)
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
@@ -146,7 +167,7 @@ func (k *nodeKernel) readEvents(r *os.File, ready chan struct{}) {
 	for sc.Scan() {
 		var ev nodeEvent
 		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
-			k.log.Warn("bad event from the node runner", "err", err)
+			k.log.Warn("bad event from a runner", "runner", k.name, "err", err)
 			continue
 		}
 		if ev.Type == "ready" {
@@ -185,7 +206,7 @@ func (k *nodeKernel) Execute(ctx context.Context, code string, silent bool, emit
 		delete(k.waiters, id)
 		k.mu.Unlock()
 	}()
-	req, _ := json.Marshal(map[string]string{"id": id, "code": code, "lang": k.lang})
+	req := k.encode(id, code)
 	// A large cell fills the pipe and waits for the runner to read it, which a runner busy
 	// outside any cell (a timer that spins) never does: when the client leaves first, the
 	// runner is as stuck as one that ignores an interrupt (Shutdown ends the write).
@@ -201,7 +222,7 @@ func (k *nodeKernel) Execute(ctx context.Context, code string, silent bool, emit
 		select {
 		case err = <-written: // taken after all: awaitCell interrupts it at once
 		case <-time.After(jupyter.InterruptGrace):
-			return jupyter.Reply{Interrupted: true}, fmt.Errorf("%w (the node runner did not take the cell)", jupyter.ErrStuck)
+			return jupyter.Reply{Interrupted: true}, fmt.Errorf("%w (%s did not take the cell)", jupyter.ErrStuck, k.name)
 		}
 	}
 	if err != nil {
@@ -209,7 +230,7 @@ func (k *nodeKernel) Execute(ctx context.Context, code string, silent bool, emit
 	}
 	var reply jupyter.Reply
 	status := "ok"
-	reply.Interrupted, err = awaitCell(ctx, &k.Process, "the node runner", ch, func(ev nodeEvent) bool {
+	reply.Interrupted, err = awaitCell(ctx, &k.Process, k.name, ch, func(ev nodeEvent) bool {
 		switch ev.Type {
 		case "stream":
 			if !silent {

@@ -256,3 +256,50 @@ func executeOK(t *testing.T, ts *httptest.Server, lang, code string, extra ...ma
 	}
 	return lines
 }
+
+// TestJava: JShell state across cells, both streams, the last expression's value, an exception
+// with its name and trace, a compile error, envs for one execution, an interrupted loop that
+// leaves the context, and Options.StartTimeout-sized startup.
+func TestJava(t *testing.T) {
+	java, err := exec.LookPath("java")
+	if err != nil {
+		t.Fatal("a JDK is required (scripts/install-deps.sh installs openjdk-17-jdk-headless)")
+	}
+	ts := serveLanguage(t, "java", Java(java))
+	ctx := context.Background()
+	jv := func(code string, extra ...map[string]any) []map[string]any {
+		return executeOK(t, ts, "java", code, extra...)
+	}
+	jv("int x = 41;\nString greet(String n) { return \"hi \" + n; }")
+	lines := jv("System.out.println(\"a\"); System.err.println(\"b\"); x + 1")
+	var order []string
+	for _, l := range lines {
+		order = append(order, l["type"].(string))
+	}
+	if strings.Join(order, " ") != "stdout stderr result number_of_executions end_of_execution" || mainText(lines) != "42" || lines[0]["text"] != "a\n" {
+		t.Fatalf("stream %v", lines)
+	}
+	if m := mainText(jv("greet(\"java\")")); m != `"hi java"` {
+		t.Fatalf("method from an earlier cell: %q", m)
+	}
+	errs := ofType(jv("int[] a = new int[1];\na[3]"), "error")
+	if len(errs) != 1 || errs[0]["name"] != "ArrayIndexOutOfBoundsException" || !strings.Contains(errs[0]["traceback"].(string), "ArrayIndexOutOfBoundsException") {
+		t.Fatalf("exception %v", errs)
+	}
+	errs = ofType(jv("int y = \"no\";"), "error")
+	if len(errs) != 1 || errs[0]["name"] != "CompilationException" || !strings.Contains(errs[0]["value"].(string), "incompatible types") {
+		t.Fatalf("compile error %v", errs)
+	}
+	if m := mainText(jv("System.getenv(\"VMON_JAVA\")", map[string]any{"env_vars": map[string]string{"VMON_JAVA": "on"}})); m != `"on"` {
+		t.Fatalf("env var %q", m)
+	}
+	if m := mainText(jv("String.valueOf(System.getenv(\"VMON_JAVA\"))")); m != `"null"` {
+		t.Fatalf("env var leaked: %q", m)
+	}
+	tctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	execute(t, tctx, ts, map[string]any{"code": "while (true) { x = x; }", "language": "java"})
+	cancel()
+	if m := mainText(jv("x")); m != "41" {
+		t.Fatalf("after interrupting a loop: x = %q", m)
+	}
+}

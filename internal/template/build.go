@@ -45,11 +45,24 @@ var BasePackages = []string{
 const CodeInterpreterRootfsID = "code-interpreter-v1-rootfs"
 
 // CodeInterpreterPackages are what E2B's code-interpreter template offers that Debian packages:
-// Python with ipykernel and the data stack, R with IRkernel, and TypeScript for Node.js.
+// Python with ipykernel and the data stack, R with IRkernel, TypeScript for Node.js, and a JDK
+// (jshell runs Java cells).
 var CodeInterpreterPackages = []string{
 	"python3-ipykernel", "python3-numpy", "python3-pandas", "python3-matplotlib", "python3-scipy",
 	"python3-sklearn", "python3-seaborn", "python3-plotly",
-	"r-base-core", "r-cran-irkernel", "node-typescript",
+	"r-base-core", "r-cran-irkernel", "node-typescript", "openjdk-17-jdk-headless",
+}
+
+// MissingPackages lists the packages of want a built template's manifest does not have: a
+// rootfs built by an older vmon lacks what was added since, and is built again.
+func (m Manifest) MissingPackages(want []string) []string {
+	var out []string
+	for _, p := range want {
+		if !slices.Contains(m.Packages, p) {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // Resources and user of sandboxes made from base, as E2B's base template.
