@@ -3,12 +3,15 @@
 // are listed in order with their levels and fields; paging with cursor/limit/direction returns
 // each entry exactly once; level and search filter; v1 lines are JSON objects with level and
 // logger, as E2B's CLI parses them; an ended sandbox's logs are still served; unknown sandboxes
-// are 404 and bad parameters 400 with E2B's error body; `vmon sandbox logs` prints them.
+// are 404 and bad parameters 400 with E2B's error body; `vmon sandbox logs` and E2B's own CLI
+// (`e2b sandbox logs`, @e2b/cli unchanged, pointed at vmon) print them.
 
 import assert from 'node:assert/strict';
 import { describe } from 'node:test';
 import { Sandbox } from 'e2b';
-import { useServer, runId, killQuietly, apiFetch, runVmon, waitFor } from '../lib/harness.js';
+import path from 'node:path';
+import { spawn } from 'node:child_process';
+import { useServer, runId, killQuietly, apiFetch, runVmon, runChild, waitFor, E2E_DIR } from '../lib/harness.js';
 
 describe('sandbox logs', () => {
   const srv = useServer({ name: 'logs' });
@@ -182,5 +185,59 @@ describe('sandbox logs', () => {
     const entries = json.stdout.trim().split('\n').map((l) => JSON.parse(l));
     assert.equal(entries.length, (await v2(id)).length);
     await assert.rejects(runVmon(['sandbox', 'logs', 'nosuchsandbox0000000', '--api-url', srv.apiUrl, '--api-key', srv.apiKey]), /404/);
+  });
+
+  // E2B's CLI, unchanged: it reads v1 `logs[]` from `?start=<ms>` and parses each line as JSON.
+  const E2B_CLI = path.join(E2E_DIR, 'node_modules', '.bin', 'e2b');
+  const cliEnv = () => ({ ...process.env, E2B_API_KEY: srv.apiKey, E2B_API_URL: srv.apiUrl, E2B_SANDBOX_URL: srv.apiUrl,
+    NO_COLOR: '1', FORCE_COLOR: '0' });
+
+  srv.test('e2b sandbox logs (E2B\'s CLI) prints the log, with --level, --loggers and --format json', async () => {
+    const r = await runChild([E2B_CLI, 'sandbox', 'logs', id, '--format', 'json'], { env: cliEnv(), timeoutMs: 60_000 });
+    assert.equal(r.code, 0, `e2b sandbox logs: ${r.stdout}\n${r.stderr}`);
+    const printed = r.stdout.trim().split('\n').filter((l) => l.startsWith('{')).map((l) => JSON.parse(l));
+    const all = await v2(id);
+    assert.equal(printed.length, all.length, r.stdout);
+    printed.forEach((p, i) => {
+      assert.equal(p.message, all[i].message);
+      assert.equal(p.logger, all[i].fields.logger.replace('Svc', ''));
+      assert.equal(p.timestamp, new Date(all[i].timestamp).toISOString());
+    });
+    const warn = await runChild([E2B_CLI, 'sandbox', 'logs', id, '--format', 'json', '--level', 'WARN'], { env: cliEnv() });
+    const warned = warn.stdout.trim().split('\n').filter((l) => l.startsWith('{')).map((l) => JSON.parse(l));
+    assert.ok(warned.length >= 1 && warned.every((p) => /^(warn|error)$/i.test(p.level)), warn.stdout);
+    const only = await runChild([E2B_CLI, 'sandbox', 'logs', id, '--format', 'json', '--loggers', 'lifecycle'], { env: cliEnv() });
+    const lifecycle = only.stdout.trim().split('\n').filter((l) => l.startsWith('{')).map((l) => JSON.parse(l));
+    assert.ok(lifecycle.length >= 5 && lifecycle.every((p) => p.logger === 'lifecycle'), only.stdout);
+    const pretty = await runChild([E2B_CLI, 'sandbox', 'logs', id], { env: cliEnv() });
+    assert.equal(pretty.code, 0, pretty.stderr);
+    assert.match(pretty.stdout, /sandbox created from template base/);
+    assert.match(pretty.stdout, /egress refused: tcp other\.test/);
+  });
+
+  srv.test('e2b sandbox logs --follow prints new entries until the sandbox ends', async () => {
+    const sbx = await Sandbox.create({ ...srv.sdkOpts, metadata: { run: RUN } });
+    created.push(sbx);
+    const child = spawn(E2B_CLI, ['sandbox', 'logs', sbx.sandboxId, '--follow', '--format', 'json'], {
+      env: cliEnv(),
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    let out = '';
+    let err = '';
+    child.stdout.on('data', (d) => (out += d));
+    child.stderr.on('data', (d) => (err += d));
+    const exited = new Promise((resolve) => child.on('exit', (c, s) => resolve(c ?? s)));
+    try {
+      await waitFor(() => out.includes('sandbox created from template base'), { timeoutMs: 15_000, what: () => `the created entry: ${out} ${err}` });
+      await sbx.setTimeout(450_000);
+      await waitFor(() => out.includes('it ends in 450 s'), { timeoutMs: 15_000, what: () => `the timeout entry: ${out} ${err}` });
+      await sbx.kill();
+      const code = await Promise.race([exited, new Promise((r) => setTimeout(() => r('still running'), 30_000))]);
+      assert.equal(code, 0, `the CLI stops following once the sandbox ended: ${out} ${err}`);
+      const msgs = out.trim().split('\n').filter((l) => l.startsWith('{')).map((l) => JSON.parse(l).message);
+      assert.equal(new Set(msgs).size, msgs.length, `an entry printed twice: ${out}`);
+    } finally {
+      child.kill('SIGKILL');
+    }
   });
 });
