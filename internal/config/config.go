@@ -233,8 +233,8 @@ func (c *Serve) Validate() error {
 	if err := (limits.Overrides{Tasks: c.SandboxMaxTasks, Files: c.SandboxMaxFiles}).Validate(); err != nil {
 		return fmt.Errorf("--sandbox-max-tasks/--sandbox-max-files: %w", err)
 	}
-	if c.SandboxLogMaxBytes < 16<<10 || c.SandboxLogMaxBytes > 1<<30 {
-		return fmt.Errorf("--sandbox-log-max-bytes must be between 16384 and %d", 1<<30)
+	if c.SandboxLogMaxBytes < 16<<10 || c.SandboxLogMaxBytes > 64<<20 {
+		return fmt.Errorf("--sandbox-log-max-bytes must be between 16384 and %d", 64<<20)
 	}
 	if c.SandboxLogRetention < time.Minute {
 		return fmt.Errorf("--sandbox-log-retention must be at least 1m")

@@ -173,6 +173,39 @@ describe('sandbox logs', () => {
     }
   });
 
+  srv.test('a network update and a fork are logged on the source, and the fork has its own log', async () => {
+    const src = await Sandbox.create({ ...srv.sdkOpts, metadata: { run: RUN } });
+    created.push(src);
+    const HEADER_VALUE = 'header-rule-value-that-must-not-be-logged';
+    const upd = await apiFetch(srv, `/sandboxes/${src.sandboxId}/network`, {
+      method: 'PUT',
+      body: JSON.stringify({
+        allowOut: ['api.allowed.test', '192.0.2.0/24'],
+        denyOut: ['0.0.0.0/0'],
+        rules: { 'api.allowed.test': [{ transform: { headers: { 'X-Api-Key': HEADER_VALUE } } }] },
+      }),
+    });
+    assert.ok(upd.status === 200 || upd.status === 204, `network update: ${upd.status} ${upd.text}`);
+    const res = await apiFetch(srv, `/sandboxes/${src.sandboxId}/fork`, { method: 'POST', body: '{"count":1,"timeout":120}' });
+    assert.equal(res.status, 201, res.text);
+    const forkId = res.json[0].sandbox.sandboxID;
+    created.push(await Sandbox.connect(forkId, srv.sdkOpts));
+    const logs = await v2(src.sandboxId);
+    const net = logs.find((l) => l.message === 'network policy updated');
+    assert.ok(net, JSON.stringify(logs));
+    assert.equal(net.fields.allowOut, 'api.allowed.test,192.0.2.0/24');
+    assert.equal(net.fields.denyOut, '0.0.0.0/0');
+    assert.equal(net.fields.ruleDomains, '1');
+    assert.ok(!JSON.stringify(logs).includes(HEADER_VALUE), 'a header-rule value reached the logs');
+    const forked = logs.find((l) => l.message.startsWith('sandbox forked to'));
+    assert.ok(forked, JSON.stringify(logs));
+    assert.equal(forked.fields.forks, forkId);
+    const own = await v2(forkId);
+    assert.equal(own[0].message, `sandbox created as a fork of ${src.sandboxId}`, JSON.stringify(own));
+    assert.equal(own[0].fields.forkOf, src.sandboxId);
+    assert.ok(!own.some((l) => /network policy updated|created from template/.test(l.message)), 'a fork has its own log');
+  });
+
   srv.test('vmon sandbox logs prints the log, filtered by level or as JSON', async () => {
     const base = ['sandbox', 'logs', id, '--api-url', srv.apiUrl, '--api-key', srv.apiKey];
     const { stdout } = await runVmon(base);
@@ -239,5 +272,19 @@ describe('sandbox logs', () => {
     } finally {
       child.kill('SIGKILL');
     }
+  });
+
+  srv.test('logs outlast a restart of vmon: an ended sandbox\'s are still served, a paused one\'s go on', async () => {
+    const before = await v2(id);
+    const sbx = await Sandbox.create({ ...srv.sdkOpts, metadata: { run: RUN } });
+    created.push(sbx);
+    assert.equal(await sbx.pause(), true);
+    await srv.restart();
+    assert.deepEqual(await v2(id), before, 'the ended sandbox\'s log after a restart');
+    const res = await apiFetch(srv, `/v2/sandboxes/${sbx.sandboxId}/connect`, { method: 'POST', body: '{"timeout":120}' });
+    assert.equal(res.status, 201, `resume after restart: ${res.text}`);
+    const msgs = (await v2(sbx.sandboxId)).map((l) => l.message);
+    assert.deepEqual(msgs.slice(0, 2), ['sandbox created from template base', 'sandbox paused with its memory']);
+    assert.match(msgs[2], /^sandbox resumed on node /);
   });
 });
