@@ -195,7 +195,6 @@ describe('code interpreter', () => {
       typescript: 'console.log(process.env.VMON_SBX, process.env.VMON_OVR, process.env.VMON_ONCE ?? "unset")',
       r: 'cat(Sys.getenv("VMON_SBX"), Sys.getenv("VMON_OVR"), Sys.getenv("VMON_ONCE", unset = "unset"), "\\n")',
       bash: 'echo "$VMON_SBX $VMON_OVR ${VMON_ONCE-unset}"',
-      java: 'System.out.println(System.getenv("VMON_SBX") + " " + System.getenv("VMON_OVR") + " " + java.util.Objects.requireNonNullElse(System.getenv("VMON_ONCE"), "unset"));',
     };
     const out = async (language, code, envs) => {
       const ex = await withEnvs.runCode(code, { language, ...(envs ? { envs } : {}) });
@@ -292,25 +291,6 @@ describe('code interpreter', () => {
     await sbx.removeCodeContext(ctx);
   });
 
-  // Java as E2B's template runs it (a JShell kernel): state across cells, streams, the last
-  // expression's value, exceptions with their trace, compile errors.
-  srv.test('java: state, streams, value, exceptions and compile errors', async () => {
-    const ctx = await sbx.createCodeContext({ language: 'java' });
-    await sbx.runCode('int x = 41;\nString greet(String n) { return "hi " + n; }', { context: ctx });
-    const out = await sbx.runCode('System.out.println(greet("java")); System.err.println("e"); x + 1', { context: ctx });
-    assert.equal(out.error, undefined, JSON.stringify(out.error));
-    assert.deepEqual([out.logs.stdout, out.logs.stderr, out.text], [['hi java\n'], ['e\n'], '42']);
-    const ex = await sbx.runCode('Object o = null;\no.toString()', { context: ctx });
-    assert.equal(ex.error?.name, 'NullPointerException', JSON.stringify(ex));
-    assert.match(ex.error.traceback, /NullPointerException/);
-    const bad = await sbx.runCode('int y = "no";', { context: ctx });
-    assert.equal(bad.error?.name, 'CompilationException', JSON.stringify(bad));
-    assert.match(bad.error.value, /incompatible types/);
-    assert.equal((await sbx.runCode('x', { context: ctx })).text, '41');
-    assert.equal((await sbx.runCode('Runtime.version().feature() >= 17', { language: 'java' })).text, 'true');
-    await sbx.removeCodeContext(ctx);
-  });
-
   srv.test('two executions at once in different contexts', async () => {
     const a = await sbx.createCodeContext();
     const b = await sbx.createCodeContext();
@@ -321,7 +301,7 @@ describe('code interpreter', () => {
     assert.deepEqual(marks.slice(0, 2).map((m) => m.at(-1)), ['+', '+'], `did not overlap: ${marks}`);
   });
 
-  srv.test('languages: python, r, javascript, typescript, bash and java run; others say so clearly', async () => {
+  srv.test('languages: python, r, javascript, typescript and bash run; others say so clearly', async () => {
     // IRkernel shows a value as display data, not as the cell's result: results[0], not text.
     const r = await sbx.runCode('x <- c(1, 2, 3)\nsum(x)', { language: 'r' });
     assert.equal(r.error, undefined, JSON.stringify(r.error));
@@ -347,7 +327,7 @@ describe('code interpreter', () => {
 
     const cobol = await sbx.runCode('1', { language: 'cobol' });
     assert.equal(cobol.error?.name, 'LanguageNotAvailable', JSON.stringify(cobol));
-    assert.match(cobol.error.value, /"cobol" is not available .*available: bash, java, javascript, python, r, typescript/);
+    assert.match(cobol.error.value, /"cobol" is not available .*available: bash, javascript, python, r, typescript/);
   });
 
   srv.test('a killed kernel is reported and the next call gets a fresh one', async () => {
