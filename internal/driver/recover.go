@@ -101,9 +101,13 @@ func (d *Driver) checkRecovered(id string) error {
 func (d *Driver) Recovered(ctx context.Context, r node.Recovered) {
 	unlock := d.locks.Lock(r.ID)
 	defer unlock()
-	d.mu.Lock()
-	delete(d.recovering, r.ID)
-	d.mu.Unlock()
+	// Answered 503 until the end: a snapshot's source is paused, then resumed, and nobody may
+	// see it paused in between.
+	defer func() {
+		d.mu.Lock()
+		delete(d.recovering, r.ID)
+		d.mu.Unlock()
+	}()
 	sb, err := d.store.GetSandbox(ctx, r.ID)
 	if err != nil && !errdefs.Is(err, errdefs.KindNotFound) {
 		d.log.Error("load a recovered sandbox's record", "sandbox", r.ID, "err", err)
