@@ -45,13 +45,12 @@ var BasePackages = []string{
 const CodeInterpreterRootfsID = "code-interpreter-v1-rootfs"
 
 // CodeInterpreterPackages are what E2B's code-interpreter template offers that Debian packages:
-// Python with ipykernel and the data stack, R with IRkernel, and TypeScript for Node.js. A JDK
-// (for Java cells) is not among them yet: openjdk-17-jdk-headless's maintainer scripts fail in
-// mmdebstrap's chrootless install, and need an install step inside a real chroot.
+// Python with ipykernel and the data stack, R with IRkernel, TypeScript for Node.js, and a JDK
+// (jshell runs Java cells).
 var CodeInterpreterPackages = []string{
 	"python3-ipykernel", "python3-numpy", "python3-pandas", "python3-matplotlib", "python3-scipy",
 	"python3-sklearn", "python3-seaborn", "python3-plotly",
-	"r-base-core", "r-cran-irkernel", "node-typescript",
+	"r-base-core", "r-cran-irkernel", "node-typescript", "openjdk-17-jdk-headless",
 }
 
 // MissingPackages lists the packages of want a built template's manifest does not have: a

@@ -226,6 +226,10 @@ func mmdebstrapArgs(suite, target string, sources, pkgs []string, cacheDir strin
 		"--dpkgopt=path-include=/usr/share/locale/locale.alias",
 		"--skip=essential/unlink",
 		`--setup-hook=mkdir -p "$1"/var/cache/apt/archives/`,
+		// The man pages are left out, but maintainer scripts still link into man1: openjdk's
+		// postinst has update-alternatives make java.1.gz there, and fails (dpkg error, mmdebstrap
+		// exit 25) when the directory does not exist.
+		`--setup-hook=mkdir -p "$1"/usr/share/man/man1`,
 		"--setup-hook=sync-in " + shellQuote(cacheDir) + " /var/cache/apt/archives/",
 		"--customize-hook=sync-out /var/cache/apt/archives " + shellQuote(cacheDir),
 	}

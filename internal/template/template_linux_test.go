@@ -273,6 +273,10 @@ func TestBuildCodeInterpreterRootfs(t *testing.T) {
 	if n := strings.Count(string(args), "--customize-hook="); n != 3 { // sync-out, base, code interpreter
 		t.Fatalf("%d customize hooks in %s", n, args)
 	}
+	// Without man1, openjdk's postinst fails to make its java.1.gz alternative.
+	if !strings.Contains(string(args), `--setup-hook=mkdir -p "$1"/usr/share/man/man1`) {
+		t.Fatalf("no setup hook makes /usr/share/man/man1: %s", args)
+	}
 	if _, err := Load(dataDir, BaseID); err == nil {
 		t.Fatal("building the code-interpreter rootfs built base too")
 	}
