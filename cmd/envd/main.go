@@ -18,18 +18,22 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strconv"
 	"sync"
 	"syscall"
 	"time"
 
 	"github.com/vibemon/vmon/internal/agentproto"
 	"github.com/vibemon/vmon/internal/envd/channel"
+	"github.com/vibemon/vmon/internal/envd/journal"
+	"github.com/vibemon/vmon/internal/envd/limitwatch"
 	"github.com/vibemon/vmon/internal/envd/oomkill"
 	"github.com/vibemon/vmon/internal/envd/process"
 	"github.com/vibemon/vmon/internal/envd/reaper"
 	"github.com/vibemon/vmon/internal/envd/server"
 	"github.com/vibemon/vmon/internal/envd/tasklimit"
 	"github.com/vibemon/vmon/internal/guestnet"
+	"golang.org/x/sys/unix"
 )
 
 type config struct {
@@ -77,6 +81,7 @@ func run(args []string) int {
 			log.Error("guest task limit not applied", "max_tasks", cfg.maxTasks, "err", err)
 		}
 	}
+	jr := journal.New()
 	var starter process.Starter
 	if cfg.initMode || os.Getpid() == 1 {
 		r, err := reaper.New(log)
@@ -89,7 +94,10 @@ func run(args []string) int {
 		go r.Run(ctx)
 		starter = r
 		if cfg.oomKill {
-			opts := oomkill.Options{Log: log.With("component", "oomkill")}
+			opts := oomkill.Options{Log: log.With("component", "oomkill"), OnKill: func(p oomkill.Proc, m oomkill.Memory) {
+				jr.Add("error", journal.LimitsLogger, fmt.Sprintf("out of memory: killed process %d (%s), which held %d MiB of the sandbox's %d MiB", p.PID, p.Comm, p.RSS>>20, m.Total>>20),
+					map[string]string{"reason": "oom-kill", "pid": strconv.Itoa(p.PID), "comm": p.Comm, "rssBytes": strconv.FormatUint(p.RSS, 10), "totalBytes": strconv.FormatUint(m.Total, 10)})
+			}}
 			if f, err := tasklimit.CurrentFile(); err == nil {
 				opts.TasksFile = f
 			} else {
@@ -102,7 +110,12 @@ func run(args []string) int {
 			}()
 		}
 	}
-	if err := serve(cfg, log, starter); err != nil {
+	if cfg.initMode || os.Getpid() == 1 {
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		go limitwatch.New(limitOptions(log, jr)).Run(ctx)
+	}
+	if err := serve(cfg, log, starter, jr); err != nil {
 		log.Error("envd failed", "err", err)
 		return 1
 	}
@@ -110,14 +123,14 @@ func run(args []string) int {
 }
 
 // serve runs the API on the agent channel and/or the TCP listener until SIGTERM or SIGINT.
-func serve(cfg config, log *slog.Logger, starter process.Starter) error {
+func serve(cfg config, log *slog.Logger, starter process.Starter, jr *journal.Journal) error {
 	if cfg.socket == "" && cfg.listen == "" {
 		return errors.New("nothing to serve: set --agent-socket and/or --listen")
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 
-	opts := server.Options{Logger: log, SetClock: cfg.setClock, Starter: starter}
+	opts := server.Options{Logger: log, SetClock: cfg.setClock, Starter: starter, Journal: jr}
 	if cfg.configureNet {
 		opts.ConfigureNetwork = guestnet.Apply
 	}
@@ -164,4 +177,22 @@ func serve(cfg config, log *slog.Logger, starter process.Starter) error {
 	wg.Wait()
 	log.Info("envd stopped")
 	return err
+}
+
+// limitOptions watches the guest's task limit (envd's pids cgroup), unprivileged users'
+// RLIMIT_NPROC (envd's own, which the runtime set for every guest process) and the root disk.
+func limitOptions(log *slog.Logger, jr *journal.Journal) limitwatch.Options {
+	o := limitwatch.Options{Report: func(level, msg string, f map[string]string) {
+		jr.Add(level, journal.LimitsLogger, msg, f)
+	}}
+	if dir, err := tasklimit.Dir(); err == nil {
+		o.TasksDir = dir
+	} else {
+		log.Warn("the task limit is not watched", "err", err)
+	}
+	var rl syscall.Rlimit
+	if err := syscall.Getrlimit(unix.RLIMIT_NPROC, &rl); err == nil && rl.Cur != unix.RLIM_INFINITY && rl.Cur < 1<<31 {
+		o.NProc = int(rl.Cur)
+	}
+	return o
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/vibemon/vmon/internal/agentproto"
 	"github.com/vibemon/vmon/internal/config"
 	"github.com/vibemon/vmon/internal/denied"
 	"github.com/vibemon/vmon/internal/errdefs"
@@ -41,6 +42,20 @@ func openSandboxLogs(ctx context.Context, c *config.Serve, st *store.Store, log 
 		return nil, err
 	}
 	return logs, nil
+}
+
+// pruneKilled removes, after each sweep of the logs, the records of sandboxes killed before the
+// sweep's cutoff: a record and a log both say what happened to a sandbox, and neither is kept
+// past the other.
+func pruneKilled(ctx context.Context, st *store.Store, log *slog.Logger) func(cutoff time.Time) {
+	return func(cutoff time.Time) {
+		n, err := st.DeleteKilledBefore(ctx, cutoff)
+		if err != nil {
+			log.Warn("remove the records of sandboxes past their retention", "err", err)
+		} else if n > 0 {
+			log.Info("removed the records of sandboxes past their retention", "count", n)
+		}
+	}
 }
 
 // egressLogger names refusals in sandbox logs, in E2B's style.
@@ -200,4 +215,37 @@ func printLogEntry(w io.Writer, e logEntry, asJSON bool) error {
 	}
 	_, err := fmt.Fprintln(w, line)
 	return err
+}
+
+// guestLog copies what envd reports about a sandbox (node.GuestLog) into its log. Entries are
+// stamped with the guest's time unless it lies ahead of the host's: the guest's root can set the
+// guest clock, and a log must not run ahead of what the host knows.
+type guestLog struct{ logs *sandboxlog.Store }
+
+func (g guestLog) GuestCursor(id string) (string, uint64) {
+	boot, seq, _ := strings.Cut(g.logs.Cursor(id), " ")
+	n, err := strconv.ParseUint(seq, 10, 64)
+	if err != nil {
+		return "", 0
+	}
+	return boot, n
+}
+
+func (g guestLog) GuestEvents(id, boot string, last uint64, evs []agentproto.GuestEvent) {
+	now := time.Now()
+	for _, e := range evs {
+		level, err := sandboxlog.ParseLevel(e.Level)
+		if err != nil {
+			level = sandboxlog.LevelInfo
+		}
+		t := e.Time
+		if t.IsZero() || t.After(now) {
+			t = now
+		}
+		g.logs.Append(id, sandboxlog.Entry{Time: t, Level: level, Logger: e.Logger, Message: e.Message, Fields: e.Fields})
+	}
+	if err := g.logs.SetCursor(id, boot+" "+strconv.FormatUint(last, 10)); err != nil {
+		// The entries are kept; a restarted vmon may add the last ones again.
+		slog.Default().Warn("keep the place in a sandbox's guest events", "sandbox", id, "err", err)
+	}
 }

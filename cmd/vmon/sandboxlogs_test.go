@@ -2,11 +2,15 @@ package main
 
 import (
 	"bytes"
+	"context"
+	"log/slog"
 	"testing"
 	"time"
 
 	"github.com/vibemon/vmon/internal/denied"
+	"github.com/vibemon/vmon/internal/errdefs"
 	"github.com/vibemon/vmon/internal/sandboxlog"
+	"github.com/vibemon/vmon/internal/store"
 )
 
 func TestRefusalEntry(t *testing.T) {
@@ -47,5 +51,36 @@ func TestPrintLogEntry(t *testing.T) {
 	}
 	if !bytes.Contains(b.Bytes(), []byte(`"fields":{"destination":"203.0.113.7","logger":"egressSvc","port":"443"}`)) {
 		t.Errorf("json: %s", b.String())
+	}
+}
+
+func TestPruneKilledGoesWithTheRetention(t *testing.T) {
+	ctx := context.Background()
+	st, err := store.Open(ctx, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	now := time.Now()
+	for _, id := range []string{"old", "recent", "live"} {
+		if err := st.InsertSandbox(ctx, store.Sandbox{ID: id, TemplateID: "tpl", State: store.StateRunning,
+			StartedAt: now.Add(-3 * time.Hour), EndAt: now.Add(time.Hour)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := st.MarkKilled(ctx, "old", now.Add(-2*time.Hour), "killed by request"); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.MarkKilled(ctx, "recent", now.Add(-time.Minute), "killed by request"); err != nil {
+		t.Fatal(err)
+	}
+	pruneKilled(ctx, st, slog.New(slog.DiscardHandler))(now.Add(-time.Hour))
+	if _, err := st.GetSandbox(ctx, "old"); !errdefs.Is(err, errdefs.KindNotFound) {
+		t.Errorf("a record killed past the retention is still there: %v", err)
+	}
+	for _, id := range []string{"recent", "live"} {
+		if _, err := st.GetSandbox(ctx, id); err != nil {
+			t.Errorf("record %s: %v", id, err)
+		}
 	}
 }

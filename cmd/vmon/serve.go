@@ -146,7 +146,12 @@ func serve(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
+	sandboxLogs, err := openSandboxLogs(ctx, c, st, log.With("component", "sandboxlog"))
+	if err != nil {
+		return err
+	}
 	nopts := node.Options{
+		GuestLog: guestLog{logs: sandboxLogs},
 		// Mount, not Path: a sandbox must bind the volume's filesystem, never the directory
 		// under it (after a reboot the filesystem is not mounted yet).
 		VolumePath:       vols.Mount,
@@ -196,10 +201,6 @@ func serve(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	sandboxLogs, err := openSandboxLogs(ctx, c, st, log.With("component", "sandboxlog"))
-	if err != nil {
-		return err
-	}
 	if network != nil {
 		logRefusals(ctx, network.hub, sandboxLogs)
 	}
@@ -243,7 +244,7 @@ func serve(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 		return fmt.Errorf("recover sandbox records: %w", err)
 	}
 	// Swept only once the records say which sandboxes still live.
-	go sandboxLogs.Run(ctx)
+	go sandboxLogs.Run(ctx, pruneKilled(ctx, st, log))
 	orphans, err := d.PausedOrphans(ctx, pausedIDs)
 	if err != nil {
 		return fmt.Errorf("find paused sandboxes no record owns: %w", err)

@@ -88,3 +88,35 @@ func FileSignature(path, operation, user, token string, expiration int64) string
 	sum := sha256.Sum256([]byte(raw))
 	return "v1_" + base64.RawStdEncoding.EncodeToString(sum[:])
 }
+
+// EventsPath is vmon's own envd endpoint (GET, access token required) that streams what envd
+// saw happen in the guest, as GuestEvent JSON lines, for the node to copy into the sandbox's log.
+// Query: after (the last Seq the reader has, 0 for all) and boot (the BootHeader value that Seq
+// belongs to; another boot's cursor reads from the start). The stream stays open and carries new
+// events as they happen.
+const EventsPath = "/vmon/events"
+
+// BootHeader, on an EventsPath response, names envd's boot: its events' Seq restart with it.
+const BootHeader = "X-Vmon-Boot"
+
+// StartCmdTag is the process tag the node gives a template's start command, so envd can tell it
+// from other processes and report its output too.
+const StartCmdTag = InternalTagPrefix + "start-cmd"
+
+// InternalTagPrefix starts the process tags of commands the node runs itself (other than the
+// start command), which envd logs at debug level only.
+const InternalTagPrefix = "vmon-"
+
+// GuestEvent is one thing envd reports about the guest.
+type GuestEvent struct {
+	// Seq orders a boot's events from 1; a reader resumes after the last one it kept.
+	Seq uint64 `json:"seq"`
+	// Sandbox is the sandbox envd served when the event happened (the vmonSandboxID of the last
+	// /init): a sandbox restored from another's snapshot inherits its events and must skip them.
+	Sandbox string            `json:"sandbox,omitempty"`
+	Time    time.Time         `json:"time"`
+	Level   string            `json:"level"`
+	Logger  string            `json:"logger"`
+	Message string            `json:"message"`
+	Fields  map[string]string `json:"fields,omitempty"`
+}

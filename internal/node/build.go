@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/vibemon/vmon/internal/agentproto"
 	"github.com/vibemon/vmon/internal/errdefs"
 	"github.com/vibemon/vmon/internal/runtime"
 	"github.com/vibemon/vmon/internal/snapshot"
@@ -74,14 +75,14 @@ func (b *BuildSandbox) Run(ctx context.Context, script, user, cwd string, env ma
 func (b *BuildSandbox) CheckStart(ctx context.Context, start, ready, user, cwd string, timeout time.Duration,
 	attempt func(exit int, output []byte)) error {
 	if start != "" {
-		if _, err := startGuest(ctx, b.sb.ch, "", guestCmd{Shell: b.shell, Script: start, User: user, Cwd: cwd}); err != nil {
+		if _, err := startGuest(ctx, b.sb.ch, "", guestCmd{Shell: b.shell, Script: start, User: user, Cwd: cwd, Tag: agentproto.StartCmdTag}); err != nil {
 			return err
 		}
 	}
 	if ready == "" {
 		return nil
 	}
-	return waitReady(ctx, b.sb.ch, "", guestCmd{Shell: b.shell, Script: ready, User: user, Cwd: cwd}, timeout, attempt)
+	return waitReady(ctx, b.sb.ch, "", guestCmd{Shell: b.shell, Script: ready, User: user, Cwd: cwd, Tag: agentproto.InternalTagPrefix + "ready-cmd"}, timeout, attempt)
 }
 
 // Commit stops the sandbox and moves everything it wrote to dst (a new directory on the data

@@ -12,6 +12,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/vibemon/vmon/internal/agent"
+	"github.com/vibemon/vmon/internal/agentproto"
 	"github.com/vibemon/vmon/internal/envd/gen/process"
 	"github.com/vibemon/vmon/internal/envd/gen/process/processconnect"
 	"github.com/vibemon/vmon/internal/fsroot"
@@ -26,6 +27,9 @@ type guestCmd struct {
 	User   string
 	Env    map[string]string
 	Cwd    string
+	// Tag is envd's process tag: agentproto.StartCmdTag has envd log the command's output too,
+	// and other vmon- tags mark the node's own commands, logged at debug level.
+	Tag string
 }
 
 // shellFor picks the shell for node-run commands in the root filesystem mounted at root: the
@@ -61,6 +65,9 @@ func (c guestCmd) request() *connect.Request[process.StartRequest] {
 	}
 	noStdin := false
 	req := connect.NewRequest(&process.StartRequest{Process: cfg, Stdin: &noStdin})
+	if c.Tag != "" {
+		req.Msg.Tag = &c.Tag
+	}
 	if c.User != "" {
 		// envd takes the user from Basic auth with an empty password, as the SDK sends it.
 		req.Header().Set("Authorization", "Basic "+base64.StdEncoding.EncodeToString([]byte(c.User+":")))
@@ -165,7 +172,7 @@ const readyInterval = 100 * time.Millisecond
 // until its ready command exits 0 (a template without one is ready once the command started).
 func (n *Node) startTemplateCmd(ctx context.Context, sb *sandbox, spec CreateSpec, img Image) error {
 	shell := shellFor(sb.root)
-	cmd := guestCmd{Shell: shell, Script: img.StartCmd, User: spec.DefaultUser, Cwd: spec.DefaultWorkdir}
+	cmd := guestCmd{Shell: shell, Script: img.StartCmd, User: spec.DefaultUser, Cwd: spec.DefaultWorkdir, Tag: agentproto.StartCmdTag}
 	if _, err := startGuest(ctx, sb.ch, spec.AccessToken, cmd); err != nil {
 		return fmt.Errorf("start command: %w", err)
 	}
@@ -173,7 +180,7 @@ func (n *Node) startTemplateCmd(ctx context.Context, sb *sandbox, spec CreateSpe
 		return nil
 	}
 	return waitReady(ctx, sb.ch, spec.AccessToken, guestCmd{Shell: shell, Script: img.ReadyCmd,
-		User: spec.DefaultUser, Cwd: spec.DefaultWorkdir}, n.opts.ReadyTimeout, nil)
+		User: spec.DefaultUser, Cwd: spec.DefaultWorkdir, Tag: agentproto.InternalTagPrefix + "ready-cmd"}, n.opts.ReadyTimeout, nil)
 }
 
 // waitReady reruns ready until it exits 0 or timeout passes; each failed attempt's output goes

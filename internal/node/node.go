@@ -144,7 +144,9 @@ type Options struct {
 	MaxSnapshotBytes int64
 	// VolumePath gives the host directory of a volume (internal/volumes); nil: no volumes.
 	VolumePath func(id string) (string, error)
-	Log        *slog.Logger
+	// GuestLog takes what envd reports about each handed-out sandbox; nil: not followed.
+	GuestLog GuestLog
+	Log      *slog.Logger
 }
 
 const (
@@ -224,6 +226,8 @@ type sandbox struct {
 	envdToken string
 	// policy is the egress policy in force (recordPolicy), to explain the kernel's refusals.
 	policy atomic.Pointer[egress.Policy]
+	// follow cancels the copy of envd's events into the sandbox's log (followGuest).
+	follow atomic.Pointer[context.CancelFunc]
 }
 
 // New returns a node; call Recover before serving and Close at exit.
@@ -329,6 +333,7 @@ func (n *Node) handOut(ctx context.Context, sb *sandbox, spec CreateSpec, img Im
 	n.mu.Lock()
 	n.sandboxes[spec.ID] = sb
 	n.mu.Unlock()
+	n.followGuest(sb)
 	return Info{ID: spec.ID, StartedAt: sb.startedAt, EnvdVersion: agentproto.EnvdVersion}, nil
 }
 
@@ -549,6 +554,7 @@ func (n *Node) initEnvd(ctx context.Context, sb *sandbox, spec CreateSpec) error
 		"defaultUser":    spec.DefaultUser,
 		"defaultWorkdir": spec.DefaultWorkdir,
 		"timestamp":      time.Now().UTC().Format(time.RFC3339Nano),
+		"vmonSandboxID":  spec.ID,
 	}
 	if sb.link != nil {
 		init["vmonNetwork"] = sb.link.GuestNet()
@@ -642,6 +648,7 @@ func (n *Node) DestroySandbox(ctx context.Context, id string) error {
 // teardown removes a sandbox's runtime, channel, link or namespace, root and directory.
 func (n *Node) teardown(ctx context.Context, sb *sandbox) error {
 	sb.stopping.Store(true)
+	sb.stopFollowing()
 	n.forgetDenied(sb.id)
 	runtimeID := sb.runtimeID
 	var errs []error

@@ -247,6 +247,7 @@ func (n *Node) PauseSandbox(ctx context.Context, id string, memory bool) (PauseI
 		delete(n.sandboxes, id)
 	}
 	n.mu.Unlock()
+	sb.stopFollowing()
 	if sb.ch != nil {
 		_ = sb.ch.Close()
 	}
@@ -367,7 +368,7 @@ func (n *Node) flushGuest(ctx context.Context, sb *sandbox) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	code, err := runGuest(ctx, sb.ch, sb.token, guestCmd{Shell: []string{"/bin/sh"}, Script: "sync", User: "root"}, nil)
+	code, err := runGuest(ctx, sb.ch, sb.token, guestCmd{Shell: []string{"/bin/sh"}, Script: "sync", User: "root", Tag: agentproto.InternalTagPrefix + "sync"}, nil)
 	if err != nil || code != 0 {
 		n.log.Warn("guest did not flush its files before a pause", "sandbox", sb.id, "exit", code, "err", err)
 	}

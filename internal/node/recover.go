@@ -261,6 +261,7 @@ func (n *Node) recoverOne(ctx context.Context, p pendingRecovery) (out Recovered
 		n.sandboxes[sb.id] = sb
 		n.mu.Unlock()
 		n.watch(sb)
+		n.followGuest(sb)
 		n.log.Info("recovered sandbox", "sandbox", sb.id)
 		out.State = RecoveredRunning
 		return out

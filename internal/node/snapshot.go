@@ -165,6 +165,7 @@ func (n *Node) keepAsPaused(ctx context.Context, sb *sandbox, dir string, rec bo
 		delete(n.sandboxes, sb.id)
 	}
 	n.mu.Unlock()
+	sb.stopFollowing()
 	_ = n.opts.Runtime.Destroy(ctx, sb.runtimeID)
 	if sb.ch != nil {
 		_ = sb.ch.Close()

@@ -90,6 +90,7 @@ const (
 	currentFile = "current.jsonl"
 	oldFile     = "old.jsonl"
 	endedFile   = "ended"
+	cursorFile  = "cursor"
 )
 
 // ErrNotFound is returned by Query for a sandbox that has no log (never had one, or it was
@@ -495,6 +496,38 @@ func (s *Store) Query(id string, q Query) ([]Entry, error) {
 	return out, nil
 }
 
+// Cursor returns what SetCursor last kept for the sandbox ("" if nothing).
+func (s *Store) Cursor(id string) string {
+	if !validID(id) {
+		return ""
+	}
+	b, err := os.ReadFile(filepath.Join(s.dir(id), cursorFile))
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// SetCursor keeps, beside the sandbox's log, how far a source of its entries has been read (the
+// node's place in envd's events), so a restarted vmon goes on from there.
+func (s *Store) SetCursor(id, cursor string) error {
+	if !validID(id) {
+		return fmt.Errorf("invalid sandbox id %q", id)
+	}
+	l := s.get(id)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	dir := s.dir(id)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	tmp := filepath.Join(dir, cursorFile+".tmp")
+	if err := os.WriteFile(tmp, []byte(cursor+"\n"), 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, filepath.Join(dir, cursorFile))
+}
+
 // Remove deletes a sandbox's log at once (its create failed, so nobody will ask for it).
 func (s *Store) Remove(id string) error {
 	if !validID(id) {
@@ -558,15 +591,20 @@ func (s *Store) expired(id string, cutoff time.Time) bool {
 	return newest.Before(cutoff)
 }
 
-// Run sweeps at once and then every SweepEvery until ctx ends.
-func (s *Store) Run(ctx context.Context) {
+// Run sweeps at once and then every SweepEvery until ctx ends; after each sweep, also calls
+// (when set) with the cutoff: what ended before it is past its retention.
+func (s *Store) Run(ctx context.Context, also func(cutoff time.Time)) {
 	sweep := func() {
+		cutoff := s.opts.Now().Add(-s.opts.Retention)
 		n, err := s.Sweep()
 		if err != nil {
 			s.opts.Log.Warn("sweep sandbox logs", "err", err)
 		}
 		if n > 0 {
 			s.opts.Log.Info("removed sandbox logs past their retention", "count", n, "retention", s.opts.Retention)
+		}
+		if also != nil {
+			also(cutoff)
 		}
 	}
 	sweep()

@@ -342,3 +342,29 @@ func TestQuery100k(t *testing.T) {
 	}
 	t.Logf("query over 100,000 entries: %v", took)
 }
+
+func TestCursorKeptBesideTheLog(t *testing.T) {
+	s, err := Open(Options{Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := s.Cursor("sb"); got != "" {
+		t.Fatalf("cursor of a new log %q", got)
+	}
+	if err := s.SetCursor("sb", "boot 12"); err != nil {
+		t.Fatal(err)
+	}
+	s2, _ := Open(Options{Dir: s.opts.Dir})
+	if got := s2.Cursor("sb"); got != "boot 12" {
+		t.Fatalf("cursor after reopening %q", got)
+	}
+	if err := s.SetCursor("../x", "b 1"); err == nil {
+		t.Fatal("an invalid id was accepted")
+	}
+	if err := s.Remove("sb"); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.Cursor("sb"); got != "" {
+		t.Fatalf("cursor outlived its log: %q", got)
+	}
+}

@@ -27,8 +27,12 @@ const (
 
 // proc is one process started by Start, from launch until it is forgotten (retention after exit).
 type proc struct {
-	pid    uint32
-	tag    *string
+	pid uint32
+	tag *string
+	// user is who the process runs as (for the journal).
+	user string
+	// outTap, when set, also takes the process's output line by line (the start command's).
+	outTap *outputTap
 	config *pb.ProcessConfig
 	cmd    *exec.Cmd
 	// starter started cmd and is told once cmd.Wait has collected it.
@@ -173,14 +177,21 @@ func (p *proc) pump(o output) {
 	if o.kind == kindPTY {
 		size = ptyChunk
 	}
+	var lines lineSplitter
 	for {
 		buf := make([]byte, size)
 		n, err := o.f.Read(buf)
 		if n > 0 {
+			if p.outTap != nil {
+				lines.feed(buf[:n], func(l []byte) { p.outTap.line(o.kind, l) })
+			}
 			p.broadcast(dataEvent(o.kind, buf[:n]))
 		}
 		if err != nil {
 			// EOF for pipes, EIO for a PTY whose slave side is closed, a deadline after exit.
+			if p.outTap != nil {
+				lines.flush(func(l []byte) { p.outTap.line(o.kind, l) })
+			}
 			return
 		}
 	}

@@ -26,6 +26,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/vibemon/vmon/internal/agentproto"
 	pb "github.com/vibemon/vmon/internal/envd/gen/process"
 	"github.com/vibemon/vmon/internal/envd/gen/process/processconnect"
 	"github.com/vibemon/vmon/internal/envd/rpcerr"
@@ -57,7 +58,18 @@ type Options struct {
 	// Starter starts processes; nil uses exec.Cmd.Start. As PID 1, envd passes its reaper so
 	// the processes it waits for are not reaped from under it.
 	Starter Starter
+	// Journal, when set, hears of every process's start and end, and of the template start
+	// command's output (agentproto.StartCmdTag), for the sandbox's log.
+	Journal Journal
 }
+
+// Journal records what happened for the sandbox's log (journal.Journal).
+type Journal interface {
+	Add(level, logger, msg string, fields map[string]string)
+}
+
+// journalLogger names process entries in the sandbox's log.
+const journalLogger = "processSvc"
 
 type plainStarter struct{}
 
@@ -76,6 +88,7 @@ type Service struct {
 	log     *slog.Logger
 	env     Env
 	starter Starter
+	journal Journal
 
 	mu sync.Mutex
 	// procs holds running processes and, for retainExited, exited ones. +checklocks:mu
@@ -142,8 +155,8 @@ func New(opts Options) (*Service, error) {
 	if starter == nil {
 		starter = plainStarter{}
 	}
-	return &Service{log: log.With("component", "process"), env: opts.Env, starter: starter, procs: map[uint32]*proc{},
-		streams: newStreamGen()}, nil
+	return &Service{log: log.With("component", "process"), env: opts.Env, starter: starter, journal: opts.Journal,
+		procs: map[uint32]*proc{}, streams: newStreamGen()}, nil
 }
 
 // Start launches a process and streams its events.
@@ -210,6 +223,10 @@ func (s *Service) launch(ctx context.Context, req *connect.Request[pb.StartReque
 	if err != nil {
 		return nil, err
 	}
+	p.user = u.Name
+	if s.journal != nil && req.Msg.GetTag() == agentproto.StartCmdTag {
+		p.outTap = newOutputTap(s.journal, p.pid)
+	}
 	// The request deadline (Connect-Timeout-Ms) bounds the process, not only the stream; a client
 	// that merely disconnects cancels ctx without a deadline having passed and leaves it running.
 	if dl, ok := ctx.Deadline(); ok {
@@ -219,6 +236,7 @@ func (s *Service) launch(ctx context.Context, req *connect.Request[pb.StartReque
 	s.procs[p.pid] = p
 	s.mu.Unlock()
 	s.log.Info("process started", "pid", p.pid, "cmd", cfg.GetCmd(), "user", u.Name, "pty", sp.pty != nil)
+	s.journalStart(p, dir)
 	return p, nil
 }
 
@@ -228,6 +246,7 @@ func (s *Service) forgetLater(p *proc) {
 	end := p.end
 	p.mu.Unlock()
 	s.log.Info("process ended", "pid", p.pid, "status", end.GetStatus())
+	s.journalEnd(p, end)
 	time.AfterFunc(retainExited, func() {
 		s.mu.Lock()
 		defer s.mu.Unlock()

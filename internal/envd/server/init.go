@@ -23,7 +23,9 @@ import (
 // lifecycleID are E2B infrastructure hooks vmon does not use; they are ignored. caBundle (PEM) is
 // appended to the guest's trust stores: the node's egress CA, for header rules.
 // vmonNetwork is vmon's own: the node pushes the guest's address with it after every boot, since
-// guests run no DHCP client (seed 000).
+// guests run no DHCP client. vmonSandboxID is vmon's own too: the sandbox envd serves from now
+// on, which stamps the journal's events (a sandbox restored from another's snapshot must not
+// read that one's events as its own).
 type initRequest struct {
 	EnvVars        map[string]string `json:"envVars"`
 	AccessToken    *string           `json:"accessToken"`
@@ -32,6 +34,7 @@ type initRequest struct {
 	DefaultWorkdir *string           `json:"defaultWorkdir"`
 	VmonNetwork    *guestnet.Config  `json:"vmonNetwork"`
 	CABundle       *string           `json:"caBundle"`
+	VmonSandboxID  *string           `json:"vmonSandboxID"`
 }
 
 // init applies the control plane's session state. Once a token is set, a later /init must prove
@@ -104,6 +107,9 @@ func (s *Server) init(w http.ResponseWriter, r *http.Request) {
 	}
 	if req.DefaultWorkdir != nil {
 		s.defaultWorkdir = *req.DefaultWorkdir
+	}
+	if req.VmonSandboxID != nil {
+		s.journal.SetSandbox(*req.VmonSandboxID)
 	}
 	s.mu.Unlock()
 

@@ -19,6 +19,7 @@ import (
 	"github.com/vibemon/vmon/internal/envd/filesystem"
 	"github.com/vibemon/vmon/internal/envd/gen/filesystem/filesystemconnect"
 	"github.com/vibemon/vmon/internal/envd/gen/process/processconnect"
+	"github.com/vibemon/vmon/internal/envd/journal"
 	"github.com/vibemon/vmon/internal/envd/process"
 	"github.com/vibemon/vmon/internal/envd/users"
 	"github.com/vibemon/vmon/internal/errdefs"
@@ -45,6 +46,9 @@ type Options struct {
 	// TrustBundles are the trust stores /init's caBundle goes to; nil is the guest's own
 	// (TrustBundles). Tests point them at a temporary directory.
 	TrustBundles []string
+	// Journal is what envd reports for the sandbox's log (agentproto.EventsPath); nil starts an
+	// empty one.
+	Journal *journal.Journal
 }
 
 // Server is envd's HTTP handler. It is safe for concurrent use.
@@ -59,6 +63,7 @@ type Server struct {
 	fs           *filesystem.Service
 	procs        *process.Service
 	metrics      cpuSampler
+	journal      *journal.Journal
 
 	mu sync.RWMutex
 	// token is the access token set by /init; empty means every request is allowed. +checklocks:mu
@@ -92,7 +97,11 @@ func New(opts Options) (*Server, error) {
 	if s.trustBundles == nil {
 		s.trustBundles = TrustBundles
 	}
-	procs, err := process.New(process.Options{Logger: log, Env: s, Starter: opts.Starter})
+	s.journal = opts.Journal
+	if s.journal == nil {
+		s.journal = journal.New()
+	}
+	procs, err := process.New(process.Options{Logger: log, Env: s, Starter: opts.Starter, Journal: s.journal})
 	if err != nil {
 		return nil, err
 	}
@@ -111,6 +120,7 @@ func New(opts Options) (*Server, error) {
 	mux.HandleFunc("GET /files", s.download)
 	mux.HandleFunc("POST /files", s.upload)
 	mux.HandleFunc("POST "+agentproto.EndStreamsPath, s.endStreams)
+	mux.Handle("GET "+agentproto.EventsPath, s.journal)
 	// httpguard: unclean paths get a 404 instead of ServeMux's redirect, and the plain-text
 	// errors of ServeMux and http.ServeContent come out in E2B's JSON shape.
 	s.handler = httpguard.Handler(cors(s.requireToken(mux)))

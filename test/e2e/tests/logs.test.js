@@ -8,13 +8,14 @@
 
 import assert from 'node:assert/strict';
 import { describe } from 'node:test';
-import { Sandbox } from 'e2b';
+import { Sandbox, Template } from 'e2b';
 import path from 'node:path';
 import { spawn } from 'node:child_process';
 import { useServer, runId, killQuietly, apiFetch, runVmon, runChild, waitFor, E2E_DIR } from '../lib/harness.js';
 
 describe('sandbox logs', () => {
-  const srv = useServer({ name: 'logs' });
+  // A small disk, so a test can fill it.
+  const srv = useServer({ name: 'logs', args: ['--sandbox-disk-mb', '256'] });
   const RUN = runId('logs');
   const created = [];
   /** The sandbox whose whole life the tests read: created, ran, paused, resumed, timed, killed. */
@@ -204,6 +205,63 @@ describe('sandbox logs', () => {
     assert.equal(own[0].message, `sandbox created as a fork of ${src.sandboxId}`, JSON.stringify(own));
     assert.equal(own[0].fields.forkOf, src.sandboxId);
     assert.ok(!own.some((l) => /network policy updated|created from template/.test(l.message)), 'a fork has its own log');
+  });
+
+  srv.test('processes, the OOM killer, a full disk and the start command\'s output are logged by envd', async () => {
+    const sbx = await Sandbox.create({ ...srv.sdkOpts, metadata: { run: RUN }, envs: { SECRET_ENV: SECRET }, timeoutMs: 600_000 });
+    created.push(sbx);
+    await assert.rejects(sbx.commands.run('echo $SECRET_ENV; exit 3'), (err) => err.exitCode === 3);
+    const bg = await sbx.commands.run('sleep 300', { background: true });
+    assert.equal(await bg.kill(), true);
+    const oom = await sbx.commands.run('python3 -c "a = bytearray(600 * 2**20)"', { timeoutMs: 120_000 }).catch((e) => e);
+    assert.match(String(oom.error ?? oom), /signal: killed/, `the 600 MiB allocation was not SIGKILLed: ${oom}`);
+    const full = await sbx.commands.run('dd if=/dev/zero of=/home/user/fill bs=1M count=400 2>&1; sleep 3; rm -f /home/user/fill', { timeoutMs: 120_000 }).catch((e) => e);
+    assert.match(full.stdout ?? String(full), /No space left on device/, `the disk did not fill: ${full.stdout ?? full}`);
+    const want = [
+      [/^warn processSvc process \d+ exited with code 3: echo \$SECRET_ENV; exit 3$/, { exitCode: '3' }],
+      [/^warn processSvc process \d+ was killed by SIGKILL: sleep 300$/, { signal: 'SIGKILL' }],
+      [/^error limitsSvc out of memory: killed process \d+ \(python3\)/, { reason: 'oom-kill', comm: 'python3' }],
+      [/^warn processSvc process \d+ was killed by SIGKILL: python3 -c/, { signal: 'SIGKILL' }],
+      [/^warn limitsSvc disk full: /, { reason: 'disk-full' }],
+    ];
+    let logs = [];
+    await waitFor(async () => {
+      logs = await v2(sbx.sandboxId);
+      return want.every(([re]) => logs.some((l) => re.test(`${l.level} ${l.fields.logger} ${l.message}`)));
+    }, { timeoutMs: 15_000, what: () => `envd's entries:\n${logs.map((l) => `${l.level} ${l.fields.logger} ${l.message}`).join('\n')}` });
+    const lines = logs.map((l) => `${l.level} ${l.fields.logger} ${l.message}`);
+    let at = 0;
+    for (const [re, fields] of want) {
+      const i = lines.findIndex((l, j) => j >= at && re.test(l));
+      assert.ok(i >= 0, `no entry matching ${re} after position ${at}:\n${lines.join('\n')}`);
+      for (const [k, v] of Object.entries(fields)) assert.equal(logs[i].fields[k], v, `${k} of ${lines[i]}`);
+      if (fields.reason !== 'disk-full') assert.ok(logs[i].fields.pid, `pid of ${lines[i]}`);
+      at = i + 1;
+    }
+    const started = logs.find((l) => /started: echo \$SECRET_ENV/.test(l.message));
+    assert.equal(started.level, 'info');
+    assert.equal(started.fields.user, 'user');
+    assert.ok(!JSON.stringify(logs).includes(SECRET), 'an environment value reached the logs');
+    // The sandbox lived through all of it.
+    assert.equal((await sbx.commands.run('echo alive')).stdout, 'alive\n');
+
+    // A template's start command runs in the build and is restored running: its output after the
+    // sandbox was created is in the sandbox's log, the build's is not.
+    const tpl = `${RUN}-ticker`.toLowerCase();
+    await Template.build(Template().fromTemplate('base').setStartCmd(`sh -c 'i=0; while :; do i=$((i+1)); echo tick $i; echo tock $i >&2; sleep 1; done'`, 'true'), tpl, srv.sdkOpts);
+    const ticker = await Sandbox.create(tpl, { ...srv.sdkOpts, metadata: { run: RUN } });
+    created.push(ticker);
+    let out = [];
+    await waitFor(async () => {
+      out = (await v2(ticker.sandboxId)).filter((l) => l.fields.source === 'start command');
+      return out.length >= 4;
+    }, { timeoutMs: 20_000, what: () => `the start command's output: ${JSON.stringify(out)}` });
+    const ticks = out.filter((l) => l.fields.stream === 'stdout').map((l) => Number(l.message.replace('tick ', '')));
+    assert.ok(ticks.length >= 2, JSON.stringify(out));
+    ticks.forEach((n, i) => i > 0 && assert.equal(n, ticks[i - 1] + 1, `ticks in order: ${ticks}`));
+    assert.ok(out.every((l) => (l.fields.stream === 'stdout' ? l.level === 'info' : l.level === 'warn')), JSON.stringify(out));
+    const first = (await v2(ticker.sandboxId))[0];
+    assert.match(first.message, /^sandbox created from template /, 'nothing of the build comes before the sandbox was created');
   });
 
   srv.test('vmon sandbox logs prints the log, filtered by level or as JSON', async () => {
