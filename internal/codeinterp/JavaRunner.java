@@ -7,11 +7,16 @@
 //   {id, type: "result", text}                the value of the cell's last expression
 //   {id, type: "error", name, value, stack}
 //   {id, type: "done", count}
+// A cell's value is shown as E2B's Java kernel (IJava) shows it: String.valueOf of the last
+// snippet's value when that snippet is an expression (not an assignment or a declaration), and
+// nothing when the value is null; so a String comes without JShell's quotes.
 // SIGINT stops the running cell; the context stays. A cell whose first line is "//vmon-env"
 // sets environment variables instead of running code, one per following line: "set NAME VALUE"
 // or "unset NAME", both base64; a line "save" first keeps the values they replace, which a
-// later line "restore" puts back (an execution's own variables). A JVM cannot change its own environment, so the runner changes
-// the maps behind System.getenv() and ProcessBuilder (java.base is opened to it for that).
+// later line "restore" puts back (an execution's own variables). A JVM cannot change its own
+// environment, so the runner changes the maps behind System.getenv() and ProcessBuilder (java.base
+// is opened to it for that); it sets the same names as system properties, which is where E2B's
+// service puts them (System.setProperty), so code written for E2B finds them there too.
 import java.io.BufferedReader;
 import java.io.ByteArrayOutputStream;
 import java.io.FileOutputStream;
@@ -19,6 +24,8 @@ import java.io.InputStreamReader;
 import java.io.OutputStream;
 import java.io.PrintStream;
 import java.lang.reflect.Field;
+import java.lang.reflect.InvocationTargetException;
+import java.lang.reflect.Method;
 import java.nio.charset.StandardCharsets;
 import java.util.Base64;
 import java.util.Map;
@@ -32,20 +39,36 @@ import jdk.jshell.Snippet;
 import jdk.jshell.SnippetEvent;
 import jdk.jshell.SourceCodeAnalysis;
 import jdk.jshell.UnresolvedReferenceException;
-import jdk.jshell.VarSnippet;
+import jdk.jshell.execution.LocalExecutionControl;
+import jdk.jshell.spi.ExecutionControl;
+import jdk.jshell.spi.ExecutionControlProvider;
+import jdk.jshell.spi.ExecutionEnv;
 
 public class JavaRunner {
     private static PrintStream events;
     private static volatile String current;
     private static int count;
-    // saved holds what an execution's own variables replaced (null: was unset).
+    // saved and savedProps hold what an execution's own variables replaced (null: was unset).
     private static final Map<String, String> saved = new java.util.HashMap<>();
+    private static final Map<String, String> savedProps = new java.util.HashMap<>();
+    private static ValueControl control;
 
     public static void main(String[] args) throws Exception {
         events = new PrintStream(new FileOutputStream("/proc/self/fd/3"), true, StandardCharsets.UTF_8);
         System.setOut(new PrintStream(new Forward("stdout"), true, StandardCharsets.UTF_8));
         System.setErr(new PrintStream(new Forward("stderr"), true, StandardCharsets.UTF_8));
-        JShell shell = JShell.builder().executionEngine("local").build();
+        JShell shell = JShell.builder().executionEngine(new ExecutionControlProvider() {
+            @Override
+            public String name() {
+                return "vmon-local";
+            }
+
+            @Override
+            public ExecutionControl generate(ExecutionEnv env, Map<String, String> params) {
+                control = new ValueControl();
+                return control;
+            }
+        }, null).build();
         // Warm the compiler before saying ready: the first cell of a context is not slower.
         shell.eval("int __vmon_warm = 0;");
         sun.misc.Signal.handle(new sun.misc.Signal("INT"), sig -> shell.stop());
@@ -76,18 +99,20 @@ public class JavaRunner {
         System.exit(0);
     }
 
-    private static void run(JShell shell, String id, String code) {
+    private static void run(JShell shell, String id, String code) throws Exception {
         SourceCodeAnalysis analysis = shell.sourceCodeAnalysis();
         String remaining = code;
         String value = null;
         while (!remaining.isBlank()) {
             SourceCodeAnalysis.CompletionInfo info = analysis.analyzeCompletion(remaining);
             if (!info.completeness().isComplete()) {
-                error(id, "CompilationException", "incomplete input: " + remaining.strip(), remaining.strip());
+                // IJava's name for it.
+                error(id, "IncompleteSourceException", "incomplete input: " + remaining.strip(), remaining.strip());
                 return;
             }
             remaining = info.remaining();
             value = null;
+            control.forget();
             for (SnippetEvent e : shell.eval(info.source())) {
                 if (e.causeSnippet() != null) {
                     continue; // an update of a dependent snippet, not this one
@@ -111,8 +136,17 @@ public class JavaRunner {
                     error(id, name, message, name + ": " + message + "\n" + stack(ex));
                     return;
                 }
-                if (isValue(s) && e.value() != null) {
-                    value = e.value();
+                if (isValue(s) && control.hasValue()) {
+                    try {
+                        value = control.show();
+                    } catch (InvocationTargetException ex) {
+                        Throwable t = ex.getCause();
+                        error(id, t.getClass().getSimpleName(), String.valueOf(t.getMessage()), t + "\n" + stack(t));
+                        return;
+                    } catch (ExecutionControl.StoppedException ex) {
+                        error(id, "EvalException", "stopped while showing the value", "");
+                        return;
+                    }
                 }
             }
         }
@@ -123,10 +157,82 @@ public class JavaRunner {
         }
     }
 
-    // isValue: an expression, whose value is the cell's (a declaration has none, as in E2B's).
+    // isValue: an expression, whose value is the cell's; as in IJava, a declaration or an
+    // assignment has none.
     private static boolean isValue(Snippet s) {
-        return s.kind() == Snippet.Kind.EXPRESSION
-                || (s instanceof VarSnippet && s.subKind() == Snippet.SubKind.TEMP_VAR_EXPRESSION_SUBKIND);
+        return switch (s.subKind()) {
+            case VAR_VALUE_SUBKIND, OTHER_EXPRESSION_SUBKIND, TEMP_VAR_EXPRESSION_SUBKIND -> true;
+            default -> false;
+        };
+    }
+
+    // ValueControl runs snippets as JShell's local engine does, and keeps the object the last one
+    // produced (the engine itself keeps only JShell's rendering of it, quotes and all). Snippets
+    // run on the engine's thread, which JShell.stop() stops; so does the value's toString().
+    static final class ValueControl extends LocalExecutionControl {
+        private static final Method RELAY;
+        private static final Method SHOW;
+
+        static {
+            try {
+                RELAY = ValueControl.class.getDeclaredMethod("relay");
+                SHOW = ValueControl.class.getDeclaredMethod("showLast");
+            } catch (NoSuchMethodException e) {
+                throw new ExceptionInInitializerError(e);
+            }
+            // The engine invokes them from jdk.jshell, which cannot see this class otherwise.
+            RELAY.setAccessible(true);
+            SHOW.setAccessible(true);
+        }
+
+        private static volatile Method doit;
+        private static volatile boolean ran;
+        private static volatile Object last;
+        private static volatile String shown;
+
+        void forget() {
+            ran = false;
+            last = null;
+        }
+
+        // hasValue says whether the last snippet run gave a value IJava would show (not null).
+        boolean hasValue() {
+            return ran && last != null;
+        }
+
+        // show renders the last value with String.valueOf, as IJava does.
+        String show() throws Exception {
+            clientCodeEnter();
+            try {
+                super.invoke(SHOW);
+                return shown;
+            } finally {
+                clientCodeLeave();
+            }
+        }
+
+        @Override
+        protected String invoke(Method doitMethod) throws Exception {
+            doit = doitMethod;
+            return super.invoke(RELAY);
+        }
+
+        // relay runs the snippet and hands the engine nothing to render: the engine would call
+        // the value's toString() on the caller's thread, where nothing can stop it.
+        private static Object relay() throws Throwable {
+            try {
+                last = doit.invoke(null);
+                ran = true;
+                return null;
+            } catch (InvocationTargetException e) {
+                throw e.getCause(); // the snippet's own exception, as the engine expects it
+            }
+        }
+
+        private static Object showLast() {
+            shown = String.valueOf(last);
+            return null;
+        }
     }
 
     private static String simple(String className) {
@@ -161,6 +267,8 @@ public class JavaRunner {
     @SuppressWarnings("unchecked")
     private static void setEnv(String spec) throws Exception {
         Map<String, String> env = new java.util.LinkedHashMap<>();
+        // props: the system properties to change, which may differ from env on a restore.
+        Map<String, String> props = new java.util.LinkedHashMap<>();
         Base64.Decoder b64 = Base64.getDecoder();
         boolean save = false;
         for (String l : spec.split("\n")) {
@@ -170,18 +278,27 @@ public class JavaRunner {
             } else if (f.length == 1 && f[0].equals("restore")) {
                 env.putAll(saved);
                 saved.clear();
+                props.putAll(savedProps);
+                savedProps.clear();
             } else if (f.length == 3 && f[0].equals("set")) {
-                env.put(new String(b64.decode(f[1]), StandardCharsets.UTF_8), new String(b64.decode(f[2]), StandardCharsets.UTF_8));
+                String k = new String(b64.decode(f[1]), StandardCharsets.UTF_8);
+                String v = new String(b64.decode(f[2]), StandardCharsets.UTF_8);
+                env.put(k, v);
+                props.put(k, v);
             } else if (f.length == 2 && f[0].equals("unset")) {
-                env.put(new String(b64.decode(f[1]), StandardCharsets.UTF_8), null);
+                String k = new String(b64.decode(f[1]), StandardCharsets.UTF_8);
+                env.put(k, null);
+                props.put(k, null);
             } else if (!l.isBlank()) {
                 throw new IllegalArgumentException("bad //vmon-env line: " + l);
             }
         }
         if (save) {
             saved.clear();
+            savedProps.clear();
             for (String k : env.keySet()) {
                 saved.put(k, System.getenv(k));
+                savedProps.put(k, System.getProperty(k));
             }
         }
         Map<String, String> view = System.getenv();
@@ -206,6 +323,13 @@ public class JavaRunner {
             } else {
                 getenv.put(e.getKey(), e.getValue());
                 children.put(k, valueOfValue.invoke(null, e.getValue()));
+            }
+        }
+        for (Map.Entry<String, String> e : props.entrySet()) {
+            if (e.getValue() == null) {
+                System.clearProperty(e.getKey());
+            } else {
+                System.setProperty(e.getKey(), e.getValue());
             }
         }
     }

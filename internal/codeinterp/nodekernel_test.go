@@ -257,9 +257,10 @@ func executeOK(t *testing.T, ts *httptest.Server, lang, code string, extra ...ma
 	return lines
 }
 
-// TestJava: JShell state across cells, both streams, the last expression's value, an exception
-// with its name and trace, a compile error, envs for one execution, an interrupted loop that
-// leaves the context, and Options.StartTimeout-sized startup.
+// TestJava: JShell state across cells, both streams, the last expression's value as IJava shows
+// it, an exception with its name and trace, a compile error, envs for one execution (in the
+// environment and as system properties, as E2B sets them), an interrupted loop that leaves the
+// context, and Options.StartTimeout-sized startup.
 func TestJava(t *testing.T) {
 	java, err := exec.LookPath("java")
 	if err != nil {
@@ -279,10 +280,30 @@ func TestJava(t *testing.T) {
 	if strings.Join(order, " ") != "stdout stderr result number_of_executions end_of_execution" || mainText(lines) != "42" || lines[0]["text"] != "a\n" {
 		t.Fatalf("stream %v", lines)
 	}
-	if m := mainText(jv("greet(\"java\")")); m != `"hi java"` {
+	if m := mainText(jv("greet(\"java\")")); m != "hi java" {
 		t.Fatalf("method from an earlier cell: %q", m)
 	}
-	errs := ofType(jv("int[] a = new int[1];\na[3]"), "error")
+	// As IJava: String.valueOf of the last expression; none for null, an assignment or a
+	// declaration; only the last snippet's counts.
+	for code, want := range map[string]string{
+		"'c'": "c", "\"a\\\\b\\n\"": "a\\b\n", "new int[0].length": "0", "java.util.List.of(\"p\", \"q\")": "[p, q]",
+		"x": "41", "x + 1; 7": "7",
+	} {
+		if m := mainText(jv(code)); m != want {
+			t.Errorf("value of %s: %q, want %q", code, m, want)
+		}
+	}
+	for _, code := range []string{"(String) null", "int z = 3;", "x = 41", "x + 1; int w = 0;", "System.out.print(\"\")"} {
+		if r := ofType(jv(code), "result"); len(r) != 0 {
+			t.Errorf("%s has a value: %v", code, r)
+		}
+	}
+	// A toString that throws is the cell's error.
+	errs := ofType(jv("new Object() { public String toString() { throw new IllegalStateException(\"no show\"); } }"), "error")
+	if len(errs) != 1 || errs[0]["name"] != "IllegalStateException" || errs[0]["value"] != "no show" {
+		t.Fatalf("a toString that throws: %v", errs)
+	}
+	errs = ofType(jv("int[] a = new int[1];\na[3]"), "error")
 	if len(errs) != 1 || errs[0]["name"] != "ArrayIndexOutOfBoundsException" || !strings.Contains(errs[0]["traceback"].(string), "ArrayIndexOutOfBoundsException") {
 		t.Fatalf("exception %v", errs)
 	}
@@ -290,16 +311,28 @@ func TestJava(t *testing.T) {
 	if len(errs) != 1 || errs[0]["name"] != "CompilationException" || !strings.Contains(errs[0]["value"].(string), "incompatible types") {
 		t.Fatalf("compile error %v", errs)
 	}
-	if m := mainText(jv("System.getenv(\"VMON_JAVA\")", map[string]any{"env_vars": map[string]string{"VMON_JAVA": "on"}})); m != `"on"` {
+	if errs := ofType(jv("for (int i = 0; i < 3; i++) {"), "error"); len(errs) != 1 || errs[0]["name"] != "IncompleteSourceException" {
+		t.Fatalf("incomplete input %v", errs)
+	}
+	jv(`System.setProperty("VMON_PROP", "mine");`)
+	probe := `System.getenv("VMON_JAVA") + " " + System.getProperty("VMON_JAVA") + " " + System.getProperty("VMON_PROP")`
+	if m := mainText(jv(probe, map[string]any{"env_vars": map[string]string{"VMON_JAVA": "on", "VMON_PROP": "exec"}})); m != "on on exec" {
 		t.Fatalf("env var %q", m)
 	}
-	if m := mainText(jv("String.valueOf(System.getenv(\"VMON_JAVA\"))")); m != `"null"` {
-		t.Fatalf("env var leaked: %q", m)
+	if m := mainText(jv(probe)); m != "null null mine" {
+		t.Fatalf("after the execution's env vars: %q", m)
 	}
 	tctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	execute(t, tctx, ts, map[string]any{"code": "while (true) { x = x; }", "language": "java"})
 	cancel()
 	if m := mainText(jv("x")); m != "41" {
 		t.Fatalf("after interrupting a loop: x = %q", m)
+	}
+	// The value's toString runs where an interrupt stops it too.
+	tctx, cancel = context.WithTimeout(ctx, 2*time.Second)
+	execute(t, tctx, ts, map[string]any{"code": "new Object() { public String toString() { while (true) { x = x; } } }", "language": "java"})
+	cancel()
+	if m := mainText(jv("x")); m != "41" {
+		t.Fatalf("after interrupting a toString: x = %q", m)
 	}
 }
