@@ -233,6 +233,7 @@ func (g guestLog) GuestCursor(id string) (string, uint64) {
 
 func (g guestLog) GuestEvents(id, boot string, last uint64, evs []agentproto.GuestEvent) {
 	now := time.Now()
+	es := make([]sandboxlog.Entry, 0, len(evs))
 	for _, e := range evs {
 		level, err := sandboxlog.ParseLevel(e.Level)
 		if err != nil {
@@ -242,8 +243,9 @@ func (g guestLog) GuestEvents(id, boot string, last uint64, evs []agentproto.Gue
 		if t.IsZero() || t.After(now) {
 			t = now
 		}
-		g.logs.Append(id, sandboxlog.Entry{Time: t, Level: level, Logger: e.Logger, Message: e.Message, Fields: e.Fields})
+		es = append(es, sandboxlog.Entry{Time: t, Level: level, Logger: e.Logger, Message: e.Message, Fields: e.Fields})
 	}
+	g.logs.AppendAll(id, es)
 	if err := g.logs.SetCursor(id, boot+" "+strconv.FormatUint(last, 10)); err != nil {
 		// The entries are kept; a restarted vmon may add the last ones again.
 		slog.Default().Warn("keep the place in a sandbox's guest events", "sandbox", id, "err", err)

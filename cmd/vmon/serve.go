@@ -47,6 +47,7 @@ import (
 	"github.com/vibemon/vmon/internal/rootfs"
 	"github.com/vibemon/vmon/internal/runtime"
 	"github.com/vibemon/vmon/internal/runtime/gvisor"
+	"github.com/vibemon/vmon/internal/sandboxlog"
 	"github.com/vibemon/vmon/internal/secrets"
 	"github.com/vibemon/vmon/internal/store"
 	"github.com/vibemon/vmon/internal/template"
@@ -146,12 +147,13 @@ func serve(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	sandboxLogs, err := openSandboxLogs(ctx, c, st, log.With("component", "sandboxlog"))
-	if err != nil {
-		return err
+	var sandboxLogs *sandboxlog.Store
+	if c.SandboxLogs {
+		if sandboxLogs, err = openSandboxLogs(ctx, c, st, log.With("component", "sandboxlog")); err != nil {
+			return err
+		}
 	}
 	nopts := node.Options{
-		GuestLog: guestLog{logs: sandboxLogs},
 		// Mount, not Path: a sandbox must bind the volume's filesystem, never the directory
 		// under it (after a reboot the filesystem is not mounted yet).
 		VolumePath:       vols.Mount,
@@ -183,6 +185,9 @@ func serve(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 		// Without networking, sandboxes get loopback-only namespaces (creates are refused anyway).
 		nopts.NetNS = netnsAdapter{}
 	}
+	if sandboxLogs != nil {
+		nopts.GuestLog = guestLog{logs: sandboxLogs}
+	}
 	n, err := node.New(nopts)
 	if err != nil {
 		return err
@@ -201,14 +206,14 @@ func serve(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if network != nil {
+	if network != nil && sandboxLogs != nil {
 		logRefusals(ctx, network.hub, sandboxLogs)
 	}
 	maxSandboxes := c.MaxSandboxes
 	if maxSandboxes == 0 {
 		maxSandboxes = capacityFromMemory()
 	}
-	d, err := driver.New(driver.Options{
+	dopts := driver.Options{
 		Store:           st,
 		Node:            n,
 		Logger:          log.With("component", "driver"),
@@ -219,8 +224,12 @@ func serve(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 		Features:        n.Features(),
 		Volumes:         vols,
 		Secrets:         sealer,
-		Logs:            sandboxLogs,
-	})
+	}
+	if sandboxLogs != nil {
+		// Set only when on: a nil *sandboxlog.Store in the interface would look like a store.
+		dopts.Logs = sandboxLogs
+	}
+	d, err := driver.New(dopts)
 	if err != nil {
 		return err
 	}
@@ -244,7 +253,9 @@ func serve(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 		return fmt.Errorf("recover sandbox records: %w", err)
 	}
 	// Swept only once the records say which sandboxes still live.
-	go sandboxLogs.Run(ctx, pruneKilled(ctx, st, log))
+	if sandboxLogs != nil {
+		go sandboxLogs.Run(ctx, pruneKilled(ctx, st, log))
+	}
 	orphans, err := d.PausedOrphans(ctx, pausedIDs)
 	if err != nil {
 		return fmt.Errorf("find paused sandboxes no record owns: %w", err)

@@ -3,7 +3,6 @@ package driver
 import (
 	"context"
 	"errors"
-	"fmt"
 	"strconv"
 	"strings"
 	"time"
@@ -79,7 +78,7 @@ func secs(t time.Duration) string { return strconv.FormatInt(int64(t/time.Second
 // log of an ended one was removed after its retention. Unknown sandboxes are NotFound.
 func (d *Driver) Logs(ctx context.Context, id string, q sandboxlog.Query) ([]sandboxlog.Entry, error) {
 	if d.opts.Logs == nil {
-		return nil, fmt.Errorf("sandbox logs on this node are %w", ErrNotImplemented)
+		return nil, logsOff{}
 	}
 	sb, err := d.store.GetSandbox(ctx, id)
 	if errdefs.Is(err, errdefs.KindNotFound) {
@@ -107,3 +106,12 @@ func clipList(l []string) string {
 	}
 	return strings.Join(l, ",")
 }
+
+// logsOff is the answer of a server whose sandbox logs are turned off: a 501 that says so.
+type logsOff struct{}
+
+func (logsOff) Error() string {
+	return "sandbox logs are turned off on this server (vmon serve --sandbox-logs=false)"
+}
+
+func (logsOff) Is(target error) bool { return target == ErrNotImplemented }

@@ -183,6 +183,16 @@ func (s *Store) Append(id string, e Entry) {
 	}
 }
 
+// AppendAll adds es to the sandbox's log in one write where it can (a burst from one source).
+func (s *Store) AppendAll(id string, es []Entry) {
+	if len(es) == 0 {
+		return
+	}
+	if err := s.appendAll(id, es); err != nil {
+		s.opts.Log.Warn("append to sandbox log", "sandbox", id, "err", err)
+	}
+}
+
 // End adds the sandbox's last entry (why it ended) and starts its retention period.
 func (s *Store) End(id string, e Entry) {
 	if err := s.append(id, e, true); err != nil {
@@ -191,6 +201,16 @@ func (s *Store) End(id string, e Entry) {
 }
 
 func (s *Store) append(id string, e Entry, end bool) error {
+	return s.appendEntries(id, []Entry{e}, end)
+}
+
+func (s *Store) appendAll(id string, es []Entry) error {
+	return s.appendEntries(id, es, false)
+}
+
+// appendEntries adds es in order, in one write(2) unless the log rotates among them; end marks
+// the log ended first.
+func (s *Store) appendEntries(id string, es []Entry, end bool) error {
 	if !validID(id) {
 		return fmt.Errorf("invalid sandbox id %q", id)
 	}
@@ -219,42 +239,72 @@ func (s *Store) append(id string, e Entry, end bool) error {
 		// the sandbox left it.
 		return nil
 	}
-	if l.size >= s.opts.MaxBytes/2 {
-		dropped := l.oldCount
-		if err := os.Rename(filepath.Join(dir, currentFile), filepath.Join(dir, oldFile)); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			return err
-		}
-		l.oldCount, l.count, l.size = l.count, 0, 0
-		if dropped > 0 {
-			msg := fmt.Sprintf("%d older entries dropped (the log of a sandbox keeps about %d bytes)", dropped, s.opts.MaxBytes)
-			if err := l.write(dir, Entry{Time: e.Time, Level: LevelWarn, Logger: selfLogger, Message: msg,
-				Fields: map[string]string{"dropped": strconv.Itoa(dropped)}}, s.opts.Now); err != nil {
+	var pending pendingWrite
+	for _, e := range es {
+		if l.size+int64(len(pending.buf)) >= s.opts.MaxBytes/2 {
+			if err := pending.flush(l, dir); err != nil {
 				return err
 			}
+			dropped := l.oldCount
+			if err := os.Rename(filepath.Join(dir, currentFile), filepath.Join(dir, oldFile)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				return err
+			}
+			l.oldCount, l.count, l.size = l.count, 0, 0
+			if dropped > 0 {
+				msg := fmt.Sprintf("%d older entries dropped (the log of a sandbox keeps about %d bytes)", dropped, s.opts.MaxBytes)
+				if err := pending.add(l, Entry{Time: e.Time, Level: LevelWarn, Logger: selfLogger, Message: msg,
+					Fields: map[string]string{"dropped": strconv.Itoa(dropped)}}, s.opts.Now); err != nil {
+					return err
+				}
+			}
+		}
+		if err := pending.add(l, e, s.opts.Now); err != nil {
+			return err
 		}
 	}
-	return l.write(dir, e, s.opts.Now)
+	return pending.flush(l, dir)
 }
 
-// write appends one line to the current segment; the caller holds l.mu.
-func (l *sandboxLog) write(dir string, e Entry, now func() time.Time) error {
+// pendingWrite gathers encoded lines for one write to the current segment; the caller holds l.mu.
+type pendingWrite struct {
+	buf    []byte
+	n      int
+	lastMs int64
+}
+
+func (p *pendingWrite) add(l *sandboxLog, e Entry, now func() time.Time) error {
 	t := e.Time
 	if t.IsZero() {
 		t = now()
 	}
+	last := l.lastMs
+	if p.n > 0 {
+		last = p.lastMs
+	}
 	ms := t.UnixMilli()
-	if ms <= l.lastMs {
-		ms = l.lastMs + 1
+	if ms <= last {
+		ms = last + 1
 	}
 	b, err := encode(ms, e)
 	if err != nil {
 		return err
 	}
+	p.buf = append(p.buf, b...)
+	p.n++
+	p.lastMs = ms
+	return nil
+}
+
+// flush appends what was gathered; the log's counters move only once it is written.
+func (p *pendingWrite) flush(l *sandboxLog, dir string) error {
+	if p.n == 0 {
+		return nil
+	}
 	f, err := os.OpenFile(filepath.Join(dir, currentFile), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
 	if err != nil {
 		return err
 	}
-	_, werr := f.Write(b)
+	_, werr := f.Write(p.buf)
 	cerr := f.Close()
 	if werr != nil {
 		return werr
@@ -262,9 +312,10 @@ func (l *sandboxLog) write(dir string, e Entry, now func() time.Time) error {
 	if cerr != nil {
 		return cerr
 	}
-	l.lastMs = ms
-	l.size += int64(len(b))
-	l.count++
+	l.lastMs = p.lastMs
+	l.size += int64(len(p.buf))
+	l.count += p.n
+	*p = pendingWrite{}
 	return nil
 }
 

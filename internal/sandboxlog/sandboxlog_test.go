@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -65,13 +66,30 @@ func TestAppendQueryRoundTrip(t *testing.T) {
 }
 
 func TestCapDropsOldestAndSaysSo(t *testing.T) {
+	// One by one (the driver's entries) and in bursts (envd's, AppendAll): a burst that crosses
+	// the rotation point is split there.
+	for _, burst := range []int{1, 7} {
+		t.Run(fmt.Sprint("burst-", burst), func(t *testing.T) { testCap(t, burst) })
+	}
+}
+
+func testCap(t *testing.T, burst int) {
 	const maxBytes = 4096
 	s := open(t, Options{MaxBytes: maxBytes})
 	t0 := time.UnixMilli(1_000_000)
 	const n = 500
+	var es []Entry
 	for i := range n {
-		s.Append("sb", Entry{Time: t0.Add(time.Duration(i) * time.Millisecond), Level: LevelInfo, Logger: "testSvc",
+		es = append(es, Entry{Time: t0.Add(time.Duration(i) * time.Millisecond), Level: LevelInfo, Logger: "testSvc",
 			Message: fmt.Sprintf("entry %03d", i)})
+		if len(es) == burst || i == n-1 {
+			if burst == 1 {
+				s.Append("sb", es[0])
+			} else {
+				s.AppendAll("sb", es)
+			}
+			es = nil
+		}
 	}
 	var size int64
 	for _, f := range []string{currentFile, oldFile} {
@@ -327,20 +345,14 @@ func TestQuery100k(t *testing.T) {
 		s.Append("sb", Entry{Time: t0, Level: Level(i % 4), Logger: "processSvc", Message: fmt.Sprint("process ", i, " exited"),
 			Fields: map[string]string{"pid": fmt.Sprint(i)}})
 	}
-	start := time.Now()
 	got, err := s.Query("sb", Query{Search: "process 99999 ", MinLevel: LevelWarn, Backward: true, Limit: 1000})
 	if err != nil {
 		t.Fatal(err)
 	}
-	took := time.Since(start)
+	// How fast: BenchmarkQuery100k.
 	if len(got) != 1 || got[0].Fields["pid"] != "99999" {
 		t.Fatalf("got %q", msgs(got))
 	}
-	// A whole-log scan with filters must stay interactive (generous for a shared CI machine).
-	if took > 2*time.Second {
-		t.Errorf("query over 100,000 entries took %v", took)
-	}
-	t.Logf("query over 100,000 entries: %v", took)
 }
 
 func TestCursorKeptBesideTheLog(t *testing.T) {
@@ -366,5 +378,48 @@ func TestCursorKeptBesideTheLog(t *testing.T) {
 	}
 	if got := s.Cursor("sb"); got != "" {
 		t.Fatalf("cursor outlived its log: %q", got)
+	}
+}
+
+// BenchmarkQuery100k queries a log of 100,000 entries (about 17 MB, under a 64 MiB cap) as the
+// logs API does: a page of 1000 from either end, a level filter and a search over all of it.
+func BenchmarkQuery100k(b *testing.B) {
+	s, err := Open(Options{Dir: b.TempDir(), MaxBytes: 64 << 20})
+	if err != nil {
+		b.Fatal(err)
+	}
+	start := time.Now().Add(-time.Hour)
+	for i := 0; i < 100_000; i++ {
+		level := LevelInfo
+		if i%100 == 0 {
+			level = LevelWarn
+		}
+		s.Append("sb", Entry{Time: start.Add(time.Duration(i) * time.Millisecond), Level: level, Logger: "processSvc",
+			Message: fmt.Sprintf("process %d exited with code 0: echo %d", 1000+i, i),
+			Fields:  map[string]string{"pid": strconv.Itoa(1000 + i), "exitCode": "0", "status": "exit status 0"}})
+	}
+	if es, _ := s.Query("sb", Query{}); len(es) != 100_000 {
+		b.Fatalf("the log holds %d entries, want 100000", len(es))
+	}
+	mid := start.Add(50 * time.Second).UnixMilli()
+	for _, c := range []struct {
+		name string
+		q    Query
+		want int
+	}{
+		{"forward-page", Query{Limit: 1000}, 1000},
+		{"backward-page", Query{Limit: 1000, Backward: true}, 1000},
+		{"cursor-middle-page", Query{Cursor: mid, Limit: 1000}, 1000},
+		{"level-warn-all", Query{MinLevel: LevelWarn}, 1000},
+		{"search-all", Query{Search: "echo 4242"}, 11},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				es, err := s.Query("sb", c.q)
+				if err != nil || len(es) != c.want {
+					b.Fatalf("%d entries, %v; want %d", len(es), err, c.want)
+				}
+			}
+		})
 	}
 }

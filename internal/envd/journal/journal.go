@@ -27,6 +27,12 @@ import (
 // under a MiB even when the start command's output fills it.
 const Capacity = 2048
 
+// Coalesce is how long the stream waits after an event for more before it writes: a command's
+// start and end then go out together, after the command's own reply, and the sandbox's agent
+// channel carries one write where it would carry several (measured: writing each event at once
+// cost commands.run('true') 6 % at the median).
+const Coalesce = 100 * time.Millisecond
+
 // Bounds of one event, so a long command line or output line cannot take the ring.
 const (
 	maxMessage = 1024
@@ -41,9 +47,10 @@ const (
 
 // Journal is safe for concurrent use.
 type Journal struct {
-	boot string
-	now  func() time.Time
-	size int
+	boot     string
+	now      func() time.Time
+	size     int
+	coalesce time.Duration
 
 	mu sync.Mutex
 	// ring holds the events with Seq first..next-1, oldest first. +checklocks:mu
@@ -67,7 +74,7 @@ func New() *Journal {
 func newJournal(size int, now func() time.Time) *Journal {
 	var b [8]byte
 	_, _ = rand.Read(b[:])
-	return &Journal{boot: hex.EncodeToString(b[:]), now: now, size: size, next: 1, wake: make(chan struct{})}
+	return &Journal{boot: hex.EncodeToString(b[:]), now: now, size: size, coalesce: Coalesce, next: 1, wake: make(chan struct{})}
 }
 
 // Boot identifies this envd process's run: Seq values restart with a new one.
@@ -168,6 +175,11 @@ func (j *Journal) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		case <-r.Context().Done():
 			return
 		case <-wake:
+		}
+		select {
+		case <-r.Context().Done():
+			return
+		case <-time.After(j.coalesce):
 		}
 	}
 }

@@ -168,7 +168,19 @@ describe('hostile guest', () => {
     }
     // /proc lists host processes (thread groups); a sandbox's tasks are at most HOST_TASKS.
     assert.ok(hostPeak - hostBefore <= HOST_TASKS, `host processes grew by ${hostPeak - hostBefore}`);
-    await aliveOrReportedDead(sbx, rid, /oom|task-limit/);
+    if ((await aliveOrReportedDead(sbx, rid, /oom|task-limit/)) === 'alive') {
+      // envd told the sandbox's log about both limits: the user's RLIMIT_NPROC, then the guest's.
+      let logs = [];
+      await waitFor(async () => {
+        logs = (await apiFetch(srv, `/v2/sandboxes/${sbx.sandboxId}/logs?search=task%20limit`)).json?.logs ?? [];
+        return ['user-task-limit', 'task-limit'].every((r) => logs.some((l) => l.fields.reason === r));
+      }, { timeoutMs: 20_000, what: () => `both task limits in the log: ${JSON.stringify(logs)}` });
+      const user = logs.find((l) => l.fields.reason === 'user-task-limit');
+      assert.equal(user.level, 'warn');
+      assert.equal(user.fields.user, 'user');
+      assert.equal(user.fields.limit, String(NPROC));
+      assert.equal(logs.find((l) => l.fields.reason === 'task-limit').fields.limit, String(GUEST_TASKS));
+    }
     await nodeAndBystanderFine();
   });
 

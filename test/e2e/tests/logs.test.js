@@ -344,5 +344,24 @@ describe('sandbox logs', () => {
     const msgs = (await v2(sbx.sandboxId)).map((l) => l.message);
     assert.deepEqual(msgs.slice(0, 2), ['sandbox created from template base', 'sandbox paused with its memory']);
     assert.match(msgs[2], /^sandbox resumed on node /);
+
+    // envd's entries across a pause and a restart of vmon with the sandbox running: each once.
+    const back = await Sandbox.connect(sbx.sandboxId, srv.sdkOpts);
+    await back.commands.run('echo before-pause');
+    assert.equal(await back.pause(), true);
+    const again = await Sandbox.connect(sbx.sandboxId, srv.sdkOpts);
+    await again.commands.run('echo after-resume');
+    await srv.restart();
+    const last = await Sandbox.connect(sbx.sandboxId, srv.sdkOpts);
+    await last.commands.run('echo after-restart');
+    let logs = [];
+    await waitFor(async () => {
+      logs = await v2(sbx.sandboxId, '?search=exited%20with%20code%200');
+      return logs.some((l) => l.message.endsWith('echo after-restart'));
+    }, { timeoutMs: 15_000, what: () => `the last command's exit: ${JSON.stringify(logs)}` });
+    for (const cmd of ['echo before-pause', 'echo after-resume', 'echo after-restart']) {
+      const n = (await v2(sbx.sandboxId)).filter((l) => l.message.endsWith(`started: ${cmd}`)).length;
+      assert.equal(n, 1, `"${cmd}" started ${n} times in the log`);
+    }
   });
 });
