@@ -78,7 +78,7 @@ func ensureCodeInterpreter(ctx context.Context, svc *templates.Service, st *stor
 	rootfs, err := template.Load(dataDir, template.CodeInterpreterRootfsID)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "vmon: @e2b/code-interpreter needs the %s template; build it with `vmon template build %s` "+
-			"(a few minutes and about 200 MB of Debian packages the first time)\n", codeInterpreterID, codeInterpreterID)
+			"(a few minutes and about 430 MB of Debian packages the first time)\n", codeInterpreterID, codeInterpreterID)
 		return
 	}
 	if missing := rootfs.MissingPackages(template.CodeInterpreterPackages); len(missing) > 0 {

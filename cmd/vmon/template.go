@@ -42,9 +42,9 @@ func templateCmd() *cobra.Command {
       builds the base template locally from this machine's Debian package sources (cached).
 
   vmon template build code-interpreter-v1 [--force]
-      builds code-interpreter-v1-rootfs the same way (Python with the data stack, R, Node.js and
-      the code-execution service; a few minutes the first time), then has the running vmon serve
-      make code-interpreter-v1 from it (vmon serve also does so when it starts).
+      builds code-interpreter-v1-rootfs the same way (Python with the data stack, R, Node.js, a
+      JDK and the code-execution service; a few minutes the first time), then has the running
+      vmon serve make code-interpreter-v1 from it (vmon serve also does so when it starts).
 
   vmon template build NAME[:TAG] (--from-image REF | --from-template NAME) [--step STEP]...
       builds through the running vmon serve, like the SDK's Template.build. Steps run in order:

@@ -195,6 +195,7 @@ describe('code interpreter', () => {
       typescript: 'console.log(process.env.VMON_SBX, process.env.VMON_OVR, process.env.VMON_ONCE ?? "unset")',
       r: 'cat(Sys.getenv("VMON_SBX"), Sys.getenv("VMON_OVR"), Sys.getenv("VMON_ONCE", unset = "unset"), "\\n")',
       bash: 'echo "$VMON_SBX $VMON_OVR ${VMON_ONCE-unset}"',
+      java: 'System.out.println(System.getenv("VMON_SBX") + " " + System.getenv("VMON_OVR") + " " + java.util.Objects.requireNonNullElse(System.getenv("VMON_ONCE"), "unset"));',
     };
     const out = async (language, code, envs) => {
       const ex = await withEnvs.runCode(code, { language, ...(envs ? { envs } : {}) });
@@ -208,6 +209,11 @@ describe('code interpreter', () => {
       assert.equal(await out(language, code, { VMON_OVR: 'exec', VMON_ONCE: 'once' }), 'sbx-value exec once', `${language}: execution envs`);
       assert.equal(await out(language, code), 'sbx-value sandbox unset', `${language}: after execution envs`);
     }
+    // Java as E2B's service sets them: also system properties, read as a cell's value.
+    const prop = 'System.getProperty("VMON_SBX") + " " + System.getProperty("VMON_OVR") + " " + System.getProperty("VMON_ONCE", "unset")';
+    const javaProp = async (envs) => (await withEnvs.runCode(prop, { language: 'java', ...(envs ? { envs } : {}) })).results[0]?.text;
+    assert.equal(await javaProp({ VMON_OVR: 'exec', VMON_ONCE: 'once' }), 'sbx-value exec once');
+    assert.equal(await javaProp(), 'sbx-value sandbox unset', 'java: system properties after execution envs');
     // R with one variable only.
     assert.equal(await out('r', 'cat(Sys.getenv("VMON_ONCE", unset = "unset"))', { VMON_ONCE: 'r-once' }), 'r-once');
     assert.equal(await out('r', 'cat(Sys.getenv("VMON_ONCE", unset = "unset"))'), 'unset', 'R kept a one-variable execution env');
@@ -291,6 +297,51 @@ describe('code interpreter', () => {
     await sbx.removeCodeContext(ctx);
   });
 
+  // Java as E2B's template runs it (IJava, a JShell kernel): state across cells, output streamed
+  // to the callbacks while the cell runs, the last expression's value as IJava shows it
+  // (String.valueOf: a String without quotes, nothing for null or a declaration), exceptions
+  // with their trace, compile errors.
+  srv.test('java: state, streams, value, exceptions and compile errors', async () => {
+    const ctx = await sbx.createCodeContext({ language: 'java' });
+    assert.equal(ctx.language, 'java');
+    const decl = await sbx.runCode('int x = 41;\nString greet(String n) { return "hi " + n; }\nint boom(int d) { return 10 / d; }', { context: ctx });
+    if (decl.error) assert.fail(`declarations: ${await diag(decl)}`);
+    assert.deepEqual(decl.results, [], 'a declaration has no value');
+
+    const seen = [];
+    const began = Date.now();
+    const out = await sbx.runCode('System.out.println(greet("java"));\nSystem.err.println("e");\nThread.sleep(1500);\nSystem.out.println("late");\nx + 1', {
+      context: ctx,
+      onStdout: (m) => seen.push(['out', m.line, Date.now() - began]),
+      onStderr: (m) => seen.push(['err', m.line, Date.now() - began]),
+    });
+    const took = Date.now() - began;
+    assert.equal(out.error, undefined, JSON.stringify(out.error));
+    assert.deepEqual(seen.map(([s, l]) => [s, l]), [['out', 'hi java\n'], ['err', 'e\n'], ['out', 'late\n']]);
+    assert.ok(seen[1][2] <= took - 1000, `stderr reached the callback ${seen[1][2]} ms in, the cell ended at ${took} ms: not streamed`);
+    assert.deepEqual([out.logs.stdout, out.logs.stderr, out.text], [['hi java\n', 'late\n'], ['e\n'], '42']);
+
+    assert.equal((await sbx.runCode('greet("there")', { context: ctx })).text, 'hi there', 'a String value as IJava shows it');
+    assert.equal((await sbx.runCode('java.util.List.of(\'a\', \'b\')', { context: ctx })).text, '[a, b]');
+    assert.deepEqual((await sbx.runCode('(String) null', { context: ctx })).results, [], 'a null value shows nothing');
+
+    const ex = await sbx.runCode('int r = boom(0);', { context: ctx });
+    assert.equal(ex.error?.name, 'ArithmeticException', JSON.stringify(ex));
+    assert.equal(ex.error.value, '/ by zero');
+    assert.match(ex.error.traceback, /^ArithmeticException: \/ by zero\n\tat boom\(/);
+    const npe = await sbx.runCode('Object o = null;\no.toString()', { context: ctx });
+    assert.equal(npe.error?.name, 'NullPointerException', JSON.stringify(npe));
+    assert.match(npe.error.traceback, /NullPointerException/);
+
+    const bad = await sbx.runCode('int y = "no";', { context: ctx });
+    assert.equal(bad.error?.name, 'CompilationException', JSON.stringify(bad));
+    assert.match(bad.error.value, /incompatible types/);
+    assert.match(bad.error.traceback, /int y = "no";/);
+    assert.equal((await sbx.runCode('x', { context: ctx })).text, '41', 'state survives errors');
+    assert.equal((await sbx.runCode('Runtime.version().feature() >= 17', { language: 'java' })).text, 'true');
+    await sbx.removeCodeContext(ctx);
+  });
+
   srv.test('two executions at once in different contexts', async () => {
     const a = await sbx.createCodeContext();
     const b = await sbx.createCodeContext();
@@ -301,7 +352,7 @@ describe('code interpreter', () => {
     assert.deepEqual(marks.slice(0, 2).map((m) => m.at(-1)), ['+', '+'], `did not overlap: ${marks}`);
   });
 
-  srv.test('languages: python, r, javascript, typescript and bash run; others say so clearly', async () => {
+  srv.test('languages: python, r, javascript, typescript, bash and java run; others say so clearly', async () => {
     // IRkernel shows a value as display data, not as the cell's result: results[0], not text.
     const r = await sbx.runCode('x <- c(1, 2, 3)\nsum(x)', { language: 'r' });
     assert.equal(r.error, undefined, JSON.stringify(r.error));
@@ -325,9 +376,13 @@ describe('code interpreter', () => {
     assert.deepEqual(sh.logs.stderr, ['err\n']);
     assert.equal((await sbx.runCode('false', { language: 'bash' })).error?.name, 'ExitCodeError');
 
+    const java = await sbx.runCode('String s = "from java";\nSystem.out.println(s);\ns.length()', { language: 'java' });
+    assert.equal(java.text, '9', JSON.stringify(java));
+    assert.deepEqual(java.logs.stdout, ['from java\n']);
+
     const cobol = await sbx.runCode('1', { language: 'cobol' });
     assert.equal(cobol.error?.name, 'LanguageNotAvailable', JSON.stringify(cobol));
-    assert.match(cobol.error.value, /"cobol" is not available .*available: bash, javascript, python, r, typescript/);
+    assert.match(cobol.error.value, /"cobol" is not available .*available: bash, java, javascript, python, r, typescript/);
   });
 
   srv.test('a killed kernel is reported and the next call gets a fresh one', async () => {
