@@ -11,7 +11,7 @@ import { describe } from 'node:test';
 import { Sandbox, Template } from 'e2b';
 import path from 'node:path';
 import { spawn } from 'node:child_process';
-import { useServer, runId, killQuietly, apiFetch, runVmon, runChild, waitFor, E2E_DIR } from '../lib/harness.js';
+import { useServer, runId, killQuietly, apiFetch, runVmon, runChild, waitFor, getInfoRecovered, E2E_DIR } from '../lib/harness.js';
 
 describe('sandbox logs', () => {
   // A small disk, so a test can fill it.
@@ -352,6 +352,7 @@ describe('sandbox logs', () => {
     const again = await Sandbox.connect(sbx.sandboxId, srv.sdkOpts);
     await again.commands.run('echo after-resume');
     await srv.restart();
+    await getInfoRecovered(sbx.sandboxId, srv.sdkOpts);
     const last = await Sandbox.connect(sbx.sandboxId, srv.sdkOpts);
     await last.commands.run('echo after-restart');
     let logs = [];
