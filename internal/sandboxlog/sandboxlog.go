@@ -76,7 +76,8 @@ type Entry struct {
 const (
 	DefaultMaxBytes  = 1 << 20
 	DefaultRetention = 24 * time.Hour
-	// SweepEvery is how often Run removes logs past their retention.
+	// SweepEvery is how often Run removes logs past their retention, or a quarter of the
+	// retention when that is shorter, so nothing outlives it by much.
 	SweepEvery = time.Hour
 	// maxMessage and maxField bound one entry, so one entry cannot take a segment.
 	maxMessage = 4096
@@ -642,8 +643,9 @@ func (s *Store) expired(id string, cutoff time.Time) bool {
 	return newest.Before(cutoff)
 }
 
-// Run sweeps at once and then every SweepEvery until ctx ends; after each sweep, also calls
-// (when set) with the cutoff: what ended before it is past its retention.
+// Run sweeps at once and then every SweepEvery (or a quarter of the retention, if shorter) until
+// ctx ends; after each sweep, also is called (when set) with the cutoff: what ended before it is
+// past its retention.
 func (s *Store) Run(ctx context.Context, also func(cutoff time.Time)) {
 	sweep := func() {
 		cutoff := s.opts.Now().Add(-s.opts.Retention)
@@ -659,7 +661,7 @@ func (s *Store) Run(ctx context.Context, also func(cutoff time.Time)) {
 		}
 	}
 	sweep()
-	t := time.NewTicker(SweepEvery)
+	t := time.NewTicker(min(SweepEvery, max(s.opts.Retention/4, time.Second)))
 	defer t.Stop()
 	for {
 		select {

@@ -365,4 +365,40 @@ describe('sandbox logs', () => {
       assert.equal(n, 1, `"${cmd}" started ${n} times in the log`);
     }
   });
+
+  srv.test('the cap drops the oldest entries and says so; an ended sandbox\'s log and record go after the retention', async () => {
+    srv.extraArgs = [...srv.extraArgs, '--sandbox-log-max-bytes', '16384', '--sandbox-log-retention', '1m'];
+    await srv.restart();
+    const sbx = await Sandbox.create({ ...srv.sdkOpts, metadata: { run: RUN } });
+    created.push(sbx);
+    // Each command adds two entries of about 250 bytes: 80 of them pass the 16 KiB cap.
+    for (let i = 0; i < 80; i++) await sbx.commands.run(`echo entry-${i}`);
+    let logs = [];
+    await waitFor(async () => {
+      logs = await v2(sbx.sandboxId);
+      return logs.some((l) => l.message.endsWith('echo entry-79'));
+    }, { timeoutMs: 15_000, what: 'the last command in the log' });
+    const bytes = logs.reduce((n, l) => n + JSON.stringify(l).length, 0);
+    assert.ok(bytes < 2 * 16384, `the log holds ${bytes} bytes of entries under a 16 KiB cap`);
+    assert.notEqual(logs[0].message, 'sandbox created from template base', 'the oldest entry is still there');
+    const drop = logs.find((l) => /older entries dropped/.test(l.message));
+    assert.ok(drop, `no entry says what was dropped: ${logs.map((l) => l.message).join('\n')}`);
+    assert.equal(drop.level, 'warn');
+    assert.ok(Number(drop.fields.dropped) > 0, JSON.stringify(drop));
+    // Every command still in the log is there once, in order.
+    const kept = logs.map((l) => /started: echo entry-(\d+)$/.exec(l.message)?.[1]).filter(Boolean).map(Number);
+    kept.forEach((n, i) => i > 0 && assert.equal(n, kept[i - 1] + 1, `commands in order: ${kept}`));
+    assert.equal(kept.at(-1), 79);
+
+    // Ended: served for the retention (1 min here), then gone with the sandbox's record.
+    const ended = sbx.sandboxId;
+    await sbx.kill();
+    assert.match((await v2(ended)).at(-1).message, /killed by request/);
+    const listed = async () => (await runVmon(['sandbox', 'ls', '--all', '--limit', '0', '--data-dir', srv.dataDir])).stdout.includes(ended);
+    assert.equal(await listed(), true, 'the killed record is kept during the retention');
+    await waitFor(async () => (await apiFetch(srv, `/v2/sandboxes/${ended}/logs`)).status === 404, {
+      timeoutMs: 120_000, intervalMs: 2_000, what: 'the log to go after its retention',
+    });
+    await waitFor(async () => !(await listed()), { timeoutMs: 30_000, intervalMs: 1_000, what: 'the record to go with its log' });
+  });
 });
