@@ -1,7 +1,9 @@
 // Package sandboxlog owns each sandbox's log on the node's data dir: what happened to a sandbox
-// (created, paused, resumed, forked, ended and why, egress refusals) as JSON lines in
+// (created, paused, resumed, forked, ended and why, egress refusals, and what envd reported from
+// inside: processes, the start command's output, limits reached) as JSON lines in
 // <data>/sandbox-logs/<id>/, served by the logs API after the sandbox ended until a retention
-// period has passed.
+// period has passed. Beside each log it keeps a cursor for whoever feeds it from a stream (the
+// node's place in envd's events). It never decides what is logged, nor removes sandbox records.
 //
 // A log is two segments, current.jsonl and old.jsonl: once the current one passes half the size
 // cap it becomes the old one and the previous old one goes, so a log never takes much more than
