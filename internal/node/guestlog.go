@@ -6,9 +6,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/vibemon/vmon/internal/agentproto"
@@ -101,19 +104,27 @@ func (n *Node) followOnce(ctx context.Context, sb *sandbox) (read bool, err erro
 		return false, fmt.Errorf("envd events: %s", resp.Status)
 	}
 	boot = resp.Header.Get(agentproto.BootHeader)
-	dec := json.NewDecoder(bufio.NewReader(resp.Body))
+	if !validBoot(boot) {
+		return false, fmt.Errorf("envd events: invalid boot id %q", clipTo(boot, 80))
+	}
+	// The stream comes from inside the sandbox, where root can replace envd: every line is
+	// bounded, every event checked, and the rate is capped (guestGate).
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 0, 4096), maxEventLine)
+	gate := newGuestGate(time.Now())
 	lines := make(chan agentproto.GuestEvent, followBatch)
 	decErr := make(chan error, 1)
 	go func() {
 		defer close(lines)
-		for {
+		for sc.Scan() {
 			var ev agentproto.GuestEvent
-			if err := dec.Decode(&ev); err != nil {
-				decErr <- err
+			if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
+				decErr <- fmt.Errorf("envd events: %w", err)
 				return
 			}
 			lines <- ev
 		}
+		decErr <- sc.Err()
 	}()
 	// Events come in bursts (a process's start, then its end): what is already decoded goes in
 	// one call, so the cursor is written once per burst.
@@ -133,12 +144,109 @@ func (n *Node) followOnce(ctx context.Context, sb *sandbox) (read bool, err erro
 		}
 		var mine []agentproto.GuestEvent
 		for _, e := range batch {
-			if e.Sandbox == sb.id {
-				mine = append(mine, e)
+			if e.Sandbox == sb.id && gate.admit(time.Now()) {
+				mine = append(mine, sanitize(e))
 			}
+		}
+		if note, ok := gate.report(time.Now()); ok {
+			mine = append(mine, note)
 		}
 		n.opts.GuestLog.GuestEvents(sb.id, boot, batch[len(batch)-1].Seq, mine)
 		read = true
 	}
-	return read, <-decErr
+	err = <-decErr
+	if err == nil {
+		err = errors.New("envd events: the stream ended")
+	}
+	return read, err
+}
+
+// Bounds on what a guest can put in its sandbox's log through the events stream. envd's own
+// events are far inside them (a message of at most 1 KiB, a handful of fields of at most 1 KiB).
+const (
+	maxEventLine   = 32 << 10
+	maxEventFields = 16
+	maxFieldKey    = 64
+	maxLoggerName  = 32
+	// guestRate and guestBurst cap the events a sandbox logs per second; envd's start command
+	// output alone stays under 20 a second.
+	guestRate  = 200
+	guestBurst = 1000
+)
+
+func validBoot(b string) bool {
+	if b == "" || len(b) > 64 {
+		return false
+	}
+	for _, c := range b {
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z') {
+			return false
+		}
+	}
+	return true
+}
+
+// sanitize keeps an event within the bounds above: the logger is a short name ending in Svc (else
+// guestSvc), at most maxEventFields fields with short keys. Message and field values are clipped
+// by the log itself.
+func sanitize(e agentproto.GuestEvent) agentproto.GuestEvent {
+	if len(e.Logger) > maxLoggerName || !strings.HasSuffix(e.Logger, "Svc") {
+		e.Logger = "guestSvc"
+	}
+	if len(e.Fields) > maxEventFields {
+		keys := slices.Sorted(maps.Keys(e.Fields))[:maxEventFields]
+		kept := make(map[string]string, len(keys))
+		for _, k := range keys {
+			kept[k] = e.Fields[k]
+		}
+		e.Fields = kept
+	}
+	for k := range e.Fields {
+		if len(k) > maxFieldKey {
+			delete(e.Fields, k)
+		}
+	}
+	return e
+}
+
+// guestGate is a token bucket over one stream's events, and counts what it refused.
+type guestGate struct {
+	tokens   float64
+	last     time.Time
+	dropped  int
+	reported time.Time
+}
+
+func newGuestGate(now time.Time) *guestGate {
+	return &guestGate{tokens: guestBurst, last: now}
+}
+
+func (g *guestGate) admit(now time.Time) bool {
+	g.tokens = min(guestBurst, g.tokens+now.Sub(g.last).Seconds()*guestRate)
+	g.last = now
+	if g.tokens < 1 {
+		g.dropped++
+		return false
+	}
+	g.tokens--
+	return true
+}
+
+// report returns, at most once a second, an entry counting the events refused since the last.
+func (g *guestGate) report(now time.Time) (agentproto.GuestEvent, bool) {
+	if g.dropped == 0 || now.Sub(g.reported) < time.Second {
+		return agentproto.GuestEvent{}, false
+	}
+	n := g.dropped
+	g.dropped, g.reported = 0, now
+	return agentproto.GuestEvent{Time: now, Level: "warn", Logger: "logsSvc",
+		Message: fmt.Sprintf("%d events from inside the sandbox were not logged (more than %d a second)", n, guestRate),
+		Fields:  map[string]string{"dropped": strconv.Itoa(n)}}, true
+}
+
+func clipTo(s string, n int) string {
+	if len(s) > n {
+		return s[:n]
+	}
+	return s
 }
