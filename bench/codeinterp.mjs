@@ -1,11 +1,14 @@
 // The code interpreter (issue 13, "Benchmark"), through @e2b/code-interpreter (pinned in
 // test/e2e) against one vmon serve:
 //
-//   node bench/codeinterp.mjs --creates N --runs N --plots N --mem N --out F
+//   node bench/codeinterp.mjs --creates N --runs N --plots N --mem N --envs N --langs a,b --out F
 //   node bench/codeinterp.mjs report DIR        prints the figures (Markdown)
 //
-//   1. Sandbox.create() → the result of the first runCode('1+1'), then kill, N times;
-//   2. runCode('1+1') on one live sandbox, N times (after one unmeasured run);
+//   1. per language: Sandbox.create() → the result of the first runCode in that language (a cell
+//      worth 2), then kill, N times after one unmeasured round; each round also creates a
+//      sandbox with --envs environment variables, so the first runCode of each (the one that
+//      gives a kernel the sandbox's envs) is timed with and without them;
+//   2. per language: runCode of that cell on one live sandbox, N times (after one unmeasured run);
 //   3. a matplotlib plot round trip (plot, show, the png back), N times on one sandbox;
 //   4. idle memory: N sandboxes, each after one runCode, 10 s settled: their memory cgroups.
 import fs from 'node:fs';
@@ -21,13 +24,21 @@ if (args._[0] === 'report') {
   const meta = JSON.parse(fs.readFileSync(path.join(dir, 'meta.json'), 'utf8'));
   const r = JSON.parse(fs.readFileSync(path.join(dir, 'codeinterp.json'), 'utf8'));
   const ms = (v) => `${v.toFixed(0)} ms`;
+  const pair = (st) => `${ms(st.p50)} / ${ms(st.p95)}`;
   console.log(`vmon code-interpreter benchmark — ${meta.startedAt}, vmon ${meta.git}${meta.gitDirty ? '+dirty' : ''}, ` +
     `kernel ${meta.kernel}, ${meta.cpus} CPUs; @e2b/code-interpreter ${r.sdkVersion}\n`);
-  console.log('| step | n | p50 | p95 |');
-  console.log('|---|---|---|---|');
-  console.log(`| \`Sandbox.create()\` → first \`runCode('1+1')\` result | ${r.create.n} | ${ms(r.create.p50)} | ${ms(r.create.p95)} |`);
-  console.log(`| \`runCode('1+1')\` on a live sandbox | ${r.run.n} | ${ms(r.run.p50)} | ${ms(r.run.p95)} |`);
-  console.log(`| matplotlib plot round trip (png back) | ${r.plot.n} | ${ms(r.plot.p50)} | ${ms(r.plot.p95)} |`);
+  console.log('| language | cell | n | `Sandbox.create()` → first `runCode` result, p50 / p95 | n | `runCode` on a live sandbox, p50 / p95 |');
+  console.log('|---|---|---|---|---|---|');
+  for (const [lang, l] of Object.entries(r.languages)) {
+    console.log(`| ${lang} | \`${l.cell}\` | ${l.create.n} | ${pair(l.create)} | ${l.run.n} | ${pair(l.run)} |`);
+  }
+  console.log(`\nmatplotlib plot round trip (png back), n ${r.plot.n}: ${pair(r.plot)}.`);
+  console.log(`\nThe first \`runCode\` of a fresh sandbox (it gives the kernel the sandbox's envs), without envs and with ${r.envCount}:\n`);
+  console.log('| language | n | no envs, p50 / p95 | with envs, p50 / p95 | difference of the p50s |');
+  console.log('|---|---|---|---|---|');
+  for (const [lang, l] of Object.entries(r.languages)) {
+    console.log(`| ${lang} | ${l.firstRun.n} | ${pair(l.firstRun)} | ${pair(l.firstRunEnvs)} | ${(l.firstRunEnvs.p50 - l.firstRun.p50).toFixed(0)} ms |`);
+  }
   console.log(`\nIdle code-interpreter sandbox (after one runCode, 10 s settled), mean of ${r.memory.n}: ` +
     `memory cgroup ${(r.memory.usage / MiB).toFixed(0)} MiB (rss ${(r.memory.rss / MiB).toFixed(0)} MiB, ` +
     `page cache ${(r.memory.cache / MiB).toFixed(0)} MiB).`);
@@ -39,6 +50,27 @@ const { Sandbox } = require('@e2b/code-interpreter');
 const sdkVersion = JSON.parse(fs.readFileSync(path.join(E2E_DIR, 'node_modules', '@e2b', 'code-interpreter', 'package.json'), 'utf8')).version;
 const opts = sdkOpts();
 const PLOT = 'import matplotlib.pyplot as plt\nplt.figure()\nplt.plot([1, 2, 3], [3, 1, 2])\nplt.show()';
+
+// A cell worth 2 in each language, how its answer arrives, and code showing one variable.
+const CELLS = {
+  python: { cell: '1+1', got: (e) => e.text, probe: (k) => `import os\nos.environ[${JSON.stringify(k)}]` },
+  javascript: { cell: '1+1', got: (e) => e.text, probe: (k) => `process.env.${k}` },
+  typescript: { cell: '(1 as number) + 1', got: (e) => e.text, probe: (k) => `process.env.${k}` },
+  r: { cell: '1+1', got: (e) => e.results[0]?.text?.replace(/^\[1\] /, ''), probe: (k) => `Sys.getenv(${JSON.stringify(k)})` },
+  bash: { cell: 'echo $((1+1))', got: (e) => e.logs.stdout.join('').trim(), probe: (k) => `echo "$${k}"` },
+  java: { cell: '1+1', got: (e) => e.text, probe: (k) => `System.getenv(${JSON.stringify(k)})` },
+};
+const langs = String(args.langs ?? Object.keys(CELLS).join(',')).split(',');
+for (const l of langs) if (!CELLS[l]) throw new Error(`no cell for language ${l}`);
+
+// What Sandbox.create({ envs }) passes: names and values about as long as a real agent's.
+const ENVS = Object.fromEntries(Array.from({ length: Number(args.envs ?? 20) }, (_, i) =>
+  [`VMON_BENCH_ENV_${String(i).padStart(2, '0')}`, `value-${i}-${'x'.repeat(24)}`]));
+
+async function runChecked(sbx, lang, code = CELLS[lang].cell) {
+  const exec = await sbx.runCode(code, { language: lang });
+  if (exec.error || CELLS[lang].got(exec) !== '2') throw new Error(`${lang}: ${code} gave ${JSON.stringify(exec)}`);
+}
 
 async function waitTemplate() {
   for (let i = 0; i < 600; i++) {
@@ -63,31 +95,53 @@ const mean = (xs) => xs.reduce((a, b) => a + b, 0) / xs.length;
 await waitTemplate();
 const out = { sdkVersion };
 
-const creates = [];
-for (let i = 0; i <= Number(args.creates ?? 15); i++) {
-  const t0 = now();
-  const sbx = await Sandbox.create({ ...opts, timeoutMs: 600_000 });
-  const exec = await sbx.runCode('1+1');
-  const dt = now() - t0;
-  await sbx.kill();
-  if (exec.text !== '2') throw new Error(`runCode('1+1') gave ${JSON.stringify(exec)}`);
-  if (i > 0) creates.push(dt); // the first is a warm-up
-  log(`create → first result ${i}: ${dt.toFixed(0)} ms`);
+out.envCount = Object.keys(ENVS).length;
+out.languages = {};
+for (const lang of langs) {
+  const creates = [];
+  const first = [];
+  const firstEnvs = [];
+  for (let i = 0; i <= Number(args.creates ?? 15); i++) {
+    for (const withEnvs of [false, true]) {
+      const t0 = now();
+      const sbx = await Sandbox.create({ ...opts, timeoutMs: 600_000, ...(withEnvs ? { envs: ENVS } : {}) });
+      const t1 = now();
+      try {
+        await runChecked(sbx, lang);
+        const t2 = now();
+        if (i === 0 && withEnvs) {
+          // Once: the envs did reach the kernel.
+          const k = Object.keys(ENVS).at(-1);
+          const probe = await sbx.runCode(CELLS[lang].probe(k), { language: lang });
+          if (!JSON.stringify(probe).includes(ENVS[k])) throw new Error(`${lang}: ${k} did not reach the kernel: ${JSON.stringify(probe)}`);
+        }
+        if (i === 0) continue; // the first round is a warm-up
+        (withEnvs ? firstEnvs : first).push(t2 - t1);
+        if (!withEnvs) creates.push(t2 - t0);
+      } finally {
+        await sbx.kill().catch(() => {});
+      }
+    }
+  }
+  out.languages[lang] = { cell: CELLS[lang].cell, create: { ...stats(creates), samplesMs: creates },
+    firstRun: { ...stats(first), samplesMs: first }, firstRunEnvs: { ...stats(firstEnvs), samplesMs: firstEnvs } };
+  log(`${lang}: create → first result p50 ${out.languages[lang].create.p50} ms; first runCode p50 ` +
+    `${out.languages[lang].firstRun.p50} ms, with ${out.envCount} envs ${out.languages[lang].firstRunEnvs.p50} ms`);
 }
-out.create = { ...stats(creates), samplesMs: creates };
 
 const sbx = await Sandbox.create({ ...opts, timeoutMs: 600_000 });
 try {
-  await sbx.runCode('1+1');
-  const runs = [];
-  for (let i = 0; i < Number(args.runs ?? 50); i++) {
-    const t0 = now();
-    const exec = await sbx.runCode('1+1');
-    runs.push(now() - t0);
-    if (exec.text !== '2') throw new Error(`runCode('1+1') gave ${JSON.stringify(exec)}`);
+  for (const lang of langs) {
+    await runChecked(sbx, lang);
+    const runs = [];
+    for (let i = 0; i < Number(args.runs ?? 50); i++) {
+      const t0 = now();
+      await runChecked(sbx, lang);
+      runs.push(now() - t0);
+    }
+    out.languages[lang].run = { ...stats(runs), samplesMs: runs };
+    log(`${lang}: runCode p50 ${out.languages[lang].run.p50.toFixed(1)} ms`);
   }
-  out.run = { ...stats(runs), samplesMs: runs };
-  log(`runCode p50 ${out.run.p50.toFixed(1)} ms`);
   await sbx.runCode(PLOT); // imports matplotlib once
   const plots = [];
   for (let i = 0; i < Number(args.plots ?? 15); i++) {
