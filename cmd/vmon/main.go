@@ -32,7 +32,7 @@ func main() {
 			return config.ApplyEnv(cmd.Flags())
 		},
 	}
-	root.AddCommand(serveCmd(), keysCmd(), sandboxCmd(), templateCmd(), doctorCmd(), versionCmd())
+	root.AddCommand(serveCmd(), keysCmd(), sandboxCmd(), nodeCmd(), templateCmd(), doctorCmd(), versionCmd())
 	if err := root.ExecuteContext(ctx); err != nil {
 		fmt.Fprintln(os.Stderr, "vmon:", err)
 		os.Exit(1)

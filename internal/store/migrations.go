@@ -145,4 +145,14 @@ CREATE TABLE secrets (
 );
 CREATE INDEX secrets_created ON secrets(created_at, id);
 `,
+	// 7: join tokens for nodes (internal/join): the secret's hash only.
+	`
+CREATE TABLE join_tokens (
+	id          TEXT PRIMARY KEY,
+	hash        TEXT NOT NULL,
+	created_at  INTEGER NOT NULL,
+	expires_at  INTEGER NOT NULL,
+	uses_left   INTEGER NOT NULL
+);
+`,
 }

@@ -4,9 +4,11 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/base64"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -163,3 +165,31 @@ func writePEM(path, typ string, der []byte, mode os.FileMode) error {
 	}
 	return os.Rename(tmp, path)
 }
+
+// Sign issues a certificate from tmpl for pub, signed by the CA (a serial number is filled in
+// when tmpl has none). It is for certificates of keys the CA never holds: a node's, from the
+// request it made when it joined.
+func (ca *CA) Sign(tmpl *x509.Certificate, pub any) ([]byte, error) {
+	if tmpl.SerialNumber == nil {
+		tmpl.SerialNumber = randomSerial()
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, pub, ca.key)
+	if err != nil {
+		return nil, fmt.Errorf("sign a certificate for %s: %w", tmpl.Subject.CommonName, err)
+	}
+	return der, nil
+}
+
+// Pin names the CA by its public key: "sha256:" and the unpadded base64url SHA-256 of its
+// SubjectPublicKeyInfo, which a joining party compares with the pin it was given before it
+// trusts anything the CA signed.
+func (ca *CA) Pin() string { return PinOf(ca.cert) }
+
+// PinOf is Pin of any certificate.
+func PinOf(cert *x509.Certificate) string {
+	sum := sha256.Sum256(cert.RawSubjectPublicKeyInfo)
+	return "sha256:" + base64.RawURLEncoding.EncodeToString(sum[:])
+}
+
+// Certificate returns the CA's certificate.
+func (ca *CA) Certificate() *x509.Certificate { return ca.cert }

@@ -1,0 +1,357 @@
+// Package join owns how a node becomes part of a cluster: join tokens the driver issues, the
+// handshake in which a node proves a token and gets a certificate for its own key from the
+// driver's cluster CA, and the TLS configurations both ends then use (mutual TLS, only this CA).
+//
+// A token is "vmonjoin.<id>.<secret>.<pin>": the id and a 128-bit secret the driver keeps only as
+// a hash (with an expiry and a number of uses), and the pin of the cluster CA's public key, so the
+// node checks that it talks to the driver that issued the token before it sends the secret. The
+// node's private key never leaves it: it sends a certificate request, and the driver signs a
+// certificate naming the node (client and server use, as the node both calls and serves).
+//
+// It never stores anything itself: tokens go through a TokenStore, keys and certificates are the
+// caller's to keep.
+package join
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/hex"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/vibemon/vmon/internal/errdefs"
+	"github.com/vibemon/vmon/internal/store"
+	"github.com/vibemon/vmon/internal/tlsutil"
+)
+
+// Path is the driver's join endpoint (POST, JSON Request → Response).
+const Path = "/cluster/v1/join"
+
+// Defaults and bounds.
+const (
+	DefaultTTL = 24 * time.Hour
+	MaxTTL     = 30 * 24 * time.Hour
+	// CertValidity is how long a node's certificate lives; a node joins again to renew it.
+	CertValidity = 365 * 24 * time.Hour
+	tokenPrefix  = "vmonjoin"
+	maxBody      = 64 << 10
+)
+
+// nodeOrganization marks the certificates the CA signs for nodes, which never serve a join.
+const nodeOrganization = "vibemon node"
+
+var nameRe = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
+
+// TokenStore keeps tokens (store.Store).
+type TokenStore interface {
+	InsertJoinToken(ctx context.Context, t store.JoinToken) error
+	UseJoinToken(ctx context.Context, id, hash string, now time.Time) (bool, error)
+}
+
+// Token is a parsed join token.
+type Token struct {
+	ID, Secret, Pin string
+}
+
+func (t Token) String() string {
+	return strings.Join([]string{tokenPrefix, t.ID, t.Secret, t.Pin}, ".")
+}
+
+// ParseToken reads a token as `vmon node join-token` prints it.
+func ParseToken(s string) (Token, error) {
+	parts := strings.Split(strings.TrimSpace(s), ".")
+	if len(parts) != 4 || parts[0] != tokenPrefix || len(parts[1]) != 8 || len(parts[2]) != 32 || !strings.HasPrefix(parts[3], "sha256:") {
+		return Token{}, errdefs.InvalidArgument("not a join token (want %s.<id>.<secret>.sha256:<pin>, as `vmon node join-token` prints)", tokenPrefix)
+	}
+	if _, err := hex.DecodeString(parts[1] + parts[2]); err != nil {
+		return Token{}, errdefs.InvalidArgument("not a join token: id and secret are hex")
+	}
+	return Token{ID: parts[1], Secret: parts[2], Pin: parts[3]}, nil
+}
+
+func hashSecret(secret string) string {
+	sum := sha256.Sum256([]byte(secret))
+	return hex.EncodeToString(sum[:])
+}
+
+// Authority is the driver's side: it issues tokens and signs joining nodes' certificates.
+type Authority struct {
+	CA     *tlsutil.CA
+	Tokens TokenStore
+	// Now defaults to time.Now (tests).
+	Now func() time.Time
+}
+
+func (a *Authority) now() time.Time {
+	if a.Now != nil {
+		return a.Now()
+	}
+	return time.Now()
+}
+
+// IssueToken makes a token good for uses joins within ttl.
+func (a *Authority) IssueToken(ctx context.Context, ttl time.Duration, uses int) (Token, error) {
+	if ttl <= 0 || ttl > MaxTTL {
+		return Token{}, errdefs.InvalidArgument("a join token lives between 1s and %s", MaxTTL)
+	}
+	if uses < 1 || uses > 10000 {
+		return Token{}, errdefs.InvalidArgument("a join token is good for 1 to 10000 joins")
+	}
+	var b [20]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return Token{}, err
+	}
+	t := Token{ID: hex.EncodeToString(b[:4]), Secret: hex.EncodeToString(b[4:]), Pin: a.CA.Pin()}
+	now := a.now()
+	if err := a.Tokens.InsertJoinToken(ctx, store.JoinToken{ID: t.ID, Hash: hashSecret(t.Secret), CreatedAt: now,
+		ExpiresAt: now.Add(ttl), UsesLeft: uses}); err != nil {
+		return Token{}, err
+	}
+	return t, nil
+}
+
+// Request is what a joining node sends.
+type Request struct {
+	TokenID string `json:"tokenId"`
+	Secret  string `json:"secret"`
+	// Name is the node's name, which its certificate carries.
+	Name string `json:"name"`
+	// CSR is a PEM certificate request for the node's key, for Name.
+	CSR string `json:"csr"`
+}
+
+// Response is what the driver answers: the node's certificate and the cluster CA (PEM).
+type Response struct {
+	Certificate string `json:"certificate"`
+	CA          string `json:"ca"`
+}
+
+// errRefused is the one answer for a token that is unknown, wrong, expired or used up: which of
+// those it was would tell a guesser too much.
+var errRefused = errdefs.Unauthorized("the join token is invalid, expired or used up")
+
+// Join checks req's token, spends one of its uses and signs the node's certificate.
+func (a *Authority) Join(ctx context.Context, req Request) (Response, error) {
+	if !nameRe.MatchString(req.Name) {
+		return Response{}, errdefs.InvalidArgument("node name %q must be a DNS label (lower-case letters, digits and -, at most 63)", req.Name)
+	}
+	block, _ := pem.Decode([]byte(req.CSR))
+	if block == nil || block.Type != "CERTIFICATE REQUEST" {
+		return Response{}, errdefs.InvalidArgument("csr is not a PEM certificate request")
+	}
+	csr, err := x509.ParseCertificateRequest(block.Bytes)
+	if err != nil {
+		return Response{}, errdefs.InvalidArgument("csr: %v", err)
+	}
+	if err := csr.CheckSignature(); err != nil {
+		return Response{}, errdefs.InvalidArgument("csr signature: %v", err)
+	}
+	if csr.Subject.CommonName != req.Name {
+		return Response{}, errdefs.InvalidArgument("csr names %q, not the node %q", csr.Subject.CommonName, req.Name)
+	}
+	// The token is checked last, so a malformed request does not spend a use.
+	ok, err := a.Tokens.UseJoinToken(ctx, req.TokenID, hashSecret(req.Secret), a.now())
+	if err != nil {
+		return Response{}, err
+	}
+	if !ok {
+		return Response{}, errRefused
+	}
+	now := a.now()
+	der, err := a.CA.Sign(&x509.Certificate{
+		Subject:     pkix.Name{CommonName: req.Name, Organization: []string{nodeOrganization}},
+		DNSNames:    []string{req.Name},
+		NotBefore:   now.Add(-time.Hour),
+		NotAfter:    now.Add(CertValidity),
+		KeyUsage:    x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth, x509.ExtKeyUsageServerAuth},
+	}, csr.PublicKey)
+	if err != nil {
+		return Response{}, err
+	}
+	return Response{
+		Certificate: string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})),
+		CA:          string(a.CA.CertPEM),
+	}, nil
+}
+
+// ServeHTTP answers the join endpoint with E2B-style JSON errors ({"code","message"}).
+func (a *Authority) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost {
+		writeErr(w, errdefs.InvalidArgument("use POST"), http.StatusMethodNotAllowed)
+		return
+	}
+	var req Request
+	if err := json.NewDecoder(io.LimitReader(r.Body, maxBody)).Decode(&req); err != nil {
+		writeErr(w, errdefs.InvalidArgument("invalid join request: %v", err), 0)
+		return
+	}
+	resp, err := a.Join(r.Context(), req)
+	if err != nil {
+		writeErr(w, err, 0)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(resp)
+}
+
+func writeErr(w http.ResponseWriter, err error, status int) {
+	if status == 0 {
+		status = errdefs.HTTPStatus(err)
+	}
+	msg := "join failed"
+	var e *errdefs.Error
+	if errors.As(err, &e) {
+		msg = e.Msg
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(map[string]any{"code": status, "message": msg})
+}
+
+// Credentials are what a node keeps after it joined.
+type Credentials struct {
+	KeyPEM, CertPEM, CAPEM []byte
+}
+
+// Node joins the cluster at driverURL (https) with token as name: it makes a key, checks that
+// the driver's certificate chains to the CA the token pins, and returns its credentials.
+func Node(ctx context.Context, driverURL, token, name string) (Credentials, error) {
+	t, err := ParseToken(token)
+	if err != nil {
+		return Credentials{}, err
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return Credentials{}, err
+	}
+	csrDER, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{Subject: pkix.Name{CommonName: name}}, key)
+	if err != nil {
+		return Credentials{}, fmt.Errorf("make a certificate request: %w", err)
+	}
+	body, _ := json.Marshal(Request{TokenID: t.ID, Secret: t.Secret, Name: name,
+		CSR: string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: csrDER}))})
+	u, err := url.Parse(driverURL)
+	if err != nil || u.Scheme != "https" || u.Hostname() == "" {
+		return Credentials{}, errdefs.InvalidArgument("the driver's address must be https://HOST[:PORT], got %q", driverURL)
+	}
+	hc := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: pinnedConfig(t.Pin, u.Hostname())}}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(driverURL, "/")+Path, strings.NewReader(string(body)))
+	if err != nil {
+		return Credentials{}, errdefs.InvalidArgument("driver address: %v", err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := hc.Do(req)
+	if err != nil {
+		return Credentials{}, fmt.Errorf("join %s: %w", driverURL, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, maxBody))
+	if err != nil {
+		return Credentials{}, fmt.Errorf("join %s: %w", driverURL, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		var e struct {
+			Message string `json:"message"`
+		}
+		_ = json.Unmarshal(b, &e)
+		return Credentials{}, fmt.Errorf("join %s: %s: %s", driverURL, resp.Status, e.Message)
+	}
+	var out Response
+	if err := json.Unmarshal(b, &out); err != nil {
+		return Credentials{}, fmt.Errorf("join %s: %w", driverURL, err)
+	}
+	ca, err := parseCert([]byte(out.CA))
+	if err != nil || tlsutil.PinOf(ca) != t.Pin {
+		return Credentials{}, fmt.Errorf("join %s: the CA sent is not the one the token pins", driverURL)
+	}
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return Credentials{}, err
+	}
+	return Credentials{KeyPEM: pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}),
+		CertPEM: []byte(out.Certificate), CAPEM: []byte(out.CA)}, nil
+}
+
+// pinnedConfig trusts a server only if its chain holds a CA with the pinned key that signed a
+// leaf for host, and that leaf is not a node's: before a node has the CA, the pin is all it knows
+// of it, and another node (whose certificate the same CA signed) must not pose as the driver to
+// take the token's secret.
+func pinnedConfig(pin, host string) *tls.Config {
+	return &tls.Config{
+		MinVersion: tls.VersionTLS13,
+		// The chain is verified below against the pinned CA instead of system roots.
+		InsecureSkipVerify: true, //nolint:gosec // verified by VerifyPeerCertificate
+		VerifyPeerCertificate: func(raw [][]byte, _ [][]*x509.Certificate) error {
+			var certs []*x509.Certificate
+			for _, r := range raw {
+				c, err := x509.ParseCertificate(r)
+				if err != nil {
+					return err
+				}
+				certs = append(certs, c)
+			}
+			if len(certs) == 0 {
+				return errors.New("the driver sent no certificate")
+			}
+			for _, c := range certs[1:] {
+				if subtle.ConstantTimeCompare([]byte(tlsutil.PinOf(c)), []byte(pin)) != 1 || !c.IsCA {
+					continue
+				}
+				roots := x509.NewCertPool()
+				roots.AddCert(c)
+				if slices.Contains(certs[0].Subject.Organization, nodeOrganization) {
+					return errors.New("a node's certificate, not the driver's, answered the join")
+				}
+				if _, err := certs[0].Verify(x509.VerifyOptions{Roots: roots, DNSName: host}); err == nil {
+					return nil
+				}
+			}
+			return errors.New("the driver's certificate does not chain to the CA the join token pins")
+		},
+	}
+}
+
+func parseCert(p []byte) (*x509.Certificate, error) {
+	block, _ := pem.Decode(p)
+	if block == nil || block.Type != "CERTIFICATE" {
+		return nil, errors.New("not a PEM certificate")
+	}
+	return x509.ParseCertificate(block.Bytes)
+}
+
+// MutualTLS is the configuration both ends use once a node joined: present creds' certificate,
+// and accept only peers whose certificate the cluster CA signed. server says which end this is.
+func MutualTLS(creds Credentials, server bool) (*tls.Config, error) {
+	pair, err := tls.X509KeyPair(creds.CertPEM, creds.KeyPEM)
+	if err != nil {
+		return nil, fmt.Errorf("node credentials: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(creds.CAPEM) {
+		return nil, errors.New("node credentials: no CA certificate")
+	}
+	c := &tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{pair}}
+	if server {
+		c.ClientCAs, c.ClientAuth = pool, tls.RequireAndVerifyClientCert
+	} else {
+		c.RootCAs = pool
+	}
+	return c, nil
+}
