@@ -1,7 +1,10 @@
 package main
 
 import (
+	"crypto/rand"
+	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"time"
 
@@ -16,14 +19,43 @@ import (
 // clusterCADir, under the driver's data dir, holds the CA that signs the nodes' certificates.
 const clusterCADir = "cluster-ca"
 
-// clusterAuthority is the driver's join authority over its data dir: its cluster CA (made on
-// first use) and its store's tokens.
+// gossipKeyFile, beside the cluster CA, is the key the cluster's gossip is encrypted with.
+const gossipKeyFile = "gossip.key"
+
+// clusterAuthority is the driver's join authority over its data dir: its cluster CA and gossip
+// key (made on first use) and its store's tokens.
 func clusterAuthority(dataDir string, st *store.Store) (*join.Authority, error) {
-	ca, err := tlsutil.LoadOrCreateCA(filepath.Join(dataDir, clusterCADir), "vmon cluster CA")
+	dir := filepath.Join(dataDir, clusterCADir)
+	ca, err := tlsutil.LoadOrCreateCA(dir, "vmon cluster CA")
 	if err != nil {
 		return nil, fmt.Errorf("cluster CA: %w", err)
 	}
-	return &join.Authority{CA: ca, Tokens: st}, nil
+	key, err := loadOrCreateKey(filepath.Join(dir, gossipKeyFile), 32)
+	if err != nil {
+		return nil, fmt.Errorf("gossip key: %w", err)
+	}
+	return &join.Authority{CA: ca, Tokens: st, GossipKey: key}, nil
+}
+
+// loadOrCreateKey reads a random key of n bytes from path, or makes it (0600) once.
+func loadOrCreateKey(path string, n int) ([]byte, error) {
+	if b, err := os.ReadFile(path); err == nil {
+		if len(b) != n {
+			return nil, fmt.Errorf("%s holds %d bytes, want %d", path, len(b), n)
+		}
+		return b, nil
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return nil, err
+	}
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		return nil, err
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return nil, err
+	}
+	return b, os.Rename(tmp, path)
 }
 
 func nodeCmd() *cobra.Command {

@@ -8,6 +8,9 @@
 // node's private key never leaves it: it sends a certificate request, and the driver signs a
 // certificate naming the node (client and server use, as the node both calls and serves).
 //
+// With its certificate the node gets the cluster's gossip key (internal/membership encrypts gossip
+// with it), inside the same pinned channel.
+//
 // It never stores anything itself: tokens go through a TokenStore, keys and certificates are the
 // caller's to keep.
 package join
@@ -22,6 +25,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"encoding/pem"
@@ -94,6 +98,8 @@ func hashSecret(secret string) string {
 type Authority struct {
 	CA     *tlsutil.CA
 	Tokens TokenStore
+	// GossipKey encrypts the cluster's gossip (internal/membership); a joining node gets it.
+	GossipKey []byte
 	// Now defaults to time.Now (tests).
 	Now func() time.Time
 }
@@ -140,6 +146,8 @@ type Request struct {
 type Response struct {
 	Certificate string `json:"certificate"`
 	CA          string `json:"ca"`
+	// GossipKey is the cluster's gossip key (base64), sent only inside the pinned TLS channel.
+	GossipKey string `json:"gossipKey,omitempty"`
 }
 
 // errRefused is the one answer for a token that is unknown, wrong, expired or used up: which of
@@ -188,6 +196,7 @@ func (a *Authority) Join(ctx context.Context, req Request) (Response, error) {
 	return Response{
 		Certificate: string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})),
 		CA:          string(a.CA.CertPEM),
+		GossipKey:   base64.StdEncoding.EncodeToString(a.GossipKey),
 	}, nil
 }
 
@@ -228,6 +237,7 @@ func writeErr(w http.ResponseWriter, err error, status int) {
 // Credentials are what a node keeps after it joined.
 type Credentials struct {
 	KeyPEM, CertPEM, CAPEM []byte
+	GossipKey              []byte
 }
 
 // Node joins the cluster at driverURL (https) with token as name: it makes a key, checks that
@@ -285,8 +295,12 @@ func Node(ctx context.Context, driverURL, token, name string) (Credentials, erro
 	if err != nil {
 		return Credentials{}, err
 	}
+	gossip, err := base64.StdEncoding.DecodeString(out.GossipKey)
+	if err != nil {
+		return Credentials{}, fmt.Errorf("join %s: gossip key: %w", driverURL, err)
+	}
 	return Credentials{KeyPEM: pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}),
-		CertPEM: []byte(out.Certificate), CAPEM: []byte(out.CA)}, nil
+		CertPEM: []byte(out.Certificate), CAPEM: []byte(out.CA), GossipKey: gossip}, nil
 }
 
 // pinnedConfig trusts a server only if its chain holds a CA with the pinned key that signed a

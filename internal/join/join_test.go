@@ -35,7 +35,7 @@ func newCluster(t *testing.T) *cluster {
 		t.Fatal(err)
 	}
 	c := &cluster{now: time.Now()}
-	c.auth = &Authority{CA: ca, Tokens: st, Now: func() time.Time { return c.now }}
+	c.auth = &Authority{CA: ca, Tokens: st, Now: func() time.Time { return c.now }, GossipKey: []byte("0123456789abcdef0123456789abcdef")}
 	mux := http.NewServeMux()
 	mux.Handle(Path, c.auth)
 	ts := httptest.NewUnstartedServer(mux)
@@ -83,6 +83,9 @@ func TestJoinGivesTheNodeACertificateForItsOwnKey(t *testing.T) {
 	}
 	if string(creds.CAPEM) != string(c.auth.CA.CertPEM) {
 		t.Error("the node did not get the cluster CA")
+	}
+	if string(creds.GossipKey) != string(c.auth.GossipKey) {
+		t.Error("the node did not get the gossip key")
 	}
 }
 
