@@ -209,6 +209,13 @@ func (d *Driver) startRecord(ctx context.Context, sb Sandbox, timeout time.Durat
 	if info.EnvdVersion != "" {
 		sb.EnvdVersion = info.EnvdVersion
 	}
+	if info.Node != "" && info.Node != sb.NodeID {
+		// Placement chose among several nodes: later calls for the sandbox go to this one.
+		sb.NodeID = info.Node
+		if err := d.store.SetSandboxNode(cleanupCtx, id, sb.NodeID); err != nil {
+			return Sandbox{}, err
+		}
+	}
 	if err := d.store.MarkRunning(cleanupCtx, id, sb.StartedAt, sb.EndAt, sb.EnvdVersion); err != nil {
 		return Sandbox{}, err
 	}

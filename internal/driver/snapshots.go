@@ -1,6 +1,7 @@
 package driver
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -99,7 +100,7 @@ func (d *Driver) CreateSnapshot(ctx context.Context, id, name string) (SnapshotI
 	}
 	sn := store.Snapshot{ID: snapID, Name: name, SandboxID: id, TemplateID: sb.TemplateID, Alias: sb.Alias,
 		CPU: sb.CPU, MemoryMB: sb.MemoryMB, DiskMB: sb.DiskMB, EnvVars: sb.EnvVars, EnvdVersion: sb.EnvdVersion,
-		Bytes: info.Bytes, NodeID: d.opts.NodeID, CreatedAt: d.now(), VolumeMounts: sb.VolumeMounts}
+		Bytes: info.Bytes, NodeID: cmp.Or(sb.NodeID, d.opts.NodeID), CreatedAt: d.now(), VolumeMounts: sb.VolumeMounts}
 	if err := d.store.InsertSnapshot(sctx, sn); err != nil {
 		_ = s.DeleteSnapshot(sctx, snapID)
 		return SnapshotInfo{}, err
@@ -346,7 +347,7 @@ func (d *Driver) createFrom(ctx context.Context, src Sandbox, from snapshotSourc
 	sb := Sandbox{ID: id, TemplateID: src.TemplateID, Alias: src.Alias, State: store.StateCreating,
 		Metadata: maps.Clone(src.Metadata), EnvVars: maps.Clone(src.EnvVars), AllowPublicTraffic: src.AllowPublicTraffic,
 		AllowInternetAccess: src.AllowInternetAccess, CPU: src.CPU, MemoryMB: src.MemoryMB, DiskMB: src.DiskMB,
-		EnvdVersion: src.EnvdVersion, NodeID: d.opts.NodeID, Network: src.Network,
+		EnvdVersion: src.EnvdVersion, NodeID: cmp.Or(src.NodeID, d.opts.NodeID), Network: src.Network,
 		AutoPause: src.AutoPause, AutoPauseMemory: src.AutoPauseMemory, AutoResume: src.AutoResume,
 		VolumeMounts: src.VolumeMounts}
 	if sb.Metadata == nil {

@@ -98,9 +98,16 @@ type Cluster struct {
 	events chan memberlist.NodeEvent
 	done   chan struct{}
 
+	name   string
+	gossip string
+
 	mu sync.Mutex
 	// +checklocks:mu
 	meta []byte
+	// members is the others as the events told of them: memberlist's own node structures change
+	// under its lock, which a reader here cannot take, so only the copies events carry are read.
+	// +checklocks:mu
+	members map[string]Member
 }
 
 // Start joins (or, with no Join addresses that answer, starts) the cluster.
@@ -136,7 +143,8 @@ func Start(ctx context.Context, o Options) (*Cluster, error) {
 	}
 	// memberlist logs through the standard logger; its lines go to slog at debug.
 	cfg.Logger = log.New(slogWriter{logger}, "", 0)
-	c := &Cluster{events: make(chan memberlist.NodeEvent, 256), done: make(chan struct{}), meta: meta}
+	c := &Cluster{events: make(chan memberlist.NodeEvent, 256), done: make(chan struct{}), meta: meta, name: o.Name,
+		members: map[string]Member{}}
 	cfg.Delegate = delegate{c}
 	cfg.Events = &memberlist.ChannelEventDelegate{Ch: c.events}
 	ml, err := memberlist.Create(cfg)
@@ -144,6 +152,7 @@ func Start(ctx context.Context, o Options) (*Cluster, error) {
 		return nil, fmt.Errorf("membership: %w", err)
 	}
 	c.ml = ml
+	c.gossip = ml.LocalNode().Address()
 	go c.deliver(o.Name, o.OnEvent)
 	if len(o.Join) > 0 {
 		if _, err := ml.Join(o.Join); err != nil {
@@ -162,7 +171,7 @@ func (c *Cluster) deliver(self string, fn func(Member, EventKind)) {
 		case <-c.done:
 			return
 		case ev := <-c.events:
-			if fn == nil || ev.Node == nil || ev.Node.Name == self {
+			if ev.Node == nil || ev.Node.Name == self {
 				continue
 			}
 			kind := Joined
@@ -172,7 +181,17 @@ func (c *Cluster) deliver(self string, fn func(Member, EventKind)) {
 			case memberlist.NodeLeave:
 				kind = Left
 			}
-			fn(memberOf(ev.Node, kind != Left), kind)
+			m := memberOf(ev.Node, kind != Left)
+			c.mu.Lock()
+			if kind == Left {
+				delete(c.members, m.Name)
+			} else {
+				c.members[m.Name] = m
+			}
+			c.mu.Unlock()
+			if fn != nil {
+				fn(m, kind)
+			}
 		}
 	}
 }
@@ -185,10 +204,13 @@ func memberOf(n *memberlist.Node, alive bool) Member {
 
 // Members lists the members this one believes alive, itself included, sorted by name.
 func (c *Cluster) Members() []Member {
-	var out []Member
-	for _, n := range c.ml.Members() {
-		out = append(out, memberOf(n, true))
+	c.mu.Lock()
+	out := []Member{{Name: c.name, Gossip: c.gossip, Alive: true}}
+	_ = json.Unmarshal(c.meta, &out[0].Meta)
+	for _, m := range c.members {
+		out = append(out, m)
 	}
+	c.mu.Unlock()
 	slices.SortFunc(out, func(a, b Member) int {
 		if a.Name < b.Name {
 			return -1
@@ -231,7 +253,7 @@ func (c *Cluster) Shutdown() error {
 }
 
 // LocalGossip is this member's gossip address as others reach it.
-func (c *Cluster) LocalGossip() string { return c.ml.LocalNode().Address() }
+func (c *Cluster) LocalGossip() string { return c.gossip }
 
 func encodeMeta(m Meta) ([]byte, error) {
 	b, err := json.Marshal(m)

@@ -39,4 +39,7 @@ type Info struct {
 	ID          string
 	StartedAt   time.Time
 	EnvdVersion string
+	// Node names the node that runs it, when the driver has several (set by whoever routed the
+	// call there); "" is the driver's own.
+	Node string
 }

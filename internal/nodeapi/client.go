@@ -35,17 +35,19 @@ func NewClient(hc connect.HTTPClient, baseURL string, opts ...connect.ClientOpti
 
 // NodeInfo is what a node says of itself.
 type NodeInfo struct {
-	Features     []string
+	Status
 	Capabilities []string
 }
 
-// Info asks the node for its features and capabilities.
+// Info asks the node for its features, capabilities and room.
 func (c *Client) Info(ctx context.Context) (NodeInfo, error) {
 	r, err := c.c.Info(ctx, connect.NewRequest(&nodev1.InfoRequest{}))
 	if err != nil {
 		return NodeInfo{}, fromWire(err)
 	}
-	return NodeInfo{Features: r.Msg.GetFeatures(), Capabilities: r.Msg.GetCapabilities()}, nil
+	m := r.Msg
+	return NodeInfo{Capabilities: m.GetCapabilities(), Status: Status{Features: m.GetFeatures(), FreeMemoryMB: m.GetFreeMemoryMb(),
+		FreeSlots: int(m.GetFreeSlots()), FreeDiskMB: m.GetFreeDiskMb(), Load: m.GetLoad(), Templates: m.GetTemplates()}}, nil
 }
 
 func (c *Client) CreateSandbox(ctx context.Context, spec node.CreateSpec) (node.Info, error) {

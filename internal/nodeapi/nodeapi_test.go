@@ -26,7 +26,7 @@ import (
 func serve(t *testing.T, n driver.Node, features ...string) *Client {
 	t.Helper()
 	mux := http.NewServeMux()
-	mux.Handle(NewServer(n, func() []string { return features }).Handler())
+	mux.Handle(NewServer(n, func() Status { return Status{Features: features, FreeSlots: 3, Templates: []string{"tpl"}} }).Handler())
 	ts := httptest.NewUnstartedServer(mux)
 	ts.EnableHTTP2 = true
 	ts.StartTLS()
@@ -144,7 +144,7 @@ func TestEveryCallRoundTrips(t *testing.T) {
 	f.StartedAt = time.Unix(1700000000, 123).UTC()
 	cl := serve(t, f, "net-tap", "egress-domains")
 	info, err := cl.Info(ctx)
-	if err != nil || !reflect.DeepEqual(info.Features, []string{"net-tap", "egress-domains"}) ||
+	if err != nil || !reflect.DeepEqual(info.Features, []string{"net-tap", "egress-domains"}) || info.FreeSlots != 3 || info.Templates[0] != "tpl" ||
 		!reflect.DeepEqual(info.Capabilities, []string{CapPause, CapSnapshot, CapMetrics, CapDenied}) {
 		t.Fatalf("info %+v %v", info, err)
 	}

@@ -25,17 +25,28 @@ const (
 	CapDenied   = "denied"
 )
 
+// Status is what a node reports of itself for placement.
+type Status struct {
+	Features     []string
+	FreeMemoryMB int64
+	FreeSlots    int
+	FreeDiskMB   int64
+	// Load is 0 (idle) to 1 (full).
+	Load      float64
+	Templates []string
+}
+
 // Server serves one node.
 type Server struct {
-	n        driver.Node
-	features func() []string
+	n      driver.Node
+	status func() Status
 }
 
 var _ nodev1connect.NodeServiceHandler = (*Server)(nil)
 
-// NewServer serves n; features reports its placement features (they may change at run time).
-func NewServer(n driver.Node, features func() []string) *Server {
-	return &Server{n: n, features: features}
+// NewServer serves n; status reports its features and room as of each call.
+func NewServer(n driver.Node, status func() Status) *Server {
+	return &Server{n: n, status: status}
 }
 
 // Handler returns the path and handler to mount.
@@ -65,11 +76,13 @@ func unsupported(what string) error {
 }
 
 func (s *Server) Info(context.Context, *connect.Request[nodev1.InfoRequest]) (*connect.Response[nodev1.InfoResponse], error) {
-	var f []string
-	if s.features != nil {
-		f = s.features()
+	var st Status
+	if s.status != nil {
+		st = s.status()
 	}
-	return connect.NewResponse(&nodev1.InfoResponse{Features: f, Capabilities: s.capabilities()}), nil
+	return connect.NewResponse(&nodev1.InfoResponse{Features: st.Features, Capabilities: s.capabilities(),
+		FreeMemoryMb: st.FreeMemoryMB, FreeSlots: int32(st.FreeSlots), FreeDiskMb: st.FreeDiskMB, Load: st.Load,
+		Templates: st.Templates}), nil
 }
 
 func (s *Server) CreateSandbox(ctx context.Context, req *connect.Request[nodev1.CreateSandboxRequest]) (*connect.Response[nodev1.SandboxInfo], error) {

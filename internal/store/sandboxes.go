@@ -136,6 +136,12 @@ func (s *Store) MarkRunning(ctx context.Context, id string, startedAt, endAt tim
 WHERE id = ? AND state = 'creating'`, toMillis(startedAt), toMillis(endAt), envdVersion, id)
 }
 
+// SetSandboxNode records which node holds a creating or running sandbox (a driver with several
+// nodes learns it once the sandbox booted).
+func (s *Store) SetSandboxNode(ctx context.Context, id, nodeID string) error {
+	return s.update(ctx, id, `UPDATE sandboxes SET node_id = ? WHERE id = ? AND state IN ('creating', 'running')`, nodeID, id)
+}
+
 // SetEndAt sets the expiry of a running record.
 func (s *Store) SetEndAt(ctx context.Context, id string, endAt time.Time) error {
 	return s.update(ctx, id, `UPDATE sandboxes SET end_at = ? WHERE id = ? AND state = 'running'`,

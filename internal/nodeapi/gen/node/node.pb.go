@@ -69,7 +69,14 @@ type InfoResponse struct {
 	Features []string `protobuf:"bytes,1,rep,name=features,proto3" json:"features,omitempty"`
 	// Capabilities name the optional parts of this contract the node serves: pause, snapshot,
 	// metrics, denied.
-	Capabilities  []string `protobuf:"bytes,2,rep,name=capabilities,proto3" json:"capabilities,omitempty"`
+	Capabilities []string `protobuf:"bytes,2,rep,name=capabilities,proto3" json:"capabilities,omitempty"`
+	// What placement weighs, as of now: room left, how busy the node is (0 idle to 1 full), and
+	// the template builds it holds (a sandbox from one of them boots without a fetch).
+	FreeMemoryMb  int64    `protobuf:"varint,3,opt,name=free_memory_mb,json=freeMemoryMb,proto3" json:"free_memory_mb,omitempty"`
+	FreeSlots     int32    `protobuf:"varint,4,opt,name=free_slots,json=freeSlots,proto3" json:"free_slots,omitempty"`
+	FreeDiskMb    int64    `protobuf:"varint,5,opt,name=free_disk_mb,json=freeDiskMb,proto3" json:"free_disk_mb,omitempty"`
+	Load          float64  `protobuf:"fixed64,6,opt,name=load,proto3" json:"load,omitempty"`
+	Templates     []string `protobuf:"bytes,7,rep,name=templates,proto3" json:"templates,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -114,6 +121,41 @@ func (x *InfoResponse) GetFeatures() []string {
 func (x *InfoResponse) GetCapabilities() []string {
 	if x != nil {
 		return x.Capabilities
+	}
+	return nil
+}
+
+func (x *InfoResponse) GetFreeMemoryMb() int64 {
+	if x != nil {
+		return x.FreeMemoryMb
+	}
+	return 0
+}
+
+func (x *InfoResponse) GetFreeSlots() int32 {
+	if x != nil {
+		return x.FreeSlots
+	}
+	return 0
+}
+
+func (x *InfoResponse) GetFreeDiskMb() int64 {
+	if x != nil {
+		return x.FreeDiskMb
+	}
+	return 0
+}
+
+func (x *InfoResponse) GetLoad() float64 {
+	if x != nil {
+		return x.Load
+	}
+	return 0
+}
+
+func (x *InfoResponse) GetTemplates() []string {
+	if x != nil {
+		return x.Templates
 	}
 	return nil
 }
@@ -1368,10 +1410,17 @@ var File_node_node_proto protoreflect.FileDescriptor
 const file_node_node_proto_rawDesc = "" +
 	"\n" +
 	"\x0fnode/node.proto\x12\fvmon.node.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\r\n" +
-	"\vInfoRequest\"N\n" +
+	"\vInfoRequest\"\xe7\x01\n" +
 	"\fInfoResponse\x12\x1a\n" +
 	"\bfeatures\x18\x01 \x03(\tR\bfeatures\x12\"\n" +
-	"\fcapabilities\x18\x02 \x03(\tR\fcapabilities\"1\n" +
+	"\fcapabilities\x18\x02 \x03(\tR\fcapabilities\x12$\n" +
+	"\x0efree_memory_mb\x18\x03 \x01(\x03R\ffreeMemoryMb\x12\x1d\n" +
+	"\n" +
+	"free_slots\x18\x04 \x01(\x05R\tfreeSlots\x12 \n" +
+	"\ffree_disk_mb\x18\x05 \x01(\x03R\n" +
+	"freeDiskMb\x12\x12\n" +
+	"\x04load\x18\x06 \x01(\x01R\x04load\x12\x1c\n" +
+	"\ttemplates\x18\a \x03(\tR\ttemplates\"1\n" +
 	"\vVolumeMount\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04path\x18\x02 \x01(\tR\x04path\"\xe9\x03\n" +

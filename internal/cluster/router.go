@@ -1,0 +1,367 @@
+// Package cluster is the driver's view of its nodes: which are in the cluster (from gossip), what
+// each can do and has room for (from their Info), and how a call for a sandbox reaches the node
+// that holds it. Router implements driver.Node and its optional parts over the nodes' clients, so
+// the driver is the same with one node or many: a create goes to the first node placement orders
+// that takes it (a node that answers "full" or cannot be reached passes it on), every other call
+// to the node that holds the sandbox.
+//
+// It owns no record: where a sandbox lives comes from the driver's store (Locate), and it keeps
+// only the nodes' clients and last reported status.
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/vibemon/vmon/internal/driver"
+	"github.com/vibemon/vmon/internal/egress"
+	"github.com/vibemon/vmon/internal/errdefs"
+	"github.com/vibemon/vmon/internal/membership"
+	"github.com/vibemon/vmon/internal/node"
+	"github.com/vibemon/vmon/internal/nodeapi"
+	"github.com/vibemon/vmon/internal/placement"
+)
+
+// NodeClient is one node as the router calls it (nodeapi.Client).
+type NodeClient interface {
+	driver.Node
+	driver.Pauser
+	driver.Snapshotter
+	driver.MetricsNode
+	driver.DeniedWatcher
+	Info(ctx context.Context) (nodeapi.NodeInfo, error)
+}
+
+var (
+	_ driver.Node          = (*Router)(nil)
+	_ driver.Pauser        = (*Router)(nil)
+	_ driver.Snapshotter   = (*Router)(nil)
+	_ driver.MetricsNode   = (*Router)(nil)
+	_ driver.DeniedWatcher = (*Router)(nil)
+)
+
+// Router sends each call to the right node.
+type Router struct {
+	// locate returns the node holding a sandbox, from the driver's records.
+	locate func(ctx context.Context, id string) (string, error)
+
+	mu sync.Mutex
+	// +checklocks:mu
+	nodes map[string]*member
+	// placed remembers where this router put a sandbox until its record says so too (between
+	// a node's answer and the record's update, a failed create's cleanup needs it). +checklocks:mu
+	placed map[string]string
+	// +checklocks:mu
+	rng *rand.Rand
+}
+
+type member struct {
+	client NodeClient
+	meta   membership.Meta
+	status nodeapi.NodeInfo
+	// statusAt is when status was last heard; zero: never (the node counts as unready).
+	statusAt time.Time
+}
+
+// NewRouter routes by locate (the node a sandbox's record names).
+func NewRouter(locate func(ctx context.Context, id string) (string, error)) *Router {
+	return &Router{locate: locate, nodes: map[string]*member{}, placed: map[string]string{},
+		rng: rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))}
+}
+
+// Upsert adds a node or changes what gossip says of it.
+func (r *Router) Upsert(name string, meta membership.Meta, client NodeClient) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if m, ok := r.nodes[name]; ok {
+		m.meta = meta
+		if client != nil {
+			m.client = client
+		}
+		return
+	}
+	r.nodes[name] = &member{client: client, meta: meta}
+}
+
+// Remove forgets a node (it left or failed); its sandboxes' calls fail as Unavailable.
+func (r *Router) Remove(name string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.nodes, name)
+}
+
+// Refresh asks every node for its status; one that does not answer stays listed but is not
+// placed on until it does.
+func (r *Router) Refresh(ctx context.Context) {
+	r.mu.Lock()
+	names := make([]string, 0, len(r.nodes))
+	clients := make([]NodeClient, 0, len(r.nodes))
+	for name, m := range r.nodes {
+		names, clients = append(names, name), append(clients, m.client)
+	}
+	r.mu.Unlock()
+	type result struct {
+		info nodeapi.NodeInfo
+		err  error
+	}
+	results := make([]result, len(clients))
+	var wg sync.WaitGroup
+	for i, c := range clients {
+		wg.Go(func() {
+			cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			defer cancel()
+			info, err := c.Info(cctx)
+			results[i] = result{info, err}
+		})
+	}
+	wg.Wait()
+	now := time.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for i, name := range names {
+		m, ok := r.nodes[name]
+		if !ok {
+			continue
+		}
+		if results[i].err != nil {
+			m.statusAt = time.Time{}
+			continue
+		}
+		m.status, m.statusAt = results[i].info, now
+	}
+}
+
+// Features is the union of the ready nodes' features: what the cluster can enforce at all.
+func (r *Router) Features() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []string
+	for _, m := range r.nodes {
+		if m.ready() {
+			for _, f := range m.meta.Features {
+				if !slices.Contains(out, f) {
+					out = append(out, f)
+				}
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+func (m *member) ready() bool {
+	return m.meta.Role == membership.RoleNode && (m.meta.State == "" || m.meta.State == membership.StateReady) && !m.statusAt.IsZero()
+}
+
+// candidates orders the nodes for a sandbox needing features, memory and disk, booting template.
+func (r *Router) candidates(spec node.CreateSpec, features []string) ([]placement.Node, map[string]NodeClient, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var ns []placement.Node
+	clients := map[string]NodeClient{}
+	for name, m := range r.nodes {
+		if m.meta.Role != membership.RoleNode {
+			continue
+		}
+		ns = append(ns, placement.Node{Name: name, Ready: m.ready(), Features: m.meta.Features,
+			FreeMemoryMB: int(m.status.FreeMemoryMB), FreeSlots: m.status.FreeSlots, FreeDiskMB: int(m.status.FreeDiskMB),
+			Templates: m.status.Templates, Load: m.status.Load})
+		clients[name] = m.client
+	}
+	slices.SortFunc(ns, func(a, b placement.Node) int { return cmpString(a.Name, b.Name) })
+	order, err := placement.Order(ns, placement.Request{Features: features, MemoryMB: spec.MemoryMB, DiskMB: spec.DiskMB,
+		Template: spec.TemplateID}, r.rng)
+	return order, clients, err
+}
+
+func cmpString(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// place boots spec on the first node that takes it; boot is the call to make on a node.
+func (r *Router) place(ctx context.Context, spec node.CreateSpec, boot func(NodeClient) (node.Info, error)) (node.Info, error) {
+	features := spec.Egress.RequiredFeatures()
+	order, clients, err := r.candidates(spec, features)
+	if err != nil {
+		return node.Info{}, err
+	}
+	var lastErr error
+	for _, n := range order {
+		info, err := boot(clients[n.Name])
+		if err == nil {
+			info.Node = n.Name
+			r.mu.Lock()
+			r.placed[spec.ID] = n.Name
+			r.mu.Unlock()
+			return info, nil
+		}
+		// Full, or gone since gossip last spoke: the next candidate may take it. Anything else
+		// (a bad spec, a failed boot) would fail there too.
+		if k := errdefs.KindOf(err); k != errdefs.KindResourceExhausted && k != errdefs.KindUnavailable {
+			return node.Info{}, err
+		}
+		lastErr = err
+	}
+	return node.Info{}, errdefs.WithCode(errdefs.Wrap(errdefs.KindResourceExhausted, lastErr,
+		"every node that can run this sandbox is full"), placement.Capacity)
+}
+
+// holder returns the client of the node holding sandbox id.
+func (r *Router) holder(ctx context.Context, id string) (NodeClient, error) {
+	r.mu.Lock()
+	name, ok := r.placed[id]
+	r.mu.Unlock()
+	if !ok {
+		var err error
+		if name, err = r.locate(ctx, id); err != nil {
+			return nil, err
+		}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	m, ok := r.nodes[name]
+	if !ok || m.client == nil {
+		return nil, errdefs.Unavailable("the node holding sandbox %q (%s) is not in the cluster", id, name)
+	}
+	return m.client, nil
+}
+
+func (r *Router) forget(id string) {
+	r.mu.Lock()
+	delete(r.placed, id)
+	r.mu.Unlock()
+}
+
+func (r *Router) CreateSandbox(ctx context.Context, spec node.CreateSpec) (node.Info, error) {
+	return r.place(ctx, spec, func(c NodeClient) (node.Info, error) { return c.CreateSandbox(ctx, spec) })
+}
+
+func (r *Router) DestroySandbox(ctx context.Context, id string) error {
+	c, err := r.holder(ctx, id)
+	if errdefs.KindOf(err) == errdefs.KindNotFound {
+		return nil // never placed, or its record is gone: nothing to destroy
+	}
+	if err != nil {
+		return err
+	}
+	err = c.DestroySandbox(ctx, id)
+	if err == nil {
+		r.forget(id)
+	}
+	return err
+}
+
+func (r *Router) UpdateEgress(ctx context.Context, id string, p egress.Policy) error {
+	c, err := r.holder(ctx, id)
+	if err != nil {
+		return err
+	}
+	return c.UpdateEgress(ctx, id, p)
+}
+
+func (r *Router) PauseSandbox(ctx context.Context, id string, memory bool) (node.PauseInfo, error) {
+	c, err := r.holder(ctx, id)
+	if err != nil {
+		return node.PauseInfo{}, err
+	}
+	return c.PauseSandbox(ctx, id, memory)
+}
+
+// ResumeSandbox resumes on the node that paused the sandbox: its snapshot is there until snapshots
+// live in a store all nodes share.
+func (r *Router) ResumeSandbox(ctx context.Context, spec node.CreateSpec, memory bool) (node.Info, error) {
+	c, err := r.holder(ctx, spec.ID)
+	if err != nil {
+		return node.Info{}, err
+	}
+	return c.ResumeSandbox(ctx, spec, memory)
+}
+
+func (r *Router) DeletePaused(ctx context.Context, id string) error {
+	c, err := r.holder(ctx, id)
+	if errdefs.KindOf(err) == errdefs.KindNotFound {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return c.DeletePaused(ctx, id)
+}
+
+func (r *Router) SnapshotSandbox(ctx context.Context, id, snapID string) (node.PauseInfo, error) {
+	c, err := r.holder(ctx, id)
+	if err != nil {
+		return node.PauseInfo{}, err
+	}
+	return c.SnapshotSandbox(ctx, id, snapID)
+}
+
+// CreateFromSnapshot starts the new sandbox where its source is (the snapshot or paused state
+// lives on that node for now).
+func (r *Router) CreateFromSnapshot(ctx context.Context, spec node.CreateSpec, snapID, pausedID string) (node.Info, error) {
+	source := pausedID
+	if source == "" {
+		source = snapID
+	}
+	c, err := r.holder(ctx, source)
+	if err != nil {
+		return node.Info{}, fmt.Errorf("find the node of %s: %w", source, err)
+	}
+	info, err := c.CreateFromSnapshot(ctx, spec, snapID, pausedID)
+	if err != nil {
+		return node.Info{}, err
+	}
+	name, _ := r.locateName(ctx, source)
+	info.Node = name
+	r.mu.Lock()
+	r.placed[spec.ID] = name
+	r.mu.Unlock()
+	return info, nil
+}
+
+func (r *Router) locateName(ctx context.Context, id string) (string, error) {
+	r.mu.Lock()
+	name, ok := r.placed[id]
+	r.mu.Unlock()
+	if ok {
+		return name, nil
+	}
+	return r.locate(ctx, id)
+}
+
+func (r *Router) DeleteSnapshot(ctx context.Context, snapID string) error {
+	c, err := r.holder(ctx, snapID)
+	if errdefs.KindOf(err) == errdefs.KindNotFound {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return c.DeleteSnapshot(ctx, snapID)
+}
+
+func (r *Router) SandboxMetrics(ctx context.Context, id string) (node.Metrics, error) {
+	c, err := r.holder(ctx, id)
+	if err != nil {
+		return node.Metrics{}, err
+	}
+	return c.SandboxMetrics(ctx, id)
+}
+
+func (r *Router) WatchDenied(id string) ([]node.DeniedEvent, <-chan node.DeniedEvent, func(), error) {
+	c, err := r.holder(context.Background(), id)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	return c.WatchDenied(id)
+}

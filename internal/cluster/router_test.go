@@ -1,0 +1,175 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/vibemon/vmon/internal/driver"
+	"github.com/vibemon/vmon/internal/driver/drivertest"
+	"github.com/vibemon/vmon/internal/egress"
+	"github.com/vibemon/vmon/internal/errdefs"
+	"github.com/vibemon/vmon/internal/membership"
+	"github.com/vibemon/vmon/internal/nodeapi"
+	"github.com/vibemon/vmon/internal/placement"
+	"github.com/vibemon/vmon/internal/store"
+)
+
+type testNode struct {
+	name     string
+	fake     *drivertest.PausingNode
+	features []string
+	slots    int
+}
+
+// threeNodes runs three nodes behind real servers and a driver over a Router of them, which
+// locates sandboxes through the driver's records.
+func threeNodes(t *testing.T) (*driver.Driver, *Router, []*testNode) {
+	t.Helper()
+	ctx := context.Background()
+	st, err := store.Open(ctx, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	t0 := time.Now().UTC()
+	if err := st.PutTemplate(ctx, store.Template{ID: "basetemplate00000001", Aliases: []string{"base"}, CPU: 2, MemoryMB: 512,
+		DiskMB: 2048, EnvdVersion: "0.6.13", Status: store.TemplateReady, CreatedAt: t0, UpdatedAt: t0}); err != nil {
+		t.Fatal(err)
+	}
+	r := NewRouter(func(ctx context.Context, id string) (string, error) {
+		sb, err := st.GetSandbox(ctx, id)
+		if err != nil {
+			return "", err
+		}
+		return sb.NodeID, nil
+	})
+	nodes := []*testNode{
+		{name: "node-a", fake: drivertest.NewPausingNode(), features: []string{driver.FeatureNetTap, egress.FeatureDomains}, slots: 100},
+		{name: "node-b", fake: drivertest.NewPausingNode(), features: []string{driver.FeatureNetTap}, slots: 100},
+		{name: "node-c", fake: drivertest.NewPausingNode(), features: []string{driver.FeatureNetTap}, slots: 100},
+	}
+	for _, n := range nodes {
+		mux := http.NewServeMux()
+		mux.Handle(nodeapi.NewServer(n.fake, func() nodeapi.Status {
+			return nodeapi.Status{Features: n.features, FreeMemoryMB: 8192, FreeDiskMB: 1 << 20, FreeSlots: n.slots, Load: 0.1}
+		}).Handler())
+		ts := httptest.NewServer(mux)
+		t.Cleanup(ts.Close)
+		r.Upsert(n.name, membership.Meta{Role: membership.RoleNode, State: membership.StateReady, Features: n.features},
+			nodeapi.NewClient(ts.Client(), ts.URL))
+	}
+	r.Refresh(ctx)
+	d, err := driver.New(driver.Options{Store: st, Node: r, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Features: r.Features()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	return d, r, nodes
+}
+
+func TestCreatesSpreadAndCallsFollowTheSandbox(t *testing.T) {
+	ctx := context.Background()
+	d, _, nodes := threeNodes(t)
+	where := map[string]string{}
+	for i := 0; i < 30; i++ {
+		sb, err := d.Create(ctx, driver.CreateRequest{Template: "base", Secure: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rec, _ := d.Get(ctx, sb.ID)
+		where[sb.ID] = rec.NodeID
+	}
+	per := map[string]int{}
+	for id, name := range where {
+		per[name]++
+		for _, n := range nodes {
+			if n.fake.Alive(id) != (n.name == name) {
+				t.Fatalf("sandbox %s recorded on %s, running on %s: %v", id, name, n.name, n.fake.Alive(id))
+			}
+		}
+	}
+	for _, n := range nodes {
+		if per[n.name] < 3 {
+			t.Fatalf("30 creates spread as %v", per)
+		}
+	}
+	// Every later call goes where the sandbox is.
+	for id, name := range where {
+		if err := d.UpdateNetwork(ctx, id, driver.NetworkUpdate{DenyOut: []string{"198.51.100.0/24"}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := d.Pause(ctx, id, true); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := d.Resume(ctx, id, nil); err != nil {
+			t.Fatal(err)
+		}
+		if err := d.Kill(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+		for _, n := range nodes {
+			if n.name == name && (len(n.fake.Resumes) == 0 || n.fake.Alive(id)) {
+				t.Fatalf("%s: calls did not reach %s", id, name)
+			}
+		}
+	}
+}
+
+func TestPlacementByFeatureAndPastFullNodes(t *testing.T) {
+	ctx := context.Background()
+	d, r, nodes := threeNodes(t)
+	// A domain policy only goes to the node that enforces domains.
+	for i := 0; i < 5; i++ {
+		sb, err := d.Create(ctx, driver.CreateRequest{Template: "base", Secure: true,
+			Network: &driver.Network{AllowOut: []string{"example.com"}, DenyOut: []string{"0.0.0.0/0"}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !nodes[0].fake.Alive(sb.ID) {
+			t.Fatalf("a domain policy went elsewhere than node-a")
+		}
+	}
+	// node-a answers "full": domain policies have nowhere to go (429), others go elsewhere.
+	nodes[0].fake.Set(func(n *drivertest.Node) {
+		n.CreateErr = errdefs.WithCode(errdefs.ResourceExhausted("node-a is full"), placement.Capacity)
+	})
+	_, err := d.Create(ctx, driver.CreateRequest{Template: "base", Secure: true,
+		Network: &driver.Network{AllowOut: []string{"example.com"}, DenyOut: []string{"0.0.0.0/0"}}})
+	var e *errdefs.Error
+	if !errors.As(err, &e) || e.Kind != errdefs.KindResourceExhausted || e.Code != placement.Capacity {
+		t.Fatalf("a domain policy with its only node full: %v", err)
+	}
+	for i := 0; i < 10; i++ {
+		sb, err := d.Create(ctx, driver.CreateRequest{Template: "base", Secure: true})
+		if err != nil {
+			t.Fatalf("a plain create with one node full: %v", err)
+		}
+		if nodes[0].fake.Alive(sb.ID) {
+			t.Fatal("placed on the full node")
+		}
+	}
+	// With node-a gone no node enforces domains: 503 sandbox_no_compatible_node.
+	r.Remove("node-a")
+	r.Refresh(ctx)
+	_, err = d.Create(ctx, driver.CreateRequest{Template: "base", Secure: true,
+		Network: &driver.Network{AllowOut: []string{"example.com"}, DenyOut: []string{"0.0.0.0/0"}}})
+	if !errors.As(err, &e) || e.Code != placement.NoCompatibleNode {
+		t.Fatalf("no capable node: %v", err)
+	}
+	// A node that left: its sandboxes' calls fail as Unavailable, not as a hang.
+	sb, err := d.Create(ctx, driver.CreateRequest{Template: "base", Secure: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, _ := d.Get(ctx, sb.ID)
+	r.Remove(rec.NodeID)
+	if err := d.Pause(ctx, sb.ID, true); errdefs.KindOf(err) != errdefs.KindUnavailable {
+		t.Fatalf("pause on a node that left: %v", err)
+	}
+}
