@@ -5,7 +5,6 @@
 package agent
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -231,39 +230,24 @@ func (c *Channel) DialPort(ctx context.Context, port int) (net.Conn, error) {
 	if dl, ok := ctx.Deadline(); ok {
 		_ = conn.SetDeadline(dl)
 	}
-	authority := agentproto.TunnelAuthority(port)
-	// ReadResponse only needs the method, to know a CONNECT reply has no body.
-	req := &http.Request{Method: http.MethodConnect}
-	if _, err := fmt.Fprintf(conn, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", authority, authority); err != nil {
-		conn.Close()
-		return nil, fmt.Errorf("send tunnel request: %w", err)
+	tunnel, err := agentproto.ConnectTunnel(conn, agentproto.TunnelAuthority(port))
+	var te *agentproto.TunnelError
+	if errors.As(err, &te) {
+		return nil, fmt.Errorf("%w: guest port %d answered %s", ErrPortClosed, port, te.Text)
 	}
-	br := bufio.NewReader(conn)
-	resp, err := http.ReadResponse(br, req)
 	if err != nil {
-		conn.Close()
-		return nil, fmt.Errorf("read tunnel response: %w", err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		conn.Close()
-		return nil, fmt.Errorf("%w: guest port %d answered %s", ErrPortClosed, port, resp.Status)
+		return nil, err
 	}
 	_ = conn.SetDeadline(time.Time{})
-	if br.Buffered() > 0 {
-		return &bufferedConn{Conn: conn, r: br}, nil
-	}
-	return conn, nil
+	return tunnel, nil
 }
+
+// DialEnvd opens a raw stream to envd, which serves HTTP/1.1 on it (what Transport uses); a node
+// hands it to a driver's tunnel for envd traffic to a sandbox it holds.
+func (c *Channel) DialEnvd(ctx context.Context) (net.Conn, error) { return c.open(ctx) }
 
 // ErrPortClosed means envd could not reach the requested guest port.
 var ErrPortClosed = errors.New("guest port not reachable")
-
-type bufferedConn struct {
-	net.Conn
-	r *bufio.Reader
-}
-
-func (b *bufferedConn) Read(p []byte) (int, error) { return b.r.Read(p) }
 
 // Close stops accepting, closes the live session and removes the socket.
 func (c *Channel) Close() error {

@@ -12,9 +12,12 @@
 package agentproto
 
 import (
+	"bufio"
 	"crypto/sha256"
 	"encoding/base64"
+	"fmt"
 	"net"
+	"net/http"
 	"strconv"
 	"time"
 
@@ -120,3 +123,45 @@ type GuestEvent struct {
 	Message string            `json:"message"`
 	Fields  map[string]string `json:"fields,omitempty"`
 }
+
+// ConnectTunnel asks the far end of conn for a tunnel to authority (HTTP/1.1 CONNECT) and returns
+// the tunnel: conn itself, or conn with what the far end sent early when it did. On error conn
+// is closed. The agent channel (to a guest port) and a node's sandbox tunnels (to a sandbox on
+// another machine) both speak it.
+func ConnectTunnel(conn net.Conn, authority string) (net.Conn, error) {
+	// ReadResponse only needs the method, to know a CONNECT reply has no body.
+	req := &http.Request{Method: http.MethodConnect}
+	if _, err := fmt.Fprintf(conn, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", authority, authority); err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("send tunnel request: %w", err)
+	}
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, req)
+	if err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("read tunnel response: %w", err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		conn.Close()
+		return nil, &TunnelError{Status: resp.StatusCode, Text: resp.Status}
+	}
+	if br.Buffered() > 0 {
+		return &bufferedConn{Conn: conn, r: br}, nil
+	}
+	return conn, nil
+}
+
+// TunnelError is a CONNECT the far end refused.
+type TunnelError struct {
+	Status int
+	Text   string
+}
+
+func (e *TunnelError) Error() string { return "tunnel refused: " + e.Text }
+
+type bufferedConn struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+func (b *bufferedConn) Read(p []byte) (int, error) { return b.r.Read(p) }
