@@ -13,12 +13,16 @@ package agentproto
 
 import (
 	"bufio"
+	"bytes"
 	"crypto/sha256"
 	"encoding/base64"
+	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/hashicorp/yamux"
@@ -165,3 +169,64 @@ type bufferedConn struct {
 }
 
 func (b *bufferedConn) Read(p []byte) (int, error) { return b.r.Read(p) }
+
+// ServeTunnel answers a CONNECT whose target is already open: it takes over the client's
+// connection, says 200, and copies bytes both ways until both sides are done. When one side
+// finishes sending, only that direction is closed (half-close), so protocols that shut their
+// write side keep working. The caller closes nothing; on error target is closed.
+func ServeTunnel(w http.ResponseWriter, target net.Conn) error {
+	hj, ok := w.(http.Hijacker)
+	if !ok {
+		_ = target.Close()
+		http.Error(w, "tunnels need HTTP/1.1", http.StatusHTTPVersionNotSupported)
+		return errors.New("the connection cannot be hijacked")
+	}
+	client, buf, err := hj.Hijack()
+	if err != nil {
+		_ = target.Close()
+		return fmt.Errorf("hijack: %w", err)
+	}
+	if _, err := client.Write([]byte("HTTP/1.1 200 OK\r\n\r\n")); err != nil {
+		_ = client.Close()
+		_ = target.Close()
+		return err
+	}
+	// Bytes the client sent right after the request may already sit in the server's buffer.
+	var fromClient io.Reader = client
+	if n := buf.Reader.Buffered(); n > 0 {
+		early, _ := buf.Reader.Peek(n)
+		fromClient = io.MultiReader(bytes.NewReader(bytes.Clone(early)), client)
+	}
+	splice(client, fromClient, target)
+	return nil
+}
+
+func splice(client net.Conn, fromClient io.Reader, target net.Conn) {
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		_, _ = io.Copy(target, fromClient)
+		closeWrite(target)
+	}()
+	_, err := io.Copy(client, target)
+	closeWrite(client)
+	if err != nil && !errors.Is(err, net.ErrClosed) {
+		// The target side broke: the client will not get more data, so stop both directions.
+		_ = client.Close()
+		_ = target.Close()
+	}
+	wg.Wait()
+	_ = client.Close()
+	_ = target.Close()
+}
+
+// closeWrite half-closes c. A yamux stream has no CloseWrite: its Close sends FIN and keeps
+// receiving until the peer closes too, which is the same thing.
+func closeWrite(c net.Conn) {
+	if cw, ok := c.(interface{ CloseWrite() error }); ok {
+		_ = cw.CloseWrite()
+		return
+	}
+	_ = c.Close()
+}

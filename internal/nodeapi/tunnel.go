@@ -1,16 +1,13 @@
 package nodeapi
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
-	"io"
 	"net"
 	"net/http"
 	"regexp"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/vibemon/vmon/internal/agentproto"
@@ -62,56 +59,7 @@ func (h TunnelHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "the sandbox's port cannot be reached", http.StatusBadGateway)
 		return
 	}
-	hj, ok := w.(http.Hijacker)
-	if !ok {
-		up.Close()
-		http.Error(w, "tunnels need HTTP/1.1", http.StatusHTTPVersionNotSupported)
-		return
-	}
-	down, brw, err := hj.Hijack()
-	if err != nil {
-		up.Close()
-		return
-	}
-	if _, err := io.WriteString(down, "HTTP/1.1 200 OK\r\n\r\n"); err != nil {
-		down.Close()
-		up.Close()
-		return
-	}
-	// Bytes the client sent right behind its request are in the hijacked reader.
-	var src io.Reader = down
-	if n := brw.Reader.Buffered(); n > 0 {
-		early, _ := brw.Reader.Peek(n)
-		src = io.MultiReader(bytes.NewReader(bytes.Clone(early)), down)
-	}
-	splice(down, src, up)
-}
-
-// splice copies both ways until either side ends, then closes both.
-func splice(down net.Conn, downSrc io.Reader, up net.Conn) {
-	var once sync.Once
-	closeBoth := func() {
-		once.Do(func() {
-			down.Close()
-			up.Close()
-		})
-	}
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		_, _ = io.Copy(up, downSrc)
-		// Half-close when the upstream can, so a client's end of input reaches the guest.
-		if cw, ok := up.(interface{ CloseWrite() error }); ok {
-			_ = cw.CloseWrite()
-		} else {
-			closeBoth()
-		}
-	})
-	wg.Go(func() {
-		_, _ = io.Copy(down, up)
-		closeBoth()
-	})
-	wg.Wait()
-	closeBoth()
+	_ = agentproto.ServeTunnel(w, up)
 }
 
 // TunnelDialer is a driver's end: it opens tunnels to sandboxes on one node.

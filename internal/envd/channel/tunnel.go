@@ -1,15 +1,13 @@
 package channel
 
 import (
-	"bytes"
-	"errors"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"strconv"
-	"sync"
 	"time"
+
+	"github.com/vibemon/vmon/internal/agentproto"
 )
 
 // Tunnel returns a handler that serves CONNECT 127.0.0.1:<port> itself, as a raw TCP tunnel to
@@ -50,60 +48,7 @@ func tunnel(w http.ResponseWriter, r *http.Request, log *slog.Logger) {
 		http.Error(w, "cannot reach guest port "+portStr, http.StatusBadGateway)
 		return
 	}
-	hj, ok := w.(http.Hijacker)
-	if !ok {
-		_ = target.Close()
-		http.Error(w, "connection cannot be hijacked", http.StatusInternalServerError)
-		return
+	if err := agentproto.ServeTunnel(w, target); err != nil {
+		log.Warn("tunnel failed", "port", port, "err", err)
 	}
-	client, buf, err := hj.Hijack()
-	if err != nil {
-		_ = target.Close()
-		log.Warn("tunnel hijack failed", "err", err)
-		return
-	}
-	if _, err := client.Write([]byte("HTTP/1.1 200 OK\r\n\r\n")); err != nil {
-		_ = client.Close()
-		_ = target.Close()
-		return
-	}
-	// Bytes the client sent right after the request may already sit in the server's buffer.
-	var fromClient io.Reader = client
-	if n := buf.Reader.Buffered(); n > 0 {
-		early, _ := buf.Reader.Peek(n)
-		fromClient = io.MultiReader(bytes.NewReader(bytes.Clone(early)), client)
-	}
-	splice(client, fromClient, target)
-}
-
-// splice copies both ways. When one side finishes sending, only that direction is closed
-// (half-close), so request/response protocols that shut down their write side keep working.
-func splice(client net.Conn, fromClient io.Reader, target net.Conn) {
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		_, _ = io.Copy(target, fromClient)
-		closeWrite(target)
-	}()
-	_, err := io.Copy(client, target)
-	closeWrite(client)
-	if err != nil && !errors.Is(err, net.ErrClosed) {
-		// The guest side broke: the client will not get more data, so stop both directions.
-		_ = client.Close()
-		_ = target.Close()
-	}
-	wg.Wait()
-	_ = client.Close()
-	_ = target.Close()
-}
-
-// closeWrite half-closes c. A yamux stream has no CloseWrite: its Close sends FIN and keeps
-// receiving until the peer closes too, which is the same thing.
-func closeWrite(c net.Conn) {
-	if cw, ok := c.(interface{ CloseWrite() error }); ok {
-		_ = cw.CloseWrite()
-		return
-	}
-	_ = c.Close()
 }
