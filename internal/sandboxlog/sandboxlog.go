@@ -308,6 +308,10 @@ func (p *pendingWrite) flush(l *sandboxLog, dir string) error {
 		return err
 	}
 	_, werr := f.Write(p.buf)
+	if werr != nil {
+		// A partial write (a full disk) would leave a torn line that the next append joins.
+		_ = f.Truncate(l.size)
+	}
 	cerr := f.Close()
 	if werr != nil {
 		return werr
@@ -421,12 +425,21 @@ func (l *sandboxLog) load(dir string) error {
 		l.ended = true
 	}
 	for _, name := range []string{oldFile, currentFile} {
-		b, err := os.ReadFile(filepath.Join(dir, name))
+		path := filepath.Join(dir, name)
+		b, err := os.ReadFile(path)
 		if errors.Is(err, fs.ErrNotExist) {
 			continue
 		}
 		if err != nil {
 			return err
+		}
+		if i := bytes.LastIndexByte(b, '\n'); name == currentFile && i+1 < len(b) {
+			// A torn last line (a host crash, a full disk): appends must start a line of their
+			// own, or the first one after it would be joined to it and lost with it.
+			if err := os.Truncate(path, int64(i+1)); err != nil {
+				return err
+			}
+			b = b[:i+1]
 		}
 		n := 0
 		for _, ln := range lines(b) {

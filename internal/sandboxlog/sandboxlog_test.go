@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // clock is a settable time source.
@@ -421,5 +423,68 @@ func BenchmarkQuery100k(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// A segment whose last line was torn (a host crash, or a disk that filled mid-write) must not
+// swallow the entries appended after it: they start on a line of their own.
+func TestTornLastLineDoesNotSwallowTheNext(t *testing.T) {
+	dir := t.TempDir()
+	s := open(t, Options{Dir: dir})
+	t0 := time.UnixMilli(1_000)
+	s.Append("sb", Entry{Time: t0, Level: LevelInfo, Message: "whole"})
+	f, err := os.OpenFile(filepath.Join(dir, "sb", currentFile), os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteString(`{"t":1001,"level":"info","logger":"x","msg":"to`); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	s2 := open(t, Options{Dir: dir})
+	s2.Append("sb", Entry{Time: t0, Level: LevelInfo, Message: "after the tear"})
+	got, err := s2.Query("sb", Query{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := msgs(got); len(m) != 2 || m[0] != "whole" || m[1] != "after the tear" {
+		t.Fatalf("entries %q", m)
+	}
+}
+
+// An append that fills the disk mid-write leaves no torn line behind: once there is room again,
+// the next entry is whole.
+func TestFullDiskLeavesNoTornLine(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to mount a tmpfs (CI runs as root)")
+	}
+	dir := t.TempDir()
+	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=16k"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
+	filler := filepath.Join(dir, "filler")
+	if err := os.WriteFile(filler, make([]byte, 8<<10), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s := open(t, Options{Dir: filepath.Join(dir, "logs"), MaxBytes: 1 << 20})
+	t0 := time.UnixMilli(1_000)
+	big := strings.Repeat("x", 700)
+	for i := range 40 {
+		if err := s.append("sb", Entry{Time: t0, Level: LevelInfo, Message: fmt.Sprint(i, big)}, false); err != nil {
+			break
+		}
+	}
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	s.Append("sb", Entry{Time: t0, Level: LevelInfo, Message: "room again"})
+	got, err := s.Query("sb", Query{Search: "room again"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 {
+		b, _ := os.ReadFile(filepath.Join(dir, "logs", "sb", currentFile))
+		t.Fatalf("the entry after a full disk was lost; the segment ends %q", b[max(0, len(b)-120):])
 	}
 }
