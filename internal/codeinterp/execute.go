@@ -141,11 +141,16 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request) {
 	case <-locked:
 	case <-ctx.Done():
 		go func() { <-locked; c.run.Unlock() }()
+		s.log.Info("the client left before its execution ran", "context", c.ID, "err", context.Cause(ctx))
 		return
 	}
 	defer c.run.Unlock()
 	if ctx.Err() != nil {
-		return // the client left while the kernel started or the lock came free: nothing to run for
+		// The client left while the kernel started or the lock came free: nothing to run for. Its
+		// answer is end_of_execution alone, which a client still reading takes for a cell without
+		// a value (issue 22 item 7, when ingress dropped the guest's side of the request).
+		s.log.Info("the client left before its execution ran", "context", c.ID, "err", context.Cause(ctx))
+		return
 	}
 	s.runIn(ctx, c, req, out)
 }
@@ -192,7 +197,11 @@ func (s *Server) runIn(ctx context.Context, c *kcontext, req executeRequest, out
 		restore = undo
 	}
 	errSent := false
+	// What went out, for the log: a value the client says it did not get is told apart from one
+	// the kernel never gave (issue 22 item 7).
+	sent := map[string]int{}
 	rep, err := k.Execute(ctx, *req.Code, false, func(o jupyter.Output) {
+		sent[o.Kind]++
 		switch o.Kind {
 		case "count":
 			out.write(map[string]any{"type": "number_of_executions", "execution_count": o.Count})
@@ -209,6 +218,8 @@ func (s *Server) runIn(ctx context.Context, c *kcontext, req executeRequest, out
 			out.write(map[string]any{"type": "error", "name": o.EName, "value": o.EValue, "traceback": strings.Join(o.Traceback, "\n")})
 		}
 	})
+	s.log.Info("execution ended", "context", c.ID, "language", c.Language, "status", rep.Status, "count", rep.Count,
+		"interrupted", rep.Interrupted, "err", err, "results", sent["result"], "streams", sent["stream"], "errors", sent["error"])
 	select {
 	case <-restarted:
 		out.fail("ContextRestarting", "Context was restarted")

@@ -253,6 +253,11 @@ func (k *Kernel) readLoop(s zmq4.Socket, shell bool) {
 		w := k.waiters[msg.Parent.MsgID]
 		k.mu.Unlock()
 		if w == nil {
+			if !shell && msg.Header.MsgType != "status" {
+				// Output nobody receives: a lost cell value would show here (issue 22 item 7).
+				k.log.Info("kernel output for no waiting request", "type", msg.Header.MsgType,
+					"parent", msg.Parent.MsgID, "parent_type", msg.Parent.MsgType)
+			}
 			continue
 		}
 		ch := w.iopub

@@ -407,6 +407,45 @@ describe('code interpreter', () => {
     assert.ok((await back.listCodeContexts()).some((c) => c.id === ctx.id));
   });
 
+  // Issue 22 item 7: now and then the first runCode after a sandbox (restored with warm kernels)
+  // or a context was made ended normally but without its value. Each run is a new sandbox and a
+  // new context per language; FRESH_KERNEL_RUNS repeats it (a loop outside CI), and every miss is
+  // collected with the execution and the service log rather than stopping at the first.
+  srv.test('a fresh kernel\'s first result', { timeout: 3_600_000 }, async () => {
+    const runs = Number(process.env.FRESH_KERNEL_RUNS ?? 1);
+    const misses = [];
+    const started = Date.now();
+    for (let run = 1; run <= runs; run++) {
+      const fresh = await Sandbox.create({ ...srv.sdkOpts, timeoutMs: 600_000 });
+      created.push(fresh);
+      const check = async (what, exec, want) => {
+        const got = want.text !== undefined ? exec.text : exec.logs.stdout.join('');
+        const expected = want.text ?? want.stdout;
+        if (got === expected && exec.error === undefined) return;
+        const log = await fresh.files.read('/tmp/.vmon-code-interpreter.log').catch((err) => `(no service log: ${err.message})`);
+        misses.push(`run ${run} ${fresh.sandboxId} ${what}: got ${JSON.stringify(got)}, want ${JSON.stringify(expected)}\n` +
+          `execution: ${JSON.stringify({ ...exec.toJSON(), executionCount: exec.executionCount })}\nservice log:\n${log.slice(-6000)}`);
+        console.log(misses.at(-1));
+      };
+      // The default contexts first: they come warm from the template's started snapshot.
+      await check('python default, value', await fresh.runCode('6 * 7'), { text: '42' });
+      await check('python default, stdout', await fresh.runCode('print("py", 6 * 7)'), { stdout: 'py 42\n' });
+      await check('javascript default, value', await fresh.runCode('6 * 7', { language: 'javascript' }), { text: '42' });
+      await check('javascript default, stdout', await fresh.runCode('console.log("js", 6 * 7)', { language: 'javascript' }), { stdout: 'js 42\n' });
+      // Then kernels started in the sandbox itself.
+      for (const language of ['python', 'javascript']) {
+        const ctx = await fresh.createCodeContext({ language });
+        await check(`${language} new context, value`, await fresh.runCode('6 * 7', { context: ctx }), { text: '42' });
+        const print = language === 'python' ? 'print("ctx", 6 * 7)' : 'console.log("ctx", 6 * 7)';
+        await check(`${language} new context, stdout`, await fresh.runCode(print, { context: ctx }), { stdout: 'ctx 42\n' });
+      }
+      await fresh.kill();
+      created.splice(created.indexOf(fresh), 1);
+      if (runs > 1) console.log(`fresh kernel run ${run}/${runs}: ${misses.length} misses so far, ${((Date.now() - started) / 1000).toFixed(0)} s`);
+    }
+    assert.equal(misses.length, 0, `${misses.length} misses in ${runs} runs:\n${misses.join('\n\n')}`);
+  });
+
   srv.test('running code needs the envd access token, as on E2B (the SDK sends it on /execute)', async () => {
     const post = (headers) =>
       fetch(`${srv.apiUrl}/execute`, {
