@@ -114,6 +114,14 @@ const StartCmdTag = InternalTagPrefix + "start-cmd"
 // start command), which envd logs at debug level only.
 const InternalTagPrefix = "vmon-"
 
+// Loggers of envd's events, in E2B's style. The node files an event naming any other logger as
+// guestSvc, so a guest that replaced envd cannot pass its events off as the host's
+// (lifecycleSvc, egressSvc, logsSvc).
+const (
+	ProcessLogger = "processSvc"
+	LimitsLogger  = "limitsSvc"
+)
+
 // GuestEvent is one thing envd reports about the guest.
 type GuestEvent struct {
 	// Seq orders a boot's events from 1; a reader resumes after the last one it kept.

@@ -11,7 +11,6 @@ import (
 	"net/url"
 	"slices"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/vibemon/vmon/internal/agentproto"
@@ -49,11 +48,21 @@ func (n *Node) followGuest(sb *sandbox) {
 	if old := sb.follow.Swap(&cancel); old != nil {
 		(*old)()
 	}
+	if sb.stopping.Load() {
+		// Its teardown began before the follower was in place (a destroy racing the hand-out,
+		// a runtime that died), so its stopFollowing may have found nothing to stop.
+		sb.stopFollowing()
+		cancel()
+		return
+	}
 	go func() {
 		defer cancel()
+		// One gate for the sandbox, not one per stream: a guest that ends its stream after
+		// every burst must not get a fresh burst each time.
+		gate := newGuestGate(time.Now())
 		wait := followRetryMin
 		for ctx.Err() == nil {
-			read, err := n.followOnce(ctx, sb)
+			read, err := n.followOnce(ctx, sb, gate)
 			if errors.Is(err, errNoEvents) {
 				n.log.Debug("envd reports no guest events (an older build)", "sandbox", sb.id)
 				return
@@ -81,7 +90,7 @@ func (sb *sandbox) stopFollowing() {
 var errNoEvents = errors.New("envd has no events endpoint")
 
 // followOnce reads one events stream until it breaks; read says whether it delivered anything.
-func (n *Node) followOnce(ctx context.Context, sb *sandbox) (read bool, err error) {
+func (n *Node) followOnce(ctx context.Context, sb *sandbox, gate *guestGate) (read bool, err error) {
 	boot, seq := n.opts.GuestLog.GuestCursor(sb.id)
 	q := url.Values{"after": {strconv.FormatUint(seq, 10)}, "boot": {boot}}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, envdURL(agentproto.EventsPath)+"?"+q.Encode(), nil)
@@ -108,10 +117,9 @@ func (n *Node) followOnce(ctx context.Context, sb *sandbox) (read bool, err erro
 		return false, fmt.Errorf("envd events: invalid boot id %q", clipTo(boot, 80))
 	}
 	// The stream comes from inside the sandbox, where root can replace envd: every line is
-	// bounded, every event checked, and the rate is capped (guestGate).
+	// bounded, every event checked, and the rate is capped (gate).
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 0, 4096), maxEventLine)
-	gate := newGuestGate(time.Now())
 	lines := make(chan agentproto.GuestEvent, followBatch)
 	decErr := make(chan error, 1)
 	go func() {
@@ -167,7 +175,6 @@ const (
 	maxEventLine   = 32 << 10
 	maxEventFields = 16
 	maxFieldKey    = 64
-	maxLoggerName  = 32
 	// guestRate and guestBurst cap the events a sandbox logs per second; envd's start command
 	// output alone stays under 20 a second.
 	guestRate  = 200
@@ -186,11 +193,11 @@ func validBoot(b string) bool {
 	return true
 }
 
-// sanitize keeps an event within the bounds above: the logger is a short name ending in Svc (else
-// guestSvc), at most maxEventFields fields with short keys. Message and field values are clipped
-// by the log itself.
+// sanitize keeps an event within the bounds above: the logger is one of envd's (else guestSvc,
+// never one of the host's), at most maxEventFields fields with short keys. Message and field
+// values are clipped by the log itself.
 func sanitize(e agentproto.GuestEvent) agentproto.GuestEvent {
-	if len(e.Logger) > maxLoggerName || !strings.HasSuffix(e.Logger, "Svc") {
+	if e.Logger != agentproto.ProcessLogger && e.Logger != agentproto.LimitsLogger {
 		e.Logger = "guestSvc"
 	}
 	if len(e.Fields) > maxEventFields {

@@ -1,8 +1,13 @@
 package node
 
 import (
+	"context"
+	"encoding/json"
 	"fmt"
+	"net/http"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -26,8 +31,16 @@ func TestSanitizeBoundsAGuestsEvent(t *testing.T) {
 			t.Errorf("long key kept")
 		}
 	}
-	if got := sanitize(agentproto.GuestEvent{Logger: "processSvc"}).Logger; got != "processSvc" {
-		t.Errorf("envd's logger renamed to %q", got)
+	for _, l := range []string{agentproto.ProcessLogger, agentproto.LimitsLogger} {
+		if got := sanitize(agentproto.GuestEvent{Logger: l}).Logger; got != l {
+			t.Errorf("envd's logger %q renamed to %q", l, got)
+		}
+	}
+	// The host's loggers: a guest that replaced envd must not pass its events off as the host's.
+	for _, l := range []string{"lifecycleSvc", "egressSvc", "logsSvc", "fooSvc"} {
+		if got := sanitize(agentproto.GuestEvent{Logger: l}).Logger; got != "guestSvc" {
+			t.Errorf("a guest's event kept the logger %q", got)
+		}
 	}
 	for b, ok := range map[string]bool{"0123abcdef": true, "": false, "a b": false, "x\n1": false, strings.Repeat("a", 65): false} {
 		if validBoot(b) != ok {
@@ -65,5 +78,99 @@ func TestGuestGateCapsTheRate(t *testing.T) {
 	}
 	if admitted != guestRate {
 		t.Fatalf("after a second %d admitted, want %d", admitted, guestRate)
+	}
+}
+
+// recordingLog is a GuestLog that keeps what it is given and counts how often a follower
+// (re)connected, which reads the cursor first.
+type recordingLog struct {
+	mu      sync.Mutex
+	kept    []agentproto.GuestEvent
+	cursors int
+	boot    string
+	seq     uint64
+}
+
+func (r *recordingLog) GuestCursor(string) (string, uint64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.cursors++
+	return r.boot, r.seq
+}
+
+func (r *recordingLog) GuestEvents(_, boot string, last uint64, evs []agentproto.GuestEvent) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.kept = append(r.kept, evs...)
+	r.boot, r.seq = boot, last
+}
+
+func (r *recordingLog) counts() (guest, cursors int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, e := range r.kept {
+		if e.Logger != "logsSvc" {
+			guest++
+		}
+	}
+	return guest, r.cursors
+}
+
+// A guest root that replaces envd with a server ending its stream after every burst must not
+// get a fresh burst with each new stream: the rate cap is the sandbox's, not one stream's.
+func TestGuestRateHoldsAcrossReconnects(t *testing.T) {
+	e := newEnv(t)
+	rec := &recordingLog{}
+	e.guestLog = rec
+	var seq atomic.Uint64
+	e.rt.events = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set(agentproto.BootHeader, "hostile")
+		enc := json.NewEncoder(w)
+		for range guestBurst {
+			_ = enc.Encode(agentproto.GuestEvent{Seq: seq.Add(1), Sandbox: "flood", Time: time.Now(),
+				Level: "info", Logger: "processSvc", Message: "flood"})
+		}
+	})
+	n := e.node(t, nil)
+	began := time.Now()
+	if _, err := n.CreateSandbox(context.Background(), spec("flood")); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "a few streams", func() bool { _, c := rec.counts(); return c >= 5 })
+	time.Sleep(500 * time.Millisecond)
+	if err := n.DestroySandbox(context.Background(), "flood"); err != nil {
+		t.Fatal(err)
+	}
+	kept, streams := rec.counts()
+	allowed := guestBurst + int(time.Since(began).Seconds()*guestRate) + 1
+	if kept > allowed {
+		t.Fatalf("%d events kept over %d streams in %v; the cap allows %d", kept, streams, time.Since(began).Round(time.Millisecond), allowed)
+	}
+}
+
+// A follower started for a sandbox that is already being torn down (its handing out raced a
+// destroy, or its runtime died) must not go on dialling it until the node closes.
+func TestNoFollowerForATornDownSandbox(t *testing.T) {
+	e := newEnv(t)
+	rec := &recordingLog{}
+	e.guestLog = rec
+	n := e.node(t, nil)
+	if _, err := n.CreateSandbox(context.Background(), spec("gone")); err != nil {
+		t.Fatal(err)
+	}
+	sb, ok := n.lookup("gone")
+	if !ok {
+		t.Fatal("no sandbox")
+	}
+	if err := n.DestroySandbox(context.Background(), "gone"); err != nil {
+		t.Fatal(err)
+	}
+	// The order a create racing a destroy can produce: the teardown first, then the follower.
+	n.followGuest(sb)
+	time.Sleep(100 * time.Millisecond)
+	_, before := rec.counts()
+	time.Sleep(700 * time.Millisecond)
+	if _, after := rec.counts(); after != before {
+		t.Fatalf("a torn-down sandbox is still followed: %d more attempts", after-before)
 	}
 }

@@ -32,6 +32,8 @@ type fakeRuntime struct {
 	exits    map[string]chan runtime.Exit
 	inits    map[string]map[string]any
 	failNext error
+	// events, when set, serves envd's events stream (agentproto.EventsPath).
+	events http.Handler
 }
 
 func newFakeRuntime() *fakeRuntime {
@@ -101,6 +103,9 @@ func (f *fakeRuntime) envd(id, sock string) (stop func()) {
 	})
 	path, h := processconnect.NewProcessHandler(fakeProcess{})
 	handler.Handle(path, h)
+	if f.events != nil {
+		handler.Handle("GET "+agentproto.EventsPath, f.events)
+	}
 	go func() {
 		for ctx.Err() == nil {
 			conn, err := net.Dial("unix", sock)
@@ -232,6 +237,8 @@ type env struct {
 	dir string
 	rt  *fakeRuntime
 	ns  *fakeNetNS
+	// guestLog, when set, follows handed-out sandboxes' events.
+	guestLog GuestLog
 }
 
 func newEnv(t *testing.T) *env {
@@ -248,7 +255,7 @@ func (e *env) node(t *testing.T, warm []WarmSpec) *Node {
 	t.Helper()
 	n, err := New(Options{
 		DataDir: e.dir, Runtime: e.rt, RootFS: fakeRootFS{}, NetNS: e.ns, Templates: fakeTemplates{},
-		EnvdPath: "/usr/local/bin/envd", BootTimeout: 5 * time.Second, Warm: warm,
+		EnvdPath: "/usr/local/bin/envd", BootTimeout: 5 * time.Second, Warm: warm, GuestLog: e.guestLog,
 		Log: slog.New(slog.DiscardHandler),
 	})
 	if err != nil {

@@ -39,10 +39,11 @@ const (
 	maxField   = 1024
 )
 
-// Loggers, named in E2B's style: its CLI strips the Svc suffix and filters by what is left.
+// Loggers, named in E2B's style: its CLI strips the Svc suffix and filters by what is left. The
+// node keeps only these (agentproto), so a new one is added there.
 const (
-	ProcessLogger = "processSvc"
-	LimitsLogger  = "limitsSvc"
+	ProcessLogger = agentproto.ProcessLogger
+	LimitsLogger  = agentproto.LimitsLogger
 )
 
 // Journal is safe for concurrent use.

@@ -69,7 +69,7 @@ type Journal interface {
 }
 
 // journalLogger names process entries in the sandbox's log.
-const journalLogger = "processSvc"
+const journalLogger = agentproto.ProcessLogger
 
 type plainStarter struct{}
 
