@@ -60,9 +60,10 @@ func (n *Node) followGuest(sb *sandbox) {
 		// One gate for the sandbox, not one per stream: a guest that ends its stream after
 		// every burst must not get a fresh burst each time.
 		gate := newGuestGate(time.Now())
+		pace := &linePacer{tokens: guestLineBurst, last: time.Now()}
 		wait := followRetryMin
 		for ctx.Err() == nil {
-			read, err := n.followOnce(ctx, sb, gate)
+			read, err := n.followOnce(ctx, sb, gate, pace)
 			if errors.Is(err, errNoEvents) {
 				n.log.Debug("envd reports no guest events (an older build)", "sandbox", sb.id)
 				return
@@ -90,7 +91,7 @@ func (sb *sandbox) stopFollowing() {
 var errNoEvents = errors.New("envd has no events endpoint")
 
 // followOnce reads one events stream until it breaks; read says whether it delivered anything.
-func (n *Node) followOnce(ctx context.Context, sb *sandbox, gate *guestGate) (read bool, err error) {
+func (n *Node) followOnce(ctx context.Context, sb *sandbox, gate *guestGate, pace *linePacer) (read bool, err error) {
 	boot, seq := n.opts.GuestLog.GuestCursor(sb.id)
 	q := url.Values{"after": {strconv.FormatUint(seq, 10)}, "boot": {boot}}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, envdURL(agentproto.EventsPath)+"?"+q.Encode(), nil)
@@ -117,14 +118,22 @@ func (n *Node) followOnce(ctx context.Context, sb *sandbox, gate *guestGate) (re
 		return false, fmt.Errorf("envd events: invalid boot id %q", clipTo(boot, 80))
 	}
 	// The stream comes from inside the sandbox, where root can replace envd: every line is
-	// bounded, every event checked, and the rate is capped (gate).
+	// bounded, every event checked, the rate of events logged capped (gate), and lines are read
+	// no faster than pace, since each costs a decode whether it is logged or skipped.
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 0, 4096), maxEventLine)
 	lines := make(chan agentproto.GuestEvent, followBatch)
 	decErr := make(chan error, 1)
 	go func() {
 		defer close(lines)
-		for sc.Scan() {
+		for {
+			if err := pace.wait(ctx); err != nil {
+				decErr <- err
+				return
+			}
+			if !sc.Scan() {
+				break
+			}
 			var ev agentproto.GuestEvent
 			if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
 				decErr <- fmt.Errorf("envd events: %w", err)
@@ -135,7 +144,11 @@ func (n *Node) followOnce(ctx context.Context, sb *sandbox, gate *guestGate) (re
 		decErr <- sc.Err()
 	}()
 	// Events come in bursts (a process's start, then its end): what is already decoded goes in
-	// one call, so the cursor is written once per burst.
+	// one call, so the cursor is written once per burst. A burst with nothing to keep (another
+	// sandbox's events, inherited or forged) moves the cursor at most once a cursorEvery, and
+	// once more when the stream ends: reading them again after a restart only skips them again.
+	var lastWrite time.Time
+	var skipped uint64
 	for ev := range lines {
 		batch := []agentproto.GuestEvent{ev}
 	more:
@@ -159,8 +172,17 @@ func (n *Node) followOnce(ctx context.Context, sb *sandbox, gate *guestGate) (re
 		if note, ok := gate.report(time.Now()); ok {
 			mine = append(mine, note)
 		}
-		n.opts.GuestLog.GuestEvents(sb.id, boot, batch[len(batch)-1].Seq, mine)
+		last := batch[len(batch)-1].Seq
 		read = true
+		if len(mine) == 0 && time.Since(lastWrite) < cursorEvery {
+			skipped = last
+			continue
+		}
+		n.opts.GuestLog.GuestEvents(sb.id, boot, last, mine)
+		lastWrite, skipped = time.Now(), 0
+	}
+	if skipped != 0 {
+		n.opts.GuestLog.GuestEvents(sb.id, boot, skipped, nil)
 	}
 	err = <-decErr
 	if err == nil {
@@ -179,6 +201,12 @@ const (
 	// output alone stays under 20 a second.
 	guestRate  = 200
 	guestBurst = 1000
+	// guestLineRate and guestLineBurst pace the lines read, logged or not; the burst holds twice
+	// envd's journal, which a fork inherits and reads (and skips) at once.
+	guestLineRate  = 2000
+	guestLineBurst = 4096
+	// cursorEvery spaces the cursor writes of bursts that kept nothing.
+	cursorEvery = time.Second
 )
 
 func validBoot(b string) bool {
@@ -249,6 +277,31 @@ func (g *guestGate) report(now time.Time) (agentproto.GuestEvent, bool) {
 	return agentproto.GuestEvent{Time: now, Level: "warn", Logger: "logsSvc",
 		Message: fmt.Sprintf("%d events from inside the sandbox were not logged (more than %d a second)", n, guestRate),
 		Fields:  map[string]string{"dropped": strconv.Itoa(n)}}, true
+}
+
+// linePacer is a token bucket that waits rather than refuses: while it waits, the stream is not
+// read, and the guest's writes wait with it.
+type linePacer struct {
+	tokens float64
+	last   time.Time
+}
+
+func (p *linePacer) wait(ctx context.Context) error {
+	for {
+		now := time.Now()
+		p.tokens = min(guestLineBurst, p.tokens+now.Sub(p.last).Seconds()*guestLineRate)
+		p.last = now
+		if p.tokens >= 1 {
+			p.tokens--
+			return nil
+		}
+		// Waiting for a twentieth of a second's worth at a time, not for each line.
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }
 
 func clipTo(s string, n int) string {

@@ -174,3 +174,57 @@ func TestNoFollowerForATornDownSandbox(t *testing.T) {
 		t.Fatalf("a torn-down sandbox is still followed: %d more attempts", after-before)
 	}
 }
+
+// A guest that streams events of another sandbox as fast as it can (none are logged) must cost
+// the node neither a decode per line it cares to send nor a cursor write per burst.
+func TestSkippedFloodIsPacedAndCursorWritesAreBounded(t *testing.T) {
+	e := newEnv(t)
+	rec := &recordingLog{}
+	cl := &callCounter{GuestLog: rec}
+	e.guestLog = cl
+	var seq atomic.Uint64
+	e.rt.events = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set(agentproto.BootHeader, "hostile")
+		enc := json.NewEncoder(w)
+		for r.Context().Err() == nil {
+			if enc.Encode(agentproto.GuestEvent{Seq: seq.Add(1), Sandbox: "someone-else"}) != nil {
+				return
+			}
+		}
+	})
+	n := e.node(t, nil)
+	began := time.Now()
+	if _, err := n.CreateSandbox(context.Background(), spec("skips")); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * time.Second)
+	if err := n.DestroySandbox(context.Background(), "skips"); err != nil {
+		t.Fatal(err)
+	}
+	// Let the follower's last stream end and flush its place.
+	time.Sleep(200 * time.Millisecond)
+	took := time.Since(began).Seconds()
+	rec.mu.Lock()
+	read := rec.seq
+	rec.mu.Unlock()
+	if allowed := uint64(guestLineBurst + took*guestLineRate); read > allowed {
+		t.Errorf("%d lines read in %.1fs; the pace allows %d", read, took, allowed)
+	}
+	if read < guestLineBurst {
+		t.Errorf("only %d lines read", read)
+	}
+	if calls := cl.calls.Load(); calls > int64(took)+3 {
+		t.Errorf("%d cursor writes in %.1fs for lines that were all skipped", calls, took)
+	}
+}
+
+// callCounter counts GuestEvents calls (each writes the cursor).
+type callCounter struct {
+	GuestLog
+	calls atomic.Int64
+}
+
+func (c *callCounter) GuestEvents(id, boot string, last uint64, evs []agentproto.GuestEvent) {
+	c.calls.Add(1)
+	c.GuestLog.GuestEvents(id, boot, last, evs)
+}
