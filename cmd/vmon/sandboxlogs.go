@@ -131,7 +131,7 @@ func sandboxLogsCmd() *cobra.Command {
 	var follow, asJSON bool
 	c := &cobra.Command{
 		Use:   "logs ID",
-		Short: "show what happened to a sandbox (created, paused, resumed, ended and why, egress refusals), also after it ended",
+		Short: "show what happened to a sandbox (created, paused, resumed, ended and why, egress refusals, processes, limits reached), also after it ended",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if level != "" {
