@@ -58,12 +58,22 @@ func (k *Kernel) Execute(ctx context.Context, code string, silent bool, emit fun
 	var reply Reply
 	gotReply, idle := false, false
 	done := ctx.Done()
-	var grace <-chan time.Time
+	var grace, settled <-chan time.Time
+	// settle starts the wait for a reply that may never come: ipykernel catches an interrupt that
+	// lands outside the cell (flushing its output before the reply) itself, logs "KeyboardInterrupt
+	// caught in kernel." and sends no execute_reply, yet goes idle with its state intact. The reply
+	// goes out before the idle status, on another socket: ReplyAfterIdle is for its transit.
+	settle := func() {
+		if reply.Interrupted && idle && !gotReply && settled == nil {
+			settled = time.After(ReplyAfterIdle)
+		}
+	}
 	for !(gotReply && idle) {
 		select {
 		case m := <-w.iopub:
 			if k.publish(m, emit) {
 				idle = true
+				settle()
 			}
 		case m := <-w.reply:
 			gotReply = true
@@ -81,6 +91,10 @@ func (k *Kernel) Execute(ctx context.Context, code string, silent bool, emit fun
 				k.log.Warn("interrupt kernel", "err", err)
 			}
 			grace = time.After(InterruptGrace)
+			settle()
+		case <-settled:
+			k.log.Info("the kernel went idle after an interrupt without replying: it caught the interrupt outside the cell", "request", id)
+			return reply, nil
 		case <-grace:
 			return reply, ErrStuck
 		case <-k.proc.Exited():

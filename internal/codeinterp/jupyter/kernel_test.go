@@ -129,3 +129,32 @@ func TestFreePortsNotSharedBetweenStarts(t *testing.T) {
 		t.Fatalf("%d ports still reserved after every start released them", len(handedOut.ports))
 	}
 }
+
+// TestInterruptAfterTheCell: an interrupt that reaches ipykernel after the cell ran, while it
+// flushes the cell's output before its execute_reply, is caught by ipykernel itself
+// ("KeyboardInterrupt caught in kernel."): no execute_reply comes, but the kernel goes idle and
+// keeps its state. Execute ends then, rather than waiting out InterruptGrace and calling the
+// kernel stuck (which restarted it, losing its state: issue 22 item 7, when ingress made the
+// service see its clients leave).
+func TestInterruptAfterTheCell(t *testing.T) {
+	k := pythonKernel(t)
+	ctx := context.Background()
+	if _, r, err := run(t, k, ctx, "x = 41"); err != nil || r.Status != "ok" {
+		t.Fatalf("x = 41: %+v %v", r, err)
+	}
+	// The cell holds ipykernel's output thread for 2 s and prints: the cell itself is over at
+	// once, and the interrupt finds ipykernel waiting for the flush that precedes its reply.
+	tctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	defer cancel()
+	outs, r, err := run(t, k, tctx, "import sys, time\nsys.stdout.pub_thread.schedule(lambda: time.sleep(2))\nprint('printed')")
+	if err != nil || !r.Interrupted {
+		t.Fatalf("interrupted after the cell: %+v %v (outputs %+v)", r, err, outs)
+	}
+	if last := outs[len(outs)-1]; last.Kind != "stream" || last.Text != "printed\n" {
+		t.Fatalf("outputs %+v: the cell's output is still delivered", outs)
+	}
+	outs, _, err = run(t, k, ctx, "x")
+	if err != nil || len(outs) == 0 || outs[len(outs)-1].Data["text/plain"] != "41" {
+		t.Fatalf("state after the interrupt: %+v %v", outs, err)
+	}
+}

@@ -11,6 +11,10 @@ import (
 // tests can shorten it).
 var InterruptGrace = 10 * time.Second
 
+// ReplyAfterIdle bounds the wait for an interrupted execution's reply once the kernel went idle
+// for it (see Execute).
+const ReplyAfterIdle = 2 * time.Second
+
 // ErrStuck is returned (wrapped) by an execution whose kernel was interrupted and did not finish
 // the cell within InterruptGrace: it may never answer again (a loop that ignores SIGINT).
 var ErrStuck = errors.New("the kernel did not stop after an interrupt")
