@@ -240,6 +240,11 @@ func (s *Server) runIn(ctx context.Context, c *kcontext, req executeRequest, out
 		out.fail("ExecutionError", err.Error())
 	case err == nil && rep.Status == "aborted" && !rep.Interrupted:
 		out.fail("ExecutionAborted", "Execution was aborted")
+	case err == nil && rep.Interrupted && rep.Status != "ok" && !errSent:
+		// The kernel stopped without a word of its own (ipykernel caught the interrupt outside
+		// the cell): the client left, or a proxy told this side it did while the client still
+		// reads (issue 22 item 7); that client must not take the cell for one without a value.
+		out.fail("ExecutionInterrupted", "the execution was interrupted before the kernel finished it: the service saw its client leave or its timeout pass")
 	}
 	// Also after an interrupt (the client left): the kernel is idle again and keeps no variable
 	// of this execution. Bounded, as a kernel that is idle answers at once.

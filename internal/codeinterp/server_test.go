@@ -560,3 +560,41 @@ func TestPythonPILShowAndSaveDisplay(t *testing.T) {
 		t.Fatalf("save still saves: %q %v", b, err)
 	}
 }
+
+// TestInterruptedWithoutReplySaysSo: an execution interrupted because the service saw its client
+// leave, which the kernel ends without a reply of its own (ipykernel caught the interrupt after
+// the cell), ends with an error line rather than as a cell that had no value: a proxy may have
+// told the service its client left while that client still reads (issue 22 item 7). The kernel
+// keeps its state.
+func TestInterruptedWithoutReplySaysSo(t *testing.T) {
+	_, ts := newServer(t)
+	execute(t, context.Background(), ts, map[string]any{"code": "kept = 7"})
+	// The cell holds ipykernel's output thread for 2 s and prints: the interrupt, 0.5 s in, finds
+	// ipykernel flushing that output before its reply. The handler is called directly: what it
+	// writes after its request's context ended is what a client still reading would get.
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	b, _ := json.Marshal(map[string]any{"code": "import sys, time\nsys.stdout.pub_thread.schedule(lambda: time.sleep(2))\nprint('printed')"})
+	req := httptest.NewRequestWithContext(ctx, "POST", "/execute", strings.NewReader(string(b)))
+	rec := httptest.NewRecorder()
+	ts.Config.Handler.ServeHTTP(rec, req)
+	var types []string
+	var lines []map[string]any
+	for _, l := range strings.Split(strings.TrimSpace(rec.Body.String()), "\n") {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(l), &m); err != nil {
+			t.Fatalf("line %q: %v", l, err)
+		}
+		lines, types = append(lines, m), append(types, m["type"].(string))
+	}
+	if streamText(lines, "stdout") != "printed\n" || types[len(types)-1] != "end_of_execution" {
+		t.Fatalf("lines %v", lines)
+	}
+	errs := ofType(lines, "error")
+	if len(errs) != 1 || errs[0]["name"] != "ExecutionInterrupted" {
+		t.Fatalf("want one ExecutionInterrupted error, got %v", lines)
+	}
+	if after, _ := execute(t, context.Background(), ts, map[string]any{"code": "kept"}); mainText(after) != "7" {
+		t.Fatalf("state after the interrupt: %v", after)
+	}
+}
