@@ -26,7 +26,8 @@ type Output struct {
 
 // Reply is how an execution ended.
 type Reply struct {
-	// Status is the kernel's: "ok", "error" or "aborted".
+	// Status is the kernel's: "ok", "error" or "aborted"; empty for an interrupted execution the
+	// kernel ended without a reply.
 	Status string
 	// Count is the execution count.
 	Count int
