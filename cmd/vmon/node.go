@@ -1,10 +1,7 @@
 package main
 
 import (
-	"crypto/rand"
-	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"time"
 
@@ -12,6 +9,7 @@ import (
 
 	"github.com/vibemon/vmon/internal/config"
 	"github.com/vibemon/vmon/internal/join"
+	"github.com/vibemon/vmon/internal/secrets"
 	"github.com/vibemon/vmon/internal/store"
 	"github.com/vibemon/vmon/internal/tlsutil"
 )
@@ -30,32 +28,11 @@ func clusterAuthority(dataDir string, st *store.Store) (*join.Authority, error) 
 	if err != nil {
 		return nil, fmt.Errorf("cluster CA: %w", err)
 	}
-	key, err := loadOrCreateKey(filepath.Join(dir, gossipKeyFile), 32)
+	key, err := secrets.LoadOrCreateRandom(filepath.Join(dir, gossipKeyFile), 32)
 	if err != nil {
 		return nil, fmt.Errorf("gossip key: %w", err)
 	}
 	return &join.Authority{CA: ca, Tokens: st, GossipKey: key}, nil
-}
-
-// loadOrCreateKey reads a random key of n bytes from path, or makes it (0600) once.
-func loadOrCreateKey(path string, n int) ([]byte, error) {
-	if b, err := os.ReadFile(path); err == nil {
-		if len(b) != n {
-			return nil, fmt.Errorf("%s holds %d bytes, want %d", path, len(b), n)
-		}
-		return b, nil
-	} else if !errors.Is(err, os.ErrNotExist) {
-		return nil, err
-	}
-	b := make([]byte, n)
-	if _, err := rand.Read(b); err != nil {
-		return nil, err
-	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return nil, err
-	}
-	return b, os.Rename(tmp, path)
 }
 
 func nodeCmd() *cobra.Command {

@@ -144,27 +144,9 @@ type Sealer struct {
 // LoadOrCreateKey reads the 32-byte key at path, or creates it (0600, written to a temporary
 // name and renamed).
 func LoadOrCreateKey(path string) (*Sealer, error) {
-	key, err := os.ReadFile(path)
-	if errors.Is(err, os.ErrNotExist) {
-		key = make([]byte, 32)
-		if _, err := rand.Read(key); err != nil {
-			return nil, err
-		}
-		if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-			return nil, err
-		}
-		tmp := path + ".tmp"
-		if err := os.WriteFile(tmp, key, 0o600); err != nil {
-			return nil, fmt.Errorf("write secrets key: %w", err)
-		}
-		if err := os.Rename(tmp, path); err != nil {
-			return nil, fmt.Errorf("write secrets key: %w", err)
-		}
-	} else if err != nil {
-		return nil, fmt.Errorf("read secrets key: %w", err)
-	}
-	if len(key) != 32 {
-		return nil, fmt.Errorf("secrets key %s: want 32 bytes, got %d", path, len(key))
+	key, err := LoadOrCreateRandom(path, 32)
+	if err != nil {
+		return nil, fmt.Errorf("secrets key: %w", err)
 	}
 	block, err := aes.NewCipher(key)
 	if err != nil {
@@ -175,6 +157,35 @@ func LoadOrCreateKey(path string) (*Sealer, error) {
 		return nil, err
 	}
 	return &Sealer{aead: aead}, nil
+}
+
+// LoadOrCreateRandom reads the n random bytes kept at path, or makes them once (0600, written to
+// a temporary name and renamed, so a crash never leaves a short key): the secrets key, the
+// cluster's gossip key.
+func LoadOrCreateRandom(path string, n int) ([]byte, error) {
+	key, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		key = make([]byte, n)
+		if _, err := rand.Read(key); err != nil {
+			return nil, err
+		}
+		if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+			return nil, err
+		}
+		tmp := path + ".tmp"
+		if err := os.WriteFile(tmp, key, 0o600); err != nil {
+			return nil, fmt.Errorf("write %s: %w", path, err)
+		}
+		if err := os.Rename(tmp, path); err != nil {
+			return nil, fmt.Errorf("write %s: %w", path, err)
+		}
+	} else if err != nil {
+		return nil, fmt.Errorf("read %s: %w", path, err)
+	}
+	if len(key) != n {
+		return nil, fmt.Errorf("%s: want %d bytes, got %d", path, n, len(key))
+	}
+	return key, nil
 }
 
 // aad binds a sealed value to its secret and version, so a row's ciphertext cannot be moved to
