@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/vibemon/vmon/internal/agentproto"
+	"github.com/vibemon/vmon/internal/errdefs"
 )
 
 // GuestLog takes what envd reports about a handed-out sandbox (processes started and ended, the
@@ -115,7 +116,7 @@ func (n *Node) followOnce(ctx context.Context, sb *sandbox, gate *guestGate, pac
 	}
 	boot = resp.Header.Get(agentproto.BootHeader)
 	if !validBoot(boot) {
-		return false, fmt.Errorf("envd events: invalid boot id %q", clipTo(boot, 80))
+		return false, fmt.Errorf("envd events: invalid boot id %s", errdefs.Clip(strconv.Quote(boot)))
 	}
 	// The stream comes from inside the sandbox, where root can replace envd: every line is
 	// bounded, every event checked, the rate of events logged capped (gate), and lines are read
@@ -304,9 +305,3 @@ func (p *linePacer) wait(ctx context.Context) error {
 	}
 }
 
-func clipTo(s string, n int) string {
-	if len(s) > n {
-		return s[:n]
-	}
-	return s
-}
