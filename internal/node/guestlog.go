@@ -304,4 +304,3 @@ func (p *linePacer) wait(ctx context.Context) error {
 		}
 	}
 }
-
