@@ -168,11 +168,15 @@ func (s *Service) Start(ctx context.Context, req *connect.Request[pb.StartReques
 	sub, _ := p.subscribe()
 	send := func(ev *pb.ProcessEvent) error { return stream.Send(&pb.StartResponse{Event: ev}) }
 	p.run(func() { s.forgetLater(p) })
+	// The stream counts for EndStreams from before its client hears of it: a pause the client
+	// asks for right after the start event must end it too.
+	gen := s.joinStreams()
+	defer gen.open.Done()
 	if err := send(startEvent(p.pid)); err != nil {
 		p.unsubscribe(sub)
 		return err
 	}
-	return s.follow(ctx, req.Header(), p, sub, p.timedOut, send)
+	return s.follow(ctx, req.Header(), p, sub, gen, p.timedOut, send)
 }
 
 func (s *Service) launch(ctx context.Context, req *connect.Request[pb.StartRequest]) (*proc, error) {
@@ -264,6 +268,8 @@ func (s *Service) Connect(ctx context.Context, req *connect.Request[pb.ConnectRe
 	}
 	send := func(ev *pb.ProcessEvent) error { return stream.Send(&pb.ConnectResponse{Event: ev}) }
 	sub, end := p.subscribe()
+	gen := s.joinStreams()
+	defer gen.open.Done()
 	if err := send(startEvent(p.pid)); err != nil {
 		if sub != nil {
 			p.unsubscribe(sub)
@@ -274,15 +280,14 @@ func (s *Service) Connect(ctx context.Context, req *connect.Request[pb.ConnectRe
 		return send(&pb.ProcessEvent{Event: &pb.ProcessEvent_End{End: end}})
 	}
 	// A Connect stream's own deadline ends the stream only; the process keeps running.
-	return s.follow(ctx, req.Header(), p, sub, nil, send)
+	return s.follow(ctx, req.Header(), p, sub, gen, nil, send)
 }
 
 // follow forwards a process's events to one stream until the end event, the stream's failure or
-// the request's end. timedOut, when non-nil, turns a timeout kill into deadline_exceeded.
-func (s *Service) follow(ctx context.Context, h http.Header, p *proc, sub *subscriber, timedOut <-chan struct{}, send func(*pb.ProcessEvent) error) error {
+// the request's end, or gen's end (EndStreams). timedOut, when non-nil, turns a timeout kill into
+// deadline_exceeded.
+func (s *Service) follow(ctx context.Context, h http.Header, p *proc, sub *subscriber, gen *streamGen, timedOut <-chan struct{}, send func(*pb.ProcessEvent) error) error {
 	defer p.unsubscribe(sub)
-	gen := s.joinStreams()
-	defer gen.open.Done()
 	interval := keepaliveInterval(h)
 	tick := time.NewTimer(interval)
 	defer tick.Stop()
