@@ -100,8 +100,13 @@ func FileSignature(path, operation, user, token string, expiration int64) string
 // saw happen in the guest, as GuestEvent JSON lines, for the node to copy into the sandbox's log.
 // Query: after (the last Seq the reader has, 0 for all) and boot (the BootHeader value that Seq
 // belongs to; another boot's cursor reads from the start). The stream stays open and carries new
-// events as they happen.
+// events as they happen, unless the query has EventsDrain=1: then it carries what envd holds at
+// once and ends (the node's last read before it destroys the sandbox).
 const EventsPath = "/vmon/events"
+
+// EventsDrain is the EventsPath query parameter that asks for what envd holds now, without
+// waiting for more.
+const EventsDrain = "drain"
 
 // BootHeader, on an EventsPath response, names envd's boot: its events' Seq restart with it.
 const BootHeader = "X-Vmon-Boot"

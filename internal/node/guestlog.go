@@ -38,33 +38,43 @@ const (
 	followBatch = 256
 )
 
+// follower is one sandbox's copy of envd's events. Its gate and pacer outlive a broken stream:
+// a guest that ends its stream after every burst must not get a fresh burst each time.
+type follower struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+	gate   *guestGate
+	pace   *linePacer
+}
+
 // followGuest copies envd's events about sb into the guest log until sb stops being handed out
-// (sb.follow is cancelled) or the node closes. An envd without the events endpoint (an older
-// build in a snapshot) ends it quietly.
+// (stopFollowing) or the node closes. An envd without the events endpoint (an older build in a
+// snapshot) ends it quietly.
 func (n *Node) followGuest(sb *sandbox) {
 	if n.opts.GuestLog == nil || sb.ch == nil || sb.id == "" {
 		return
 	}
 	ctx, cancel := context.WithCancel(n.ctx)
-	if old := sb.follow.Swap(&cancel); old != nil {
-		(*old)()
+	now := time.Now()
+	f := &follower{cancel: cancel, done: make(chan struct{}), gate: newGuestGate(now),
+		pace: &linePacer{tokens: guestLineBurst, last: now}}
+	if old := sb.follow.Swap(f); old != nil {
+		old.stop()
 	}
 	if sb.stopping.Load() {
 		// Its teardown began before the follower was in place (a destroy racing the hand-out,
 		// a runtime that died), so its stopFollowing may have found nothing to stop.
-		sb.stopFollowing()
 		cancel()
+		close(f.done)
+		sb.stopFollowing()
 		return
 	}
 	go func() {
+		defer close(f.done)
 		defer cancel()
-		// One gate for the sandbox, not one per stream: a guest that ends its stream after
-		// every burst must not get a fresh burst each time.
-		gate := newGuestGate(time.Now())
-		pace := &linePacer{tokens: guestLineBurst, last: time.Now()}
 		wait := followRetryMin
 		for ctx.Err() == nil {
-			read, err := n.followOnce(ctx, sb, gate, pace)
+			read, err := n.followOnce(ctx, sb, f, false)
 			if errors.Is(err, errNoEvents) {
 				n.log.Debug("envd reports no guest events (an older build)", "sandbox", sb.id)
 				return
@@ -82,19 +92,54 @@ func (n *Node) followGuest(sb *sandbox) {
 	}()
 }
 
-// stopFollowing ends sb's follower (pause, snapshot teardown, destroy).
-func (sb *sandbox) stopFollowing() {
-	if c := sb.follow.Swap(nil); c != nil {
-		(*c)()
+// stopWait bounds how long a stop waits for the follower's last write to the log.
+const stopWait = 2 * time.Second
+
+// stop cancels the follower and waits for it to have written its last, so that nothing after it
+// writes the cursor concurrently.
+func (f *follower) stop() {
+	f.cancel()
+	select {
+	case <-f.done:
+	case <-time.After(stopWait):
+	}
+}
+
+// stopFollowing ends sb's follower (pause, snapshot teardown, destroy) and returns it, nil when
+// none ran.
+func (sb *sandbox) stopFollowing() *follower {
+	f := sb.follow.Swap(nil)
+	if f != nil {
+		f.stop()
+	}
+	return f
+}
+
+// drainWait bounds the last read of a sandbox being destroyed: a guest that does not answer
+// must not hold up its own kill.
+const drainWait = time.Second
+
+// drainGuest reads once more what envd holds for sb, without waiting for more (its runtime is
+// about to go, and envd sends its latest events only after a short coalescing pause).
+func (n *Node) drainGuest(ctx context.Context, sb *sandbox, f *follower) {
+	ctx, cancel := context.WithTimeout(ctx, drainWait)
+	defer cancel()
+	if _, err := n.followOnce(ctx, sb, f, true); err != nil && !errors.Is(err, errNoEvents) {
+		n.log.Debug("last read of guest events failed", "sandbox", sb.id, "err", err)
 	}
 }
 
 var errNoEvents = errors.New("envd has no events endpoint")
 
-// followOnce reads one events stream until it breaks; read says whether it delivered anything.
-func (n *Node) followOnce(ctx context.Context, sb *sandbox, gate *guestGate, pace *linePacer) (read bool, err error) {
+// followOnce reads one events stream until it breaks, or with drain what envd holds now;
+// read says whether it delivered anything. A drain's stream ends with a nil error.
+func (n *Node) followOnce(ctx context.Context, sb *sandbox, f *follower, drain bool) (read bool, err error) {
+	gate, pace := f.gate, f.pace
 	boot, seq := n.opts.GuestLog.GuestCursor(sb.id)
 	q := url.Values{"after": {strconv.FormatUint(seq, 10)}, "boot": {boot}}
+	if drain {
+		q.Set(agentproto.EventsDrain, "1")
+	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, envdURL(agentproto.EventsPath)+"?"+q.Encode(), nil)
 	if err != nil {
 		return false, err
@@ -186,7 +231,7 @@ func (n *Node) followOnce(ctx context.Context, sb *sandbox, gate *guestGate, pac
 		n.opts.GuestLog.GuestEvents(sb.id, boot, skipped, nil)
 	}
 	err = <-decErr
-	if err == nil {
+	if err == nil && !drain {
 		err = errors.New("envd events: the stream ended")
 	}
 	return read, err

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -185,6 +186,11 @@ func TestSkippedFloodIsPacedAndCursorWritesAreBounded(t *testing.T) {
 	var seq atomic.Uint64
 	e.rt.events = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set(agentproto.BootHeader, "hostile")
+		if r.URL.Query().Get(agentproto.EventsDrain) == "1" {
+			// Nothing held back: the pace is measured by the cursor, which the lines a
+			// cancelled stream left unread would move on.
+			return
+		}
 		enc := json.NewEncoder(w)
 		for r.Context().Err() == nil {
 			if enc.Encode(agentproto.GuestEvent{Seq: seq.Add(1), Sandbox: "someone-else"}) != nil {
@@ -227,4 +233,44 @@ type callCounter struct {
 func (c *callCounter) GuestEvents(id, boot string, last uint64, evs []agentproto.GuestEvent) {
 	c.calls.Add(1)
 	c.GuestLog.GuestEvents(id, boot, last, evs)
+}
+
+// What envd still holds back when its sandbox is killed (it coalesces its events for a moment)
+// reaches the log: the destroy reads once more, without waiting.
+func TestDestroyDrainsTheLastEvents(t *testing.T) {
+	e := newEnv(t)
+	rec := &recordingLog{}
+	e.guestLog = rec
+	var drains atomic.Int32
+	e.rt.events = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set(agentproto.BootHeader, "b1")
+		enc := json.NewEncoder(w)
+		if r.URL.Query().Get("after") != "1" {
+			_ = enc.Encode(agentproto.GuestEvent{Seq: 1, Sandbox: "last", Time: time.Now(), Level: "info", Logger: "processSvc", Message: "started"})
+		}
+		if r.URL.Query().Get(agentproto.EventsDrain) == "1" {
+			drains.Add(1)
+			_ = enc.Encode(agentproto.GuestEvent{Seq: 2, Sandbox: "last", Time: time.Now(), Level: "info", Logger: "processSvc", Message: "ended"})
+			return
+		}
+		w.(http.Flusher).Flush()
+		<-r.Context().Done()
+	})
+	n := e.node(t, nil)
+	if _, err := n.CreateSandbox(context.Background(), spec("last")); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the first event", func() bool { g, _ := rec.counts(); return g >= 1 })
+	if err := n.DestroySandbox(context.Background(), "last"); err != nil {
+		t.Fatal(err)
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	var msgs []string
+	for _, ev := range rec.kept {
+		msgs = append(msgs, ev.Message)
+	}
+	if drains.Load() != 1 || !slices.Equal(msgs, []string{"started", "ended"}) || rec.seq != 2 {
+		t.Fatalf("drains %d, kept %q up to %d", drains.Load(), msgs, rec.seq)
+	}
 }

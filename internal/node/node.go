@@ -226,8 +226,8 @@ type sandbox struct {
 	envdToken string
 	// policy is the egress policy in force (recordPolicy), to explain the kernel's refusals.
 	policy atomic.Pointer[egress.Policy]
-	// follow cancels the copy of envd's events into the sandbox's log (followGuest).
-	follow atomic.Pointer[context.CancelFunc]
+	// follow is the copy of envd's events into the sandbox's log (followGuest).
+	follow atomic.Pointer[follower]
 }
 
 // New returns a node; call Recover before serving and Close at exit.
@@ -648,7 +648,11 @@ func (n *Node) DestroySandbox(ctx context.Context, id string) error {
 // teardown removes a sandbox's runtime, channel, link or namespace, root and directory.
 func (n *Node) teardown(ctx context.Context, sb *sandbox) error {
 	sb.stopping.Store(true)
-	sb.stopFollowing()
+	if f := sb.stopFollowing(); f != nil {
+		// envd holds back its last events for a moment to send them together: read what it
+		// holds once more, or the last things a killed sandbox did never reach its log.
+		n.drainGuest(ctx, sb, f)
+	}
 	n.forgetDenied(sb.id)
 	runtimeID := sb.runtimeID
 	var errs []error

@@ -141,6 +141,7 @@ func (j *Journal) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.URL.Query().Get("boot") != j.boot {
 		after = 0
 	}
+	drain := r.URL.Query().Get(agentproto.EventsDrain) == "1"
 	flusher, _ := w.(http.Flusher)
 	w.Header().Set("Content-Type", "application/x-ndjson")
 	w.Header().Set(agentproto.BootHeader, j.boot)
@@ -171,6 +172,9 @@ func (j *Journal) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		if flusher != nil && (len(evs) > 0 || lost > 0) {
 			flusher.Flush()
+		}
+		if drain {
+			return
 		}
 		select {
 		case <-r.Context().Done():

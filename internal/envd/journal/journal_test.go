@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -115,5 +116,30 @@ func TestServeStreamsAndResumes(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusBadRequest {
 		t.Fatalf("bad after: %s", resp.Status)
+	}
+}
+
+// A drain carries what is held and ends, without waiting out the coalescing.
+func TestServeDrain(t *testing.T) {
+	j := newJournal(4, time.Now)
+	j.coalesce = time.Hour
+	j.SetSandbox("sb")
+	srv := httptest.NewServer(j)
+	defer srv.Close()
+	for _, m := range []string{"one", "two", "three"} {
+		j.Add("info", ProcessLogger, m, nil)
+	}
+	resp, err := http.Get(srv.URL + "?drain=1&after=1&boot=" + j.Boot())
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(body)), "\n")
+	if len(lines) != 2 || !strings.Contains(lines[0], `"two"`) || !strings.Contains(lines[1], `"three"`) {
+		t.Fatalf("drain read %q", body)
 	}
 }
