@@ -264,6 +264,19 @@ describe('sandbox logs', () => {
     assert.match(first.message, /^sandbox created from template /, 'nothing of the build comes before the sandbox was created');
   });
 
+  srv.test('what a sandbox did just before its kill is in its log', async () => {
+    const sbx = await Sandbox.create({ ...srv.sdkOpts, metadata: { run: RUN } });
+    created.push(sbx);
+    // envd holds its latest events back for a moment to send them together: the kill must read
+    // them before the sandbox goes.
+    await assert.rejects(sbx.commands.run('exit 7'), (err) => err.exitCode === 7);
+    assert.equal(await sbx.kill(), true);
+    const lines = (await v2(sbx.sandboxId)).map((l) => `${l.level} ${l.fields.logger} ${l.message}`);
+    const exited = lines.findIndex((l) => /^warn processSvc process \d+ exited with code 7: exit 7$/.test(l));
+    const killed = lines.findIndex((l) => /^info lifecycleSvc sandbox killed by request$/.test(l));
+    assert.ok(exited >= 0 && killed > exited, `the exit, then the kill:\n${lines.join('\n')}`);
+  });
+
   srv.test('vmon sandbox logs prints the log, filtered by level or as JSON', async () => {
     const base = ['sandbox', 'logs', id, '--api-url', srv.apiUrl, '--api-key', srv.apiKey];
     const { stdout } = await runVmon(base);
