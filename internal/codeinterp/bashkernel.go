@@ -192,7 +192,7 @@ func (k *bashKernel) Execute(ctx context.Context, code string, silent bool, emit
 	ended := map[string]bool{}
 	exit := 0
 	var err error
-	reply.Interrupted, err = awaitCell(ctx, &k.Process, "bash", k.out, func(c bashChunk) bool {
+	reply.Interrupted, err = awaitCell(ctx, &k.Process, "bash", nil, k.out, func(c bashChunk) bool {
 		switch {
 		case c.end && c.id == id:
 			ended[c.stream] = true

@@ -24,13 +24,23 @@ type kernel interface {
 	Shutdown()
 }
 
+// softGrace is how long an interrupt asked for in band (awaitCell's soft) has to end the cell
+// before the runner gets a signal.
+const softGrace = 200 * time.Millisecond
+
 // awaitCell gives a runner's events for one cell to handle until handle reports the cell ended.
-// When ctx ends it interrupts p's process group once; a runner that has not ended the cell
-// within jupyter.InterruptGrace after that, or whose process exits, ends the wait with
+// When ctx ends it interrupts the cell once: with soft, when given, and after softGrace with a
+// signal to p's process group (a cell that holds the runner's event loop reads nothing); at
+// once with the signal without soft. A runner that has not ended the cell within
+// jupyter.InterruptGrace after the signal, or whose process exits, ends the wait with
 // jupyter.ErrStuck or jupyter.ErrDied.
-func awaitCell[E any](ctx context.Context, p *jupyter.Process, runner string, events <-chan E, handle func(E) (ended bool)) (interrupted bool, err error) {
+func awaitCell[E any](ctx context.Context, p *jupyter.Process, runner string, soft func(), events <-chan E, handle func(E) (ended bool)) (interrupted bool, err error) {
 	done := ctx.Done()
-	var grace <-chan time.Time
+	var hard, grace <-chan time.Time
+	signal := func() {
+		_ = p.Interrupt()
+		grace = time.After(jupyter.InterruptGrace)
+	}
 	for {
 		select {
 		case ev := <-events:
@@ -39,8 +49,15 @@ func awaitCell[E any](ctx context.Context, p *jupyter.Process, runner string, ev
 			}
 		case <-done:
 			interrupted, done = true, nil
-			_ = p.Interrupt()
-			grace = time.After(jupyter.InterruptGrace)
+			if soft == nil {
+				signal()
+				break
+			}
+			soft()
+			hard = time.After(softGrace)
+		case <-hard:
+			hard = nil
+			signal()
 		case <-grace:
 			return true, fmt.Errorf("%w (%s)", jupyter.ErrStuck, runner)
 		case <-p.Exited():

@@ -6,7 +6,8 @@
 //   {id, type: "result", text}                the cell's value (util.inspect)
 //   {id, type: "error", name, value, stack}
 //   {id, type: "done", count}
-// SIGINT interrupts the running cell (a synchronous loop or a pending await); the context stays.
+// {interrupt: id} on stdin interrupts cell id while it awaits; SIGINT interrupts it either way (a
+// synchronous loop too). The context stays.
 'use strict';
 const fs = require('fs');
 const readline = require('readline');
@@ -200,7 +201,13 @@ async function next() {
 }
 
 readline.createInterface({ input: process.stdin }).on('line', (line) => {
-  queue.push(JSON.parse(line));
+  const msg = JSON.parse(line);
+  if (msg.interrupt !== undefined) {
+    // The service's interrupt of a cell that waits; one for a cell already done is stale.
+    if (msg.interrupt === current && interrupt) interrupt(new Error('Execution was interrupted'));
+    return;
+  }
+  queue.push(msg);
   next();
 }).on('close', () => process.exit(0));
 send({ id: null, type: 'ready' });

@@ -53,6 +53,10 @@ type nodeKernel struct {
 	// name says which runner, in errors; encode frames one cell for its stdin.
 	name   string
 	encode func(id, code string) []byte
+	// interrupt, when set, frames the in-band interrupt of a cell (see awaitCell's soft).
+	interrupt func(id string) []byte
+	// writeMu keeps a cell and an interrupt from interleaving on stdin.
+	writeMu sync.Mutex
 
 	mu sync.Mutex
 	// +checklocks:mu
@@ -75,8 +79,16 @@ func startNode(ctx context.Context, node, lang string, spec jupyter.Spec) (kerne
 		b, _ := json.Marshal(map[string]string{"id": id, "code": code, "lang": lang})
 		return b
 	}
+	// Node's breakOnSigint takes the runner's SIGINT listener away while a cell's synchronous
+	// part starts and ends, and a SIGINT then kills the runner with the context's state: a cell
+	// that waits (an await) is interrupted in band, and only one that holds the event loop
+	// gets the signal.
+	interrupt := func(id string) []byte {
+		b, _ := json.Marshal(map[string]string{"interrupt": id})
+		return b
+	}
 	return startRunner(ctx, spec, runnerSpec{name: "the node runner", file: "node-runner.js", body: nodeRunner,
-		argv: []string{node}, lang: lang, encode: encode})
+		argv: []string{node}, lang: lang, encode: encode, interrupt: interrupt})
 }
 
 // runnerSpec is a kernel process speaking node-runner.js's protocol: argv plus the runner file,
@@ -86,6 +98,8 @@ type runnerSpec struct {
 	body             []byte
 	argv             []string
 	encode           func(id, code string) []byte
+	// interrupt frames an in-band interrupt; nil: interrupts are signals only.
+	interrupt func(id string) []byte
 }
 
 func startRunner(ctx context.Context, spec jupyter.Spec, rs runnerSpec) (kernel, error) {
@@ -100,7 +114,7 @@ func startRunner(ctx context.Context, spec jupyter.Spec, rs runnerSpec) (kernel,
 	if err != nil {
 		return nil, err
 	}
-	k := &nodeKernel{lang: rs.lang, log: spec.Log, waiters: map[string]chan nodeEvent{}, name: rs.name, encode: rs.encode}
+	k := &nodeKernel{lang: rs.lang, log: spec.Log, waiters: map[string]chan nodeEvent{}, name: rs.name, encode: rs.encode, interrupt: rs.interrupt}
 	if k.log == nil {
 		k.log = slog.New(slog.DiscardHandler)
 	}
@@ -194,6 +208,14 @@ func (k *nodeKernel) readEvents(r *os.File, ready chan struct{}) {
 	}
 }
 
+// write sends one line to the runner.
+func (k *nodeKernel) write(line []byte) error {
+	k.writeMu.Lock()
+	defer k.writeMu.Unlock()
+	_, err := k.stdin.Write(append(line, '\n'))
+	return err
+}
+
 func (k *nodeKernel) Execute(ctx context.Context, code string, silent bool, emit func(jupyter.Output)) (jupyter.Reply, error) {
 	k.mu.Lock()
 	k.seq++
@@ -211,10 +233,7 @@ func (k *nodeKernel) Execute(ctx context.Context, code string, silent bool, emit
 	// outside any cell (a timer that spins) never does: when the client leaves first, the
 	// runner is as stuck as one that ignores an interrupt (Shutdown ends the write).
 	written := make(chan error, 1)
-	go func() {
-		_, err := k.stdin.Write(append(req, '\n'))
-		written <- err
-	}()
+	go func() { written <- k.write(req) }()
 	var err error
 	select {
 	case err = <-written:
@@ -230,7 +249,14 @@ func (k *nodeKernel) Execute(ctx context.Context, code string, silent bool, emit
 	}
 	var reply jupyter.Reply
 	status := "ok"
-	reply.Interrupted, err = awaitCell(ctx, &k.Process, k.name, ch, func(ev nodeEvent) bool {
+	var soft func()
+	if k.interrupt != nil {
+		soft = func() {
+			// In the background: a runner that reads nothing must not hold up the signal.
+			go func() { _ = k.write(k.interrupt(id)) }()
+		}
+	}
+	reply.Interrupted, err = awaitCell(ctx, &k.Process, k.name, soft, ch, func(ev nodeEvent) bool {
 		switch ev.Type {
 		case "stream":
 			if !silent {

@@ -86,6 +86,9 @@ func TestJavaScript(t *testing.T) {
 	if m := mainText(js("process.env.VMON_JS ?? 'unset'")); m != "unset" {
 		t.Fatalf("env var leaked: %q", m)
 	}
+	// A cell's own SIGINT listener counts the signals the runner got: a waiting cell is
+	// interrupted in band, without one (a signal at the wrong moment kills a Node runner).
+	js("globalThis.sigints = 0; process.on('SIGINT', () => sigints++); undefined")
 	for _, code := range []string{"while (true) {}", "await new Promise(() => {})"} {
 		tctx, cancel := context.WithTimeout(ctx, time.Second)
 		execute(t, tctx, ts, map[string]any{"code": code, "language": "javascript"})
@@ -93,6 +96,9 @@ func TestJavaScript(t *testing.T) {
 		if m := mainText(js("x")); m != "41" {
 			t.Fatalf("after interrupting %q: x = %q", code, m)
 		}
+	}
+	if m := mainText(js("sigints")); m != "0" {
+		t.Fatalf("a waiting cell was interrupted by a signal: %s SIGINTs reached the runner's listeners", m)
 	}
 	if errs := ofType(js("process.exit(3)"), "error"); len(errs) != 1 || errs[0]["name"] != "KernelDied" {
 		t.Fatalf("exit: %v", errs)
