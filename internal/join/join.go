@@ -32,6 +32,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"regexp"
@@ -100,6 +101,8 @@ type Authority struct {
 	Tokens TokenStore
 	// GossipKey encrypts the cluster's gossip (internal/membership); a joining node gets it.
 	GossipKey []byte
+	// Gossip, when set, lists the gossip addresses a joining node is told to join through.
+	Gossip func() []string
 	// Now defaults to time.Now (tests).
 	Now func() time.Time
 }
@@ -148,6 +151,9 @@ type Response struct {
 	CA          string `json:"ca"`
 	// GossipKey is the cluster's gossip key (base64), sent only inside the pinned TLS channel.
 	GossipKey string `json:"gossipKey,omitempty"`
+	// Gossip are gossip addresses (host:port) of the cluster's members the node can join
+	// through, the driver's first.
+	Gossip []string `json:"gossip,omitempty"`
 }
 
 // errRefused is the one answer for a token that is unknown, wrong, expired or used up: which of
@@ -193,11 +199,51 @@ func (a *Authority) Join(ctx context.Context, req Request) (Response, error) {
 	if err != nil {
 		return Response{}, err
 	}
-	return Response{
+	resp := Response{
 		Certificate: string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})),
 		CA:          string(a.CA.CertPEM),
 		GossipKey:   base64.StdEncoding.EncodeToString(a.GossipKey),
-	}, nil
+	}
+	if a.Gossip != nil {
+		resp.Gossip = a.Gossip()
+	}
+	return resp, nil
+}
+
+// Driver returns credentials for the driver itself, for a fresh key: a certificate for hosts
+// (names or IP addresses nodes reach it at) with both client and server use, not marked as a
+// node's, so it can serve joins and call nodes.
+func (a *Authority) Driver(name string, hosts []string) (Credentials, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return Credentials{}, err
+	}
+	tmpl := &x509.Certificate{
+		Subject:     pkix.Name{CommonName: name},
+		NotBefore:   a.now().Add(-time.Hour),
+		NotAfter:    a.now().Add(CertValidity),
+		KeyUsage:    x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth, x509.ExtKeyUsageServerAuth},
+	}
+	for _, h := range hosts {
+		if ip := net.ParseIP(h); ip != nil {
+			tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
+		} else if h != "" {
+			tmpl.DNSNames = append(tmpl.DNSNames, h)
+		}
+	}
+	der, err := a.CA.Sign(tmpl, &key.PublicKey)
+	if err != nil {
+		return Credentials{}, err
+	}
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return Credentials{}, err
+	}
+	// The chain carries the CA: a joining node finds the CA its token pins in it.
+	chain := append(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), a.CA.CertPEM...)
+	return Credentials{KeyPEM: pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}),
+		CertPEM: chain, CAPEM: a.CA.CertPEM, GossipKey: a.GossipKey}, nil
 }
 
 // ServeHTTP answers the join endpoint with E2B-style JSON errors ({"code","message"}).
@@ -238,6 +284,8 @@ func writeErr(w http.ResponseWriter, err error, status int) {
 type Credentials struct {
 	KeyPEM, CertPEM, CAPEM []byte
 	GossipKey              []byte
+	// Gossip are the addresses the join answer named to join the gossip through.
+	Gossip []string `json:",omitempty"`
 }
 
 // Node joins the cluster at driverURL (https) with token as name: it makes a key, checks that
@@ -300,7 +348,7 @@ func Node(ctx context.Context, driverURL, token, name string) (Credentials, erro
 		return Credentials{}, fmt.Errorf("join %s: gossip key: %w", driverURL, err)
 	}
 	return Credentials{KeyPEM: pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}),
-		CertPEM: []byte(out.Certificate), CAPEM: []byte(out.CA), GossipKey: gossip}, nil
+		CertPEM: []byte(out.Certificate), CAPEM: []byte(out.CA), GossipKey: gossip, Gossip: out.Gossip}, nil
 }
 
 // pinnedConfig trusts a server only if its chain holds a CA with the pinned key that signed a

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"slices"
 	"testing"
 	"time"
 
@@ -223,5 +224,56 @@ func TestMutualTLSAcceptsOnlyTheClustersNodes(t *testing.T) {
 	strangerCreds.CAPEM = clientCreds.CAPEM
 	if _, err := get(strangerCreds, true); err == nil {
 		t.Fatal("a node of another cluster was served")
+	}
+}
+
+// The driver's own credentials serve the join endpoint (the pin and host check pass, it is not a
+// node's certificate) and call nodes over mutual TLS; the join answer names the gossip seeds.
+func TestDriverCredentialsServeJoinsAndCallNodes(t *testing.T) {
+	c := newCluster(t)
+	c.auth.Gossip = func() []string { return []string{"127.0.0.1:7946"} }
+	drv, err := c.auth.Driver("driver-1", []string{"127.0.0.1", "driver.example"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pair, err := tls.X509KeyPair(drv.CertPEM, drv.KeyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle(Path, c.auth)
+	joinSrv := httptest.NewUnstartedServer(mux)
+	joinSrv.TLS = &tls.Config{Certificates: []tls.Certificate{pair}}
+	joinSrv.StartTLS()
+	defer joinSrv.Close()
+	creds, err := Node(context.Background(), joinSrv.URL, c.token(t, time.Hour, 1), "node-b")
+	if err != nil {
+		t.Fatalf("join served with the driver's certificate: %v", err)
+	}
+	if !slices.Equal(creds.Gossip, []string{"127.0.0.1:7946"}) {
+		t.Fatalf("gossip seeds %q", creds.Gossip)
+	}
+	srvConf, err := MutualTLS(creds, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	node := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, r.TLS.PeerCertificates[0].Subject.CommonName)
+	}))
+	node.TLS = srvConf
+	node.StartTLS()
+	defer node.Close()
+	cliConf, err := MutualTLS(drv, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cliConf.ServerName = "node-b"
+	resp, err := (&http.Client{Transport: &http.Transport{TLSClientConfig: cliConf}}).Get(node.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if b, _ := io.ReadAll(resp.Body); string(b) != "driver-1" {
+		t.Fatalf("the node saw %q", b)
 	}
 }
