@@ -96,6 +96,9 @@ type Options struct {
 	// of a policy. Creates the node cannot serve fail with 503 sandbox_no_compatible_node; in
 	// particular, without a net-* feature every create fails (seed "Network modes").
 	Features []string
+	// FeaturesNow, when set, replaces Features with what the nodes offer as of each call (a
+	// cluster's nodes come and go).
+	FeaturesNow func() []string
 	// NetworkStore records live network updates; nil uses Store. Tests inject failures here.
 	NetworkStore NetworkStore
 	// Volumes makes and removes volume directories; nil: volumes answer 501.

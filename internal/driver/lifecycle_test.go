@@ -3,6 +3,7 @@ package driver
 import (
 	"context"
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
@@ -325,5 +326,46 @@ func TestSandboxStopped(t *testing.T) {
 	}
 	if _, err := e.d.Get(ctx, other.ID); err != nil {
 		t.Fatalf("bystander affected: %v", err)
+	}
+}
+
+// A cluster's driver restarting takes its records over as they are: running sandboxes are routed
+// and timed again without asking a node, an expired one is killed by its timer, an interrupted
+// create is destroyed and marked killed, a paused one stays paused.
+func TestAdopt(t *testing.T) {
+	ctx := context.Background()
+	e, _ := newPausingEnv(t, nil)
+	alive := e.create(t, CreateRequest{Timeout: dur(50 * time.Second)})
+	expired := e.create(t, CreateRequest{Timeout: dur(10 * time.Second)})
+	paused := e.create(t, CreateRequest{})
+	if err := e.d.Pause(ctx, paused.ID, true); err != nil {
+		t.Fatal(err)
+	}
+	creating := Sandbox{ID: "creatinginterrupted0", TemplateID: baseID, State: store.StateCreating,
+		CPU: 1, MemoryMB: 1, StartedAt: t0, EndAt: t0.Add(time.Minute), NodeID: "node2"}
+	if err := e.store.InsertSandbox(ctx, creating); err != nil {
+		t.Fatal(err)
+	}
+	e.d.Close()
+	e.clock.Advance(20 * time.Second)
+	d := e.start(t)
+	if err := d.Adopt(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := d.SandboxByID(ctx, alive.ID); err != nil || r.EnvdAccessToken != alive.EnvdAccessToken {
+		t.Fatalf("the running sandbox is not routed: %+v, %v", r, err)
+	}
+	e.waitState(t, expired.ID, store.StateKilled)
+	if rec, _ := e.store.GetSandbox(ctx, creating.ID); rec.State != store.StateKilled || rec.KillReason != ReasonInterrupted {
+		t.Errorf("interrupted create: %s %q", rec.State, rec.KillReason)
+	}
+	if !slices.Contains(e.node.Destroys(), creating.ID) {
+		t.Errorf("the interrupted create was not destroyed: %v", e.node.Destroys())
+	}
+	if rec, _ := e.store.GetSandbox(ctx, paused.ID); rec.State != store.StatePaused {
+		t.Errorf("paused sandbox: %s", rec.State)
+	}
+	if !e.node.Alive(alive.ID) {
+		t.Fatal("the running sandbox was destroyed")
 	}
 }

@@ -135,7 +135,14 @@ func policyOf(sb Sandbox) (egress.Policy, error) {
 	return egress.Parse(n.egressConfig(sb.AllowInternetAccess))
 }
 
-func (d *Driver) hasFeature(f string) bool { return slices.Contains(d.opts.Features, f) }
+func (d *Driver) features() []string {
+	if d.opts.FeaturesNow != nil {
+		return d.opts.FeaturesNow()
+	}
+	return d.opts.Features
+}
+
+func (d *Driver) hasFeature(f string) bool { return slices.Contains(d.features(), f) }
 
 // missingFeatures lists what p needs that the node lacks.
 func (d *Driver) missingFeatures(p egress.Policy) []string {
@@ -168,8 +175,8 @@ func (d *Driver) describeMissing(missing []string) string {
 		uses[i] = featureUse(f)
 	}
 	offers := "none"
-	if len(d.opts.Features) > 0 {
-		offers = strings.Join(d.opts.Features, ", ")
+	if fs := d.features(); len(fs) > 0 {
+		offers = strings.Join(fs, ", ")
 	}
 	return strings.Join(uses, "; ") + " (node features: " + offers + ")"
 }

@@ -187,3 +187,34 @@ func (d *Driver) PausedOrphans(ctx context.Context, paused []string) ([]string, 
 	}
 	return out, nil
 }
+
+// Adopt takes over the records at a start of a driver whose nodes run elsewhere (a cluster's
+// driver role): their sandboxes did not restart with it, so running ones are tracked again as
+// they are (routes, expiry timers; one already past its end is killed by the expiry loop) and
+// paused ones stay paused. Records still creating belong to a create the restart interrupted: the
+// sandbox is destroyed wherever it got to and the record marked killed. What became of sandboxes
+// on a node that is gone is not decided here: that is the nodes' membership's to report.
+func (d *Driver) Adopt(ctx context.Context) error {
+	recs, err := d.store.ListSandboxes(ctx, store.SandboxQuery{
+		States: []store.SandboxState{store.StateCreating, store.StateRunning},
+	})
+	if err != nil {
+		return fmt.Errorf("load sandboxes to adopt: %w", err)
+	}
+	var tracked, killed int
+	for _, sb := range recs {
+		if sb.State == store.StateRunning {
+			d.track(sb)
+			tracked++
+			continue
+		}
+		d.destroyQuietly(ctx, sb.ID)
+		if err := d.store.MarkKilled(ctx, sb.ID, d.now(), ReasonInterrupted); err != nil {
+			return fmt.Errorf("mark sandbox %s killed: %w", sb.ID, err)
+		}
+		d.sbEnded(sb.ID, ReasonInterrupted)
+		killed++
+	}
+	d.log.Info("adopted sandbox records", "running", tracked, "interrupted", killed)
+	return nil
+}
