@@ -82,6 +82,12 @@ func serveCmd() *cobra.Command {
 }
 
 func serve(ctx context.Context, c *config.Serve, stdout io.Writer) error {
+	switch c.Role {
+	case "driver":
+		return serveDriver(ctx, c, stdout)
+	case "node":
+		return serveNode(ctx, c, stdout)
+	}
 	log, err := newLogger(c.LogLevel)
 	if err != nil {
 		return err
@@ -104,102 +110,22 @@ func serve(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 		return err
 	}
 
-	if _, err := template.Load(c.DataDir, "base"); err != nil {
-		fmt.Fprintln(os.Stderr, "vmon: building template base (first start; cached afterwards)")
-		if _, err := template.BuildBase(ctx, template.BaseOptions{DataDir: c.DataDir, Progress: os.Stderr, Logger: log}); err != nil {
-			return fmt.Errorf("build template base: %w", err)
-		}
-	}
-	if c.SandboxDiskMB > 0 {
-		if err := rootfs.DiskSupported(); err != nil {
-			return fmt.Errorf("sandbox disk limits (--sandbox-disk-mb %d) cannot be enforced on this host: %w; "+
-				"fix that, or run with --sandbox-disk-mb 0 to let sandboxes write to the host's disk without a limit",
-				c.SandboxDiskMB, err)
-		}
-	}
-	manifests, err := syncTemplates(ctx, st, c.DataDir, c.SandboxDiskMB)
-	if err != nil {
-		return err
-	}
-	envdPath, err := installEnvd(c, log)
-	if err != nil {
-		return err
-	}
-
-	rt, err := gvisor.New(gvisor.Options{
-		RunscPath: c.RunscPath,
-		RootDir:   filepath.Join(c.DataDir, "runsc"),
-		Platform:  c.Platform,
-		Adopt:     true,
-		Logger:    log.With("component", "gvisor"),
-	})
-	if err != nil {
-		return fmt.Errorf("runtime: %w (run `vmon doctor`)", err)
-	}
-	var nodeRef atomic.Pointer[node.Node]
-	network, closeNetwork, err := setupNetwork(ctx, c, log, &nodeRef)
-	if err != nil {
-		return err
-	}
-	defer closeNetwork()
-	vols, err := volumes.New(c.DataDir, volumes.Options{DefaultSizeMB: c.VolumeSizeMB, MaxSizeMB: c.MaxVolumeSizeMB,
-		ImageDir: filepath.Join(c.DataDir, "disk-images"), Log: log.With("component", "volumes")})
-	if err != nil {
-		return err
-	}
 	var sandboxLogs *sandboxlog.Store
 	if c.SandboxLogs {
 		if sandboxLogs, err = openSandboxLogs(ctx, c, st, log.With("component", "sandboxlog")); err != nil {
 			return err
 		}
 	}
-	nopts := node.Options{
-		// Mount, not Path: a sandbox must bind the volume's filesystem, never the directory
-		// under it (after a reboot the filesystem is not mounted yet).
-		VolumePath:       vols.Mount,
-		ReadyTimeout:     c.ReadyTimeout,
-		DataDir:          c.DataDir,
-		Runtime:          rt,
-		RootFS:           rootfsAdapter{imageDir: filepath.Join(c.DataDir, "disk-images"), log: log.With("component", "rootfs")},
-		Templates:        templateRoots{dataDir: c.DataDir},
-		EnvdPath:         envdPath,
-		NetNSPrefix:      netnsPrefix(c.DataDir),
-		Warm:             warmSpecs(manifests, c.WarmPool, c.SandboxDiskMB),
-		Limits:           limits.Overrides{Tasks: c.SandboxMaxTasks, Files: c.SandboxMaxFiles},
-		Log:              log.With("component", "node"),
-		MaxSnapshotBytes: int64(c.MaxSnapshotDiskMB) << 20,
-	}
-	var egressProxy *egressproxy.Proxy
-	if network != nil {
-		// Set only when non-nil: a nil *netpool.Pool in the interface would look networked.
-		nopts.Network = network.pool
-		nopts.Denied, nopts.Env = network.hub, network.env
-		if network.names != nil {
-			nopts.Names = network.names
-		}
-		if egressProxy = network.proxy; egressProxy != nil {
-			nopts.EgressProxy = true
-			nopts.CABundle = egressProxy.CABundle()
-		}
-	} else {
-		// Without networking, sandboxes get loopback-only namespaces (creates are refused anyway).
-		nopts.NetNS = netnsAdapter{}
-	}
+	var guest node.GuestLog
 	if sandboxLogs != nil {
-		nopts.GuestLog = guestLog{logs: sandboxLogs}
+		guest = guestLog{logs: sandboxLogs}
 	}
-	n, err := node.New(nopts)
+	ns, closeNode, err := startNodeStack(ctx, c, st, guest, log)
+	defer closeNode()
 	if err != nil {
 		return err
 	}
-	nodeRef.Store(n)
-	recovery, err := n.Recover(ctx)
-	if err != nil {
-		log.Warn("recovery left errors", "err", err)
-	}
-	if err := node.SweepEnvd(c.DataDir, envdPath, build.LayersDir); err != nil {
-		log.Warn("old envd builds were kept", "err", err)
-	}
+	n, recovery, network, vols, egressProxy, envdPath := ns.n, ns.recovery, ns.network, ns.vols, ns.egressProxy, ns.envdPath
 	// Secret values are sealed under a key beside the database, so a copy of the database alone
 	// (a backup, a support bundle) holds no value in the clear.
 	sealer, err := secrets.LoadOrCreateKey(filepath.Join(c.DataDir, secrets.KeyFile))
@@ -333,6 +259,122 @@ func serve(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 		guarded.ServeHTTP(w, r)
 	})
 	return listenAndServe(ctx, c, handler, log, stdout, apiKey)
+}
+
+// nodeStack is a node and what it runs on, as `vmon serve` starts it for --role all and node.
+type nodeStack struct {
+	n           *node.Node
+	recovery    *node.Recovery
+	network     *networkSetup
+	vols        *volumes.Dir
+	egressProxy *egressproxy.Proxy
+	envdPath    string
+	manifests   []template.Manifest
+}
+
+// startNodeStack builds the templates it lacks, then the runtime, the network, the volumes and
+// the node over them, and recovers what a restart left; guest, when set, keeps envd's events.
+// The cleanup, never nil (an error leaves it something to stop too), stops what it started, in
+// reverse.
+func startNodeStack(ctx context.Context, c *config.Serve, st *store.Store, guest node.GuestLog, log *slog.Logger) (*nodeStack, func(), error) {
+	var cleanups []func()
+	closeAll := func() {
+		for i := len(cleanups) - 1; i >= 0; i-- {
+			cleanups[i]()
+		}
+	}
+	if _, err := template.Load(c.DataDir, "base"); err != nil {
+		fmt.Fprintln(os.Stderr, "vmon: building template base (first start; cached afterwards)")
+		if _, err := template.BuildBase(ctx, template.BaseOptions{DataDir: c.DataDir, Progress: os.Stderr, Logger: log}); err != nil {
+			return nil, closeAll, fmt.Errorf("build template base: %w", err)
+		}
+	}
+	if c.SandboxDiskMB > 0 {
+		if err := rootfs.DiskSupported(); err != nil {
+			return nil, closeAll, fmt.Errorf("sandbox disk limits (--sandbox-disk-mb %d) cannot be enforced on this host: %w; "+
+				"fix that, or run with --sandbox-disk-mb 0 to let sandboxes write to the host's disk without a limit",
+				c.SandboxDiskMB, err)
+		}
+	}
+	manifests, err := syncTemplates(ctx, st, c.DataDir, c.SandboxDiskMB)
+	if err != nil {
+		return nil, closeAll, err
+	}
+	envdPath, err := installEnvd(c, log)
+	if err != nil {
+		return nil, closeAll, err
+	}
+
+	rt, err := gvisor.New(gvisor.Options{
+		RunscPath: c.RunscPath,
+		RootDir:   filepath.Join(c.DataDir, "runsc"),
+		Platform:  c.Platform,
+		Adopt:     true,
+		Logger:    log.With("component", "gvisor"),
+	})
+	if err != nil {
+		return nil, closeAll, fmt.Errorf("runtime: %w (run `vmon doctor`)", err)
+	}
+	var nodeRef atomic.Pointer[node.Node]
+	network, closeNetwork, err := setupNetwork(ctx, c, log, &nodeRef)
+	if err != nil {
+		return nil, closeAll, err
+	}
+	cleanups = append(cleanups, closeNetwork)
+	vols, err := volumes.New(c.DataDir, volumes.Options{DefaultSizeMB: c.VolumeSizeMB, MaxSizeMB: c.MaxVolumeSizeMB,
+		ImageDir: filepath.Join(c.DataDir, "disk-images"), Log: log.With("component", "volumes")})
+	if err != nil {
+		return nil, closeAll, err
+	}
+	nopts := node.Options{
+		// Mount, not Path: a sandbox must bind the volume's filesystem, never the directory
+		// under it (after a reboot the filesystem is not mounted yet).
+		VolumePath:       vols.Mount,
+		ReadyTimeout:     c.ReadyTimeout,
+		DataDir:          c.DataDir,
+		Runtime:          rt,
+		RootFS:           rootfsAdapter{imageDir: filepath.Join(c.DataDir, "disk-images"), log: log.With("component", "rootfs")},
+		Templates:        templateRoots{dataDir: c.DataDir},
+		EnvdPath:         envdPath,
+		NetNSPrefix:      netnsPrefix(c.DataDir),
+		Warm:             warmSpecs(manifests, c.WarmPool, c.SandboxDiskMB),
+		Limits:           limits.Overrides{Tasks: c.SandboxMaxTasks, Files: c.SandboxMaxFiles},
+		Log:              log.With("component", "node"),
+		MaxSnapshotBytes: int64(c.MaxSnapshotDiskMB) << 20,
+	}
+	var egressProxy *egressproxy.Proxy
+	if network != nil {
+		// Set only when non-nil: a nil *netpool.Pool in the interface would look networked.
+		nopts.Network = network.pool
+		nopts.Denied, nopts.Env = network.hub, network.env
+		if network.names != nil {
+			nopts.Names = network.names
+		}
+		if egressProxy = network.proxy; egressProxy != nil {
+			nopts.EgressProxy = true
+			nopts.CABundle = egressProxy.CABundle()
+		}
+	} else {
+		// Without networking, sandboxes get loopback-only namespaces (creates are refused anyway).
+		nopts.NetNS = netnsAdapter{}
+	}
+	if guest != nil {
+		nopts.GuestLog = guest
+	}
+	n, err := node.New(nopts)
+	if err != nil {
+		return nil, closeAll, err
+	}
+	nodeRef.Store(n)
+	recovery, err := n.Recover(ctx)
+	if err != nil {
+		log.Warn("recovery left errors", "err", err)
+	}
+	if err := node.SweepEnvd(c.DataDir, envdPath, build.LayersDir); err != nil {
+		log.Warn("old envd builds were kept", "err", err)
+	}
+	return &nodeStack{n: n, recovery: recovery, network: network, vols: vols, egressProxy: egressProxy,
+		envdPath: envdPath, manifests: manifests}, closeAll, nil
 }
 
 func listenAndServe(ctx context.Context, c *config.Serve, h http.Handler, log *slog.Logger, stdout io.Writer, apiKey string) error {

@@ -13,6 +13,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"slices"
 	"sync"
 	"time"
@@ -34,6 +35,12 @@ type NodeClient interface {
 	driver.MetricsNode
 	driver.DeniedWatcher
 	Info(ctx context.Context) (nodeapi.NodeInfo, error)
+}
+
+// Tunneler is the optional part of a NodeClient that opens byte streams to a sandbox's ports
+// (nodeapi.TunnelDialer), for the driver's edge.
+type Tunneler interface {
+	Dial(ctx context.Context, id string, port int) (net.Conn, error)
 }
 
 var (
@@ -240,6 +247,20 @@ func (r *Router) forget(id string) {
 	r.mu.Lock()
 	delete(r.placed, id)
 	r.mu.Unlock()
+}
+
+// Dial opens a tunnel to port of sandbox id (agentproto.EnvdPort: its envd) on the node that
+// holds it.
+func (r *Router) Dial(ctx context.Context, id string, port int) (net.Conn, error) {
+	c, err := r.holder(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	t, ok := c.(Tunneler)
+	if !ok {
+		return nil, errdefs.Unavailable("the node holding sandbox %q opens no tunnels", id)
+	}
+	return t.Dial(ctx, id, port)
 }
 
 func (r *Router) CreateSandbox(ctx context.Context, spec node.CreateSpec) (node.Info, error) {

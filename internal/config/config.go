@@ -4,8 +4,10 @@ package config
 
 import (
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
+	"regexp"
 	"strings"
 	"time"
 
@@ -16,7 +18,20 @@ import (
 
 // Serve is the configuration of `vmon serve`.
 type Serve struct {
-	Role              string
+	Role string
+	// Name is this member's name in the cluster (a node's certificate carries it).
+	Name string
+	// Advertise is the host:port other members reach this one's RPC at: a node's contract and
+	// tunnels, a driver's cluster endpoint (join, seeds).
+	Advertise string
+	// ClusterListen is a driver's cluster endpoint (TLS): nodes join there.
+	ClusterListen string
+	// GossipListen and GossipAdvertise are this member's gossip address (TCP and UDP).
+	GossipListen, GossipAdvertise string
+	// Join lists a node's drivers (host:port of their cluster endpoint, or a DNS name that
+	// resolves to several); JoinToken is the token a node joins with the first time.
+	Join      []string
+	JoinToken string
 	Listen            string
 	DataDir           string
 	Domain            string
@@ -96,7 +111,14 @@ const DefaultDataDir = "/var/lib/vmon"
 // BindServe registers the serve flags on fs.
 func BindServe(fs *pflag.FlagSet, c *Serve) {
 	fs.StringVar(&c.Role, "role", "all", "process role: all (driver and node), driver or node")
-	fs.StringVar(&c.Listen, "listen", "127.0.0.1:3000", "address of the API and ingress listener")
+	fs.StringVar(&c.Listen, "listen", "127.0.0.1:3000", "address of the API and ingress listener (--role node: of the node's RPC and tunnel listener, mutual TLS)")
+	fs.StringVar(&c.Name, "name", "", "this member's name in the cluster, a DNS label (default: the host name)")
+	fs.StringVar(&c.Advertise, "advertise", "", "host:port the cluster reaches this member's RPC at (--role node: default --listen when it names a host; --role driver: default --cluster-listen when it names a host)")
+	fs.StringVar(&c.ClusterListen, "cluster-listen", "0.0.0.0:3100", "--role driver: address of the cluster endpoint nodes join at (TLS under the cluster CA)")
+	fs.StringVar(&c.GossipListen, "gossip-listen", "0.0.0.0:7946", "--role driver/node: gossip address, TCP and UDP")
+	fs.StringVar(&c.GossipAdvertise, "gossip-advertise", "", "host:port other members reach this one's gossip at (default --gossip-listen when it names a host)")
+	fs.StringSliceVar(&c.Join, "join", nil, "--role node: the drivers' cluster endpoints, host:port (repeatable, or a DNS name that resolves to several)")
+	fs.StringVar(&c.JoinToken, "join-token", "", "--role node: the token `vmon node join-token` printed on the driver's host; needed only for the first start")
 	BindDataDir(fs, &c.DataDir)
 	fs.StringVar(&c.Domain, "domain", "localhost", "domain sandboxes are addressed under: <port>-<sandboxID>.<domain>")
 	fs.StringVar(&c.Runtime, "runtime", "gvisor", "sandbox runtime backend (gvisor)")
@@ -175,7 +197,9 @@ func (c *Serve) Validate() error {
 	switch c.Role {
 	case "all":
 	case "driver", "node":
-		return fmt.Errorf("--role %s: split roles need gossip, which is not available yet; use --role all", c.Role)
+		if err := c.validateCluster(); err != nil {
+			return err
+		}
 	default:
 		return fmt.Errorf("--role must be all, driver or node, not %q", c.Role)
 	}
@@ -247,6 +271,61 @@ func (c *Serve) Validate() error {
 		return fmt.Errorf("--runtime %q is not available: only gvisor is built in (firecracker needs /dev/kvm and is not implemented yet)", c.Runtime)
 	}
 	return nil
+}
+
+var nameRe = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
+
+// validateCluster checks the flags of the split roles.
+func (c *Serve) validateCluster() error {
+	if c.Name == "" {
+		h, err := os.Hostname()
+		if err != nil {
+			return fmt.Errorf("--name is required (no host name: %v)", err)
+		}
+		c.Name = strings.ToLower(strings.SplitN(h, ".", 2)[0])
+	}
+	if !nameRe.MatchString(c.Name) {
+		return fmt.Errorf("--name %q must be a DNS label: lower-case letters, digits and -, at most 63", c.Name)
+	}
+	own := c.Listen
+	if c.Role == "driver" {
+		own = c.ClusterListen
+	}
+	for flag, addr := range map[string]string{"--listen": c.Listen, "--cluster-listen": c.ClusterListen, "--gossip-listen": c.GossipListen} {
+		if _, _, err := net.SplitHostPort(addr); err != nil {
+			return fmt.Errorf("%s %q: want host:port", flag, addr)
+		}
+	}
+	var err error
+	if c.Advertise, err = advertised("--advertise", c.Advertise, own); err != nil {
+		return err
+	}
+	if c.GossipAdvertise, err = advertised("--gossip-advertise", c.GossipAdvertise, c.GossipListen); err != nil {
+		return err
+	}
+	if c.Role == "node" && len(c.Join) == 0 {
+		return fmt.Errorf("--role node needs --join: the drivers' cluster endpoints (host:port)")
+	}
+	return nil
+}
+
+// advertised is the address given for flag, or listen when that names a host others can reach.
+func advertised(flag, given, listen string) (string, error) {
+	addr := given
+	if addr == "" {
+		addr = listen
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil || port == "0" || port == "" {
+		return "", fmt.Errorf("%s %q: want host:port with a fixed port", flag, addr)
+	}
+	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+		if given == "" {
+			return "", fmt.Errorf("%s is required: %s listens on every address, so which one the cluster reaches is not known", flag, listen)
+		}
+		return "", fmt.Errorf("%s %q: an address others can reach, not a wildcard", flag, addr)
+	}
+	return addr, nil
 }
 
 // TLSEnabled reports whether the listener serves HTTPS.

@@ -137,3 +137,37 @@ func TestInvalid(t *testing.T) {
 		})
 	}
 }
+
+// The split roles: a name that is a DNS label, addresses the cluster can reach (a wildcard
+// listener needs --advertise), and a node needs its drivers.
+func TestClusterRoles(t *testing.T) {
+	node := []string{"--role", "node", "--name", "node-a", "--listen", "10.0.0.2:3001", "--gossip-listen", "10.0.0.2:7946", "--join", "10.0.0.1:3100"}
+	c, err := parse(t, node, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Advertise != "10.0.0.2:3001" || c.GossipAdvertise != "10.0.0.2:7946" || len(c.Join) != 1 {
+		t.Fatalf("node: %+v", c)
+	}
+	c, err = parse(t, []string{"--role", "driver", "--name", "d1", "--cluster-listen", "0.0.0.0:3100", "--advertise", "10.0.0.1:3100",
+		"--gossip-listen", "0.0.0.0:7946", "--gossip-advertise", "10.0.0.1:7946"}, nil)
+	if err != nil || c.Advertise != "10.0.0.1:3100" {
+		t.Fatalf("driver: %+v %v", c, err)
+	}
+	for _, bad := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--role", "node", "--name", "Node_A"}, "DNS label"},
+		{[]string{"--role", "node", "--name", "a", "--listen", "0.0.0.0:3001", "--gossip-listen", "10.0.0.2:7946", "--join", "x:1"}, "--advertise is required"},
+		{[]string{"--role", "node", "--name", "a", "--listen", "10.0.0.2:3001", "--gossip-listen", "0.0.0.0:7946", "--join", "x:1"}, "--gossip-advertise is required"},
+		{[]string{"--role", "node", "--name", "a", "--listen", "10.0.0.2:3001", "--gossip-listen", "10.0.0.2:7946"}, "needs --join"},
+		{[]string{"--role", "node", "--name", "a", "--listen", "10.0.0.2:0", "--gossip-listen", "10.0.0.2:7946", "--join", "x:1"}, "fixed port"},
+		{[]string{"--role", "driver", "--name", "d", "--advertise", "0.0.0.0:3100", "--gossip-advertise", "10.0.0.1:7946"}, "not a wildcard"},
+		{[]string{"--role", "both"}, "must be all, driver or node"},
+	} {
+		if _, err := parse(t, bad.args, nil); err == nil || !strings.Contains(err.Error(), bad.want) {
+			t.Errorf("%q: %v, want an error saying %q", bad.args, err, bad.want)
+		}
+	}
+}

@@ -223,6 +223,16 @@ func (c *Cluster) Members() []Member {
 	return out
 }
 
+// Join contacts addrs (as Options.Join) and returns how many answered: a member that started
+// alone, or lost every other, joins again through it.
+func (c *Cluster) Join(addrs []string) (int, error) {
+	n, err := c.ml.Join(addrs)
+	if err != nil {
+		return n, fmt.Errorf("membership: join %v: %w", addrs, err)
+	}
+	return n, nil
+}
+
 // SetMeta changes what this member advertises and gossips it at once.
 func (c *Cluster) SetMeta(m Meta, timeout time.Duration) error {
 	b, err := encodeMeta(m)

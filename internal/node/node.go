@@ -682,6 +682,13 @@ func (n *Node) teardown(ctx context.Context, sb *sandbox) error {
 	return errors.Join(errs...)
 }
 
+// Running is how many sandboxes the node holds for the driver (the warm pool's are not counted).
+func (n *Node) Running() int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return len(n.sandboxes)
+}
+
 // Channel returns the agent channel of a running sandbox.
 func (n *Node) Channel(id string) (*agent.Channel, bool) {
 	n.mu.Lock()

@@ -1,0 +1,374 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/vibemon/vmon/internal/agentproto"
+	"github.com/vibemon/vmon/internal/api"
+	"github.com/vibemon/vmon/internal/cluster"
+	"github.com/vibemon/vmon/internal/config"
+	"github.com/vibemon/vmon/internal/driver"
+	"github.com/vibemon/vmon/internal/httpguard"
+	"github.com/vibemon/vmon/internal/ingress"
+	"github.com/vibemon/vmon/internal/join"
+	"github.com/vibemon/vmon/internal/membership"
+	"github.com/vibemon/vmon/internal/nodeapi"
+	"github.com/vibemon/vmon/internal/sandboxlog"
+	"github.com/vibemon/vmon/internal/secrets"
+	"github.com/vibemon/vmon/internal/store"
+	"github.com/vibemon/vmon/internal/template"
+)
+
+// refreshEvery is how often the driver asks every node for its room: placement uses what it last
+// heard, and a node that is full answers so and passes the create on.
+const refreshEvery = 2 * time.Second
+
+// serveDriver runs `vmon serve --role driver`: the E2B API, the edge ingress, placement over the
+// cluster's nodes, the records and their expiry, and the cluster endpoint nodes join at. It runs
+// no sandbox itself.
+func serveDriver(ctx context.Context, c *config.Serve, stdout io.Writer) error {
+	log, err := newLogger(c.LogLevel)
+	if err != nil {
+		return err
+	}
+	log = log.With("driver", c.Name)
+	if err := os.MkdirAll(c.DataDir, 0o700); err != nil {
+		return fmt.Errorf("create data dir: %w", err)
+	}
+	unlock, err := lockDataDir(ctx, c.DataDir, lockWait)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	st, err := store.Open(ctx, c.DataDir)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	apiKey, err := ensureAdminKey(ctx, st, c.DataDir)
+	if err != nil {
+		return err
+	}
+	// Templates are recorded from the driver's data dir, as --role all does; the nodes hold the
+	// same builds (until templates travel through the shared store).
+	if _, err := template.Load(c.DataDir, "base"); err != nil {
+		return fmt.Errorf("the driver's data dir has no template base (%w): copy the nodes' templates directory into %s", err, filepath.Join(c.DataDir, "templates"))
+	}
+	if _, err := syncTemplates(ctx, st, c.DataDir, c.SandboxDiskMB); err != nil {
+		return err
+	}
+	auth, err := clusterAuthority(c.DataDir, st)
+	if err != nil {
+		return err
+	}
+	hosts, err := certHosts(c)
+	if err != nil {
+		return err
+	}
+	own, err := auth.Driver(c.Name, hosts)
+	if err != nil {
+		return fmt.Errorf("the driver's cluster certificate: %w", err)
+	}
+	toNodes, err := join.MutualTLS(own, false)
+	if err != nil {
+		return err
+	}
+
+	router := cluster.NewRouter(func(ctx context.Context, id string) (string, error) {
+		sb, err := st.GetSandbox(ctx, id)
+		if err != nil {
+			return "", err
+		}
+		return sb.NodeID, nil
+	})
+	nodes := &nodeClients{router: router, tls: toNodes, rpc: map[string]string{}, log: log.With("component", "cluster")}
+	cl, err := membership.Start(ctx, membership.Options{Name: c.Name, Bind: c.GossipListen, Advertise: c.GossipAdvertise,
+		Meta: membership.Meta{Role: membership.RoleDriver, RPC: c.Advertise}, SecretKey: auth.GossipKey,
+		OnEvent: nodes.event, Log: log.With("component", "membership")})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		_ = cl.Leave(5 * time.Second)
+		_ = cl.Shutdown()
+	}()
+	auth.Gossip = func() []string { return gossipSeeds(cl) }
+	go func() {
+		t := time.NewTicker(refreshEvery)
+		defer t.Stop()
+		for {
+			router.Refresh(ctx)
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	stopCluster, err := serveClusterEndpoint(ctx, c, own, auth, cl, log)
+	if err != nil {
+		return err
+	}
+	defer stopCluster()
+
+	var sandboxLogs *sandboxlog.Store
+	if c.SandboxLogs {
+		if sandboxLogs, err = openSandboxLogs(ctx, c, st, log.With("component", "sandboxlog")); err != nil {
+			return err
+		}
+	}
+	sealer, err := secrets.LoadOrCreateKey(filepath.Join(c.DataDir, secrets.KeyFile))
+	if err != nil {
+		return err
+	}
+	maxSandboxes := c.MaxSandboxes
+	if maxSandboxes == 0 {
+		// Each node refuses what it has no room for; the cluster's limit is theirs together.
+		maxSandboxes = 1 << 20
+	}
+	dopts := driver.Options{
+		Store:           st,
+		Node:            router,
+		Logger:          log.With("component", "driver"),
+		BootConcurrency: c.BootConcurrency,
+		MaxSandboxes:    maxSandboxes,
+		MaxTimeout:      c.MaxSandboxTimeout,
+		DefaultDiskMB:   c.SandboxDiskMB,
+		FeaturesNow:     router.Features,
+		Secrets:         sealer,
+	}
+	if sandboxLogs != nil {
+		dopts.Logs = sandboxLogs
+	}
+	d, err := driver.New(dopts)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	if err := d.Adopt(ctx); err != nil {
+		return err
+	}
+	if sandboxLogs != nil {
+		go sandboxLogs.Run(ctx, pruneKilled(ctx, st, log))
+	}
+	domain := ""
+	if c.TLSEnabled() {
+		domain = c.Domain
+	}
+	apiHandler, err := api.New(api.Options{Driver: d, Store: st, Logger: log.With("component", "api"), Domain: domain})
+	if err != nil {
+		return err
+	}
+	ing := ingress.New(log.With("component", "ingress"), &clusterTargets{d: d, r: router}, c.Domain)
+	guarded := httpguard.Handler(apiHandler)
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if ing.Match(r) {
+			ing.ServeHTTP(w, r)
+			return
+		}
+		guarded.ServeHTTP(w, r)
+	})
+	return listenAndServe(ctx, c, handler, log, stdout, apiKey)
+}
+
+// certHosts are the names and addresses nodes may reach the driver's cluster endpoint at: the
+// advertised one, the host's name and every address of its interfaces.
+func certHosts(c *config.Serve) ([]string, error) {
+	host, _, err := net.SplitHostPort(c.Advertise)
+	if err != nil {
+		return nil, err
+	}
+	hosts := []string{host, "localhost"}
+	if h, err := os.Hostname(); err == nil {
+		hosts = append(hosts, h)
+	}
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return nil, err
+	}
+	for _, a := range addrs {
+		if ipn, ok := a.(*net.IPNet); ok {
+			hosts = append(hosts, ipn.IP.String())
+		}
+	}
+	return hosts, nil
+}
+
+// gossipSeeds are the gossip addresses of the members alive, this driver's first.
+func gossipSeeds(cl *membership.Cluster) []string {
+	out := []string{cl.LocalGossip()}
+	for _, m := range cl.Members() {
+		if m.Alive && m.Gossip != cl.LocalGossip() {
+			out = append(out, m.Gossip)
+		}
+	}
+	return out
+}
+
+// serveClusterEndpoint serves --cluster-listen: the join endpoint (a token proves the node) and
+// the gossip seeds (a cluster certificate proves the member), under the driver's certificate.
+func serveClusterEndpoint(ctx context.Context, c *config.Serve, own join.Credentials, auth *join.Authority, cl *membership.Cluster, log *slog.Logger) (func(), error) {
+	pair, err := tls.X509KeyPair(own.CertPEM, own.KeyPEM)
+	if err != nil {
+		return nil, err
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(own.CAPEM)
+	mux := http.NewServeMux()
+	mux.Handle(join.Path, auth)
+	mux.HandleFunc("GET "+clusterSeedsPath, func(w http.ResponseWriter, r *http.Request) {
+		if r.TLS == nil || len(r.TLS.VerifiedChains) == 0 {
+			http.Error(w, `{"code":401,"message":"a cluster certificate is required"}`, http.StatusUnauthorized)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(gossipSeeds(cl))
+	})
+	srv := &http.Server{
+		Handler: mux,
+		TLSConfig: &tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{pair},
+			ClientCAs: pool, ClientAuth: tls.VerifyClientCertIfGiven},
+		ReadHeaderTimeout: 30 * time.Second,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelDebug),
+	}
+	ln, err := net.Listen("tcp", c.ClusterListen)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", c.ClusterListen, err)
+	}
+	go func() {
+		if err := srv.ServeTLS(ln, "", ""); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("the cluster endpoint stopped", "err", err)
+		}
+	}()
+	return func() {
+		shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(shutdownCtx)
+	}, nil
+}
+
+// nodeClients keeps the router's clients in step with the nodes gossip reports.
+type nodeClients struct {
+	router *cluster.Router
+	tls    *tls.Config
+	log    *slog.Logger
+
+	mu sync.Mutex
+	// rpc is the address each node's client dials. +checklocks:mu
+	rpc map[string]string
+}
+
+// remoteNode is a node across the network: its contract and its tunnels.
+type remoteNode struct {
+	*nodeapi.Client
+	nodeapi.TunnelDialer
+}
+
+func (nc *nodeClients) event(m membership.Member, kind membership.EventKind) {
+	if m.Meta.Role != membership.RoleNode {
+		return
+	}
+	nc.log.Info("node "+kind.String(), "node", m.Name, "rpc", m.Meta.RPC, "state", m.Meta.State, "features", m.Meta.Features)
+	if kind == membership.Left {
+		nc.mu.Lock()
+		delete(nc.rpc, m.Name)
+		nc.mu.Unlock()
+		nc.router.Remove(m.Name)
+		return
+	}
+	nc.mu.Lock()
+	same := nc.rpc[m.Name] == m.Meta.RPC
+	nc.rpc[m.Name] = m.Meta.RPC
+	nc.mu.Unlock()
+	if same {
+		nc.router.Upsert(m.Name, m.Meta, nil)
+		return
+	}
+	conf := nc.tls.Clone()
+	// The node's certificate names the node, wherever it listens.
+	conf.ServerName = m.Name
+	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: conf, ForceAttemptHTTP2: true,
+		IdleConnTimeout: 90 * time.Second}}
+	nc.router.Upsert(m.Name, m.Meta, remoteNode{
+		Client:       nodeapi.NewClient(hc, "https://"+m.Meta.RPC),
+		TunnelDialer: nodeapi.TunnelDialer{Addr: m.Meta.RPC, TLS: conf},
+	})
+}
+
+// clusterTargets joins the driver's view of a sandbox with a tunnel to the node that holds it.
+type clusterTargets struct {
+	d *driver.Driver
+	r *cluster.Router
+
+	mu sync.Mutex
+	// envd keeps one transport per sandbox, so requests to its envd reuse their tunnels.
+	// +checklocks:mu
+	envd map[string]*http.Transport
+}
+
+func (t *clusterTargets) Target(ctx context.Context, id string) (ingress.Target, error) {
+	r, err := t.d.RouteOrResume(ctx, id)
+	if err != nil {
+		return ingress.Target{}, err
+	}
+	return t.target(r), nil
+}
+
+func (t *clusterTargets) target(r driver.Route) ingress.Target {
+	return ingress.Target{
+		ID: r.ID, AccessToken: r.EnvdAccessToken, TrafficToken: r.TrafficAccessToken, MaskHost: r.MaskRequestHost,
+		Envd: t.envdTransport(r.ID),
+		Dial: func(ctx context.Context, port int) (net.Conn, error) { return t.r.Dial(ctx, r.ID, port) },
+	}
+}
+
+// maxEnvdTransports bounds the cache; past it, it starts again (idle tunnels close with it).
+const maxEnvdTransports = 4096
+
+func (t *clusterTargets) envdTransport(id string) *http.Transport {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if tr, ok := t.envd[id]; ok {
+		return tr
+	}
+	if t.envd == nil || len(t.envd) >= maxEnvdTransports {
+		for _, tr := range t.envd {
+			tr.CloseIdleConnections()
+		}
+		t.envd = map[string]*http.Transport{}
+	}
+	tr := &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return t.r.Dial(ctx, id, agentproto.EnvdPort)
+		},
+		MaxIdleConnsPerHost: 16,
+		IdleConnTimeout:     90 * time.Second,
+	}
+	t.envd[id] = tr
+	return tr
+}
+
+func (t *clusterTargets) Targets(ctx context.Context) []ingress.Target {
+	routes, err := t.d.RunningSandboxes(ctx)
+	if err != nil {
+		return nil
+	}
+	out := make([]ingress.Target, 0, len(routes))
+	for _, r := range routes {
+		out = append(out, t.target(r))
+	}
+	return out
+}

@@ -1,0 +1,372 @@
+package main
+
+import (
+	"context"
+	"crypto/x509"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/vibemon/vmon/internal/config"
+	"github.com/vibemon/vmon/internal/driver"
+	"github.com/vibemon/vmon/internal/errdefs"
+	"github.com/vibemon/vmon/internal/join"
+	"github.com/vibemon/vmon/internal/membership"
+	"github.com/vibemon/vmon/internal/node"
+	"github.com/vibemon/vmon/internal/nodeapi"
+	"github.com/vibemon/vmon/internal/store"
+)
+
+// clusterDir, under a node's data dir, keeps what it got when it joined.
+const clusterDir = "cluster"
+
+// nodeCredsFile holds a node's join credentials (its key, certificate, the cluster CA, the gossip
+// key): a join token is spent once, so a restart must not need it again.
+const nodeCredsFile = "node-credentials.json"
+
+// clusterSeedsPath is the driver's endpoint (mutual TLS) where a member asks for the gossip
+// addresses of the cluster's members, to join the gossip through them.
+const clusterSeedsPath = "/cluster/v1/seeds"
+
+// rejoinEvery is how often a node with no driver in sight contacts its seeds again.
+const rejoinEvery = 5 * time.Second
+
+// serveNode runs `vmon serve --role node`: sandboxes, templates, snapshots and egress enforcement,
+// served to the cluster's drivers over mutual TLS (the node contract and tunnels to sandboxes),
+// and advertised by gossip. No E2B API, no records: those are the driver's.
+func serveNode(ctx context.Context, c *config.Serve, stdout io.Writer) error {
+	log, err := newLogger(c.LogLevel)
+	if err != nil {
+		return err
+	}
+	log = log.With("node", c.Name)
+	if err := os.MkdirAll(c.DataDir, 0o700); err != nil {
+		return fmt.Errorf("create data dir: %w", err)
+	}
+	unlock, err := lockDataDir(ctx, c.DataDir, lockWait)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	creds, err := nodeCredentials(ctx, c, log)
+	if err != nil {
+		return err
+	}
+	// The node's own store holds only what its template scan finds, as --role all's does.
+	st, err := store.Open(ctx, c.DataDir)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	ns, closeNode, err := startNodeStack(ctx, c, st, nil, log)
+	defer closeNode()
+	if err != nil {
+		return err
+	}
+	n := ns.n
+	// What a restart found goes on running; the drivers' records still name it.
+	ns.recovery.Run(func(r node.Recovered) {
+		log.Info("sandbox found at start", "sandbox", r.ID, "state", r.State)
+	})
+	n.StartWarmPool()
+	defer func() {
+		if err := n.Close(context.WithoutCancel(ctx)); err != nil {
+			log.Warn("stopping the warm pool", "err", err)
+		}
+	}()
+
+	maxSandboxes := c.MaxSandboxes
+	if maxSandboxes == 0 {
+		maxSandboxes = capacityFromMemory()
+	}
+	var templates []string
+	for _, m := range ns.manifests {
+		templates = append(templates, m.ID)
+	}
+	status := func() nodeapi.Status {
+		running := n.Running()
+		return nodeapi.Status{Features: n.Features(), FreeMemoryMB: memAvailableMB(), FreeSlots: max(0, maxSandboxes-running),
+			FreeDiskMB: freeDiskMB(c.DataDir), Load: min(1, float64(running)/float64(maxSandboxes)), Templates: templates}
+	}
+	rpcPath, rpc := nodeapi.NewServer(capacityGate{Node: n, max: maxSandboxes}, status).Handler()
+	mux := http.NewServeMux()
+	mux.Handle(rpcPath, rpc)
+	tunnels := nodeapi.TunnelHandler{Lookup: func(id string) (nodeapi.Tunnels, bool) {
+		ch, ok := n.Channel(id)
+		if !ok || ch == nil {
+			return nil, false
+		}
+		return ch, true
+	}}
+	tlsConf, err := join.MutualTLS(creds, true)
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Method == http.MethodConnect {
+				tunnels.ServeHTTP(w, r)
+				return
+			}
+			mux.ServeHTTP(w, r)
+		}),
+		TLSConfig:         tlsConf,
+		ReadHeaderTimeout: 30 * time.Second,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelDebug),
+	}
+	ln, err := net.Listen("tcp", c.Listen)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", c.Listen, err)
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.ServeTLS(ln, "", "") }()
+	defer func() {
+		shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		if err := srv.Shutdown(shutdownCtx); err != nil {
+			_ = srv.Close()
+		}
+	}()
+
+	cl, err := membership.Start(ctx, membership.Options{Name: c.Name, Bind: c.GossipListen, Advertise: c.GossipAdvertise,
+		Meta: membership.Meta{Role: membership.RoleNode, RPC: c.Advertise, State: membership.StateReady, Features: n.Features()},
+		SecretKey: creds.GossipKey, Log: log.With("component", "membership")})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		_ = cl.Leave(5 * time.Second)
+		_ = cl.Shutdown()
+	}()
+	go keepJoined(ctx, cl, c, creds, log)
+	log.Info("vmon node serving", "listen", c.Listen, "advertise", c.Advertise, "gossip", cl.LocalGossip(), "data_dir", c.DataDir)
+	fmt.Fprintf(stdout, "vmon node %s serving on %s\n", c.Name, c.Advertise)
+	select {
+	case <-ctx.Done():
+		return nil
+	case err := <-errc:
+		return err
+	}
+}
+
+// keepJoined joins the gossip through the drivers, and again whenever no driver is in sight (the
+// node started before them, or a partition healed after memberlist gave up on them).
+func keepJoined(ctx context.Context, cl *membership.Cluster, c *config.Serve, creds join.Credentials, log *slog.Logger) {
+	for {
+		if !driverInSight(cl) {
+			seeds := clusterSeeds(ctx, c, creds, log)
+			if n, err := cl.Join(seeds); err != nil {
+				log.Warn("joining the cluster's gossip", "seeds", seeds, "err", err)
+			} else {
+				log.Info("joined the cluster's gossip", "seeds", seeds, "answered", n)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(rejoinEvery):
+		}
+	}
+}
+
+func driverInSight(cl *membership.Cluster) bool {
+	for _, m := range cl.Members() {
+		if m.Alive && m.Meta.Role == membership.RoleDriver {
+			return true
+		}
+	}
+	return false
+}
+
+// clusterSeeds asks the drivers for the gossip addresses of the cluster's members; the ones the
+// join answered with stand in for drivers that do not answer.
+func clusterSeeds(ctx context.Context, c *config.Serve, creds join.Credentials, log *slog.Logger) []string {
+	conf, err := join.MutualTLS(creds, false)
+	if err != nil {
+		return creds.Gossip
+	}
+	hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: conf}}
+	seen := map[string]bool{}
+	var out []string
+	add := func(addrs []string) {
+		for _, a := range addrs {
+			if !seen[a] {
+				seen[a] = true
+				out = append(out, a)
+			}
+		}
+	}
+	for _, addr := range c.Join {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+addr+clusterSeedsPath, nil)
+		if err != nil {
+			continue
+		}
+		resp, err := hc.Do(req)
+		if err != nil {
+			log.Debug("asking a driver for gossip seeds", "driver", addr, "err", err)
+			continue
+		}
+		var seeds []string
+		err = json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&seeds)
+		resp.Body.Close()
+		if err == nil && resp.StatusCode == http.StatusOK {
+			add(seeds)
+		}
+	}
+	add(creds.Gossip)
+	return out
+}
+
+// nodeCredentials returns the credentials this data dir joined with, or joins the cluster with
+// --join-token through the first driver of --join that answers, and keeps them.
+func nodeCredentials(ctx context.Context, c *config.Serve, log *slog.Logger) (join.Credentials, error) {
+	path := filepath.Join(c.DataDir, clusterDir, nodeCredsFile)
+	if b, err := os.ReadFile(path); err == nil {
+		var creds join.Credentials
+		if err := json.Unmarshal(b, &creds); err != nil {
+			return join.Credentials{}, fmt.Errorf("%s: %w", path, err)
+		}
+		if name, err := certName(creds.CertPEM); err != nil || name != c.Name {
+			return join.Credentials{}, fmt.Errorf("this data dir joined the cluster as node %q, not %q: start it with --name %s, or use another --data-dir", name, c.Name, name)
+		}
+		return creds, nil
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return join.Credentials{}, err
+	}
+	if c.JoinToken == "" {
+		return join.Credentials{}, errors.New("this node has not joined a cluster yet: give it --join-token (`vmon node join-token` prints one on the driver's host)")
+	}
+	var errs []error
+	for _, addr := range c.Join {
+		creds, err := join.Node(ctx, "https://"+addr, c.JoinToken, c.Name)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		b, _ := json.Marshal(creds)
+		if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+			return join.Credentials{}, err
+		}
+		if err := writeFileAtomic(path, b, 0o600); err != nil {
+			return join.Credentials{}, fmt.Errorf("keep the node's credentials: %w", err)
+		}
+		log.Info("joined the cluster", "driver", addr)
+		return creds, nil
+	}
+	return join.Credentials{}, fmt.Errorf("join the cluster: %w", errors.Join(errs...))
+}
+
+func certName(certPEM []byte) (string, error) {
+	block, _ := pem.Decode(certPEM)
+	if block == nil {
+		return "", errors.New("no certificate")
+	}
+	cert, err := x509.ParseCertificate(block.Bytes)
+	if err != nil {
+		return "", err
+	}
+	return cert.Subject.CommonName, nil
+}
+
+// writeFileAtomic writes path whole or not at all.
+func writeFileAtomic(path string, b []byte, mode os.FileMode) error {
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+"-*")
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(b)
+	if err == nil {
+		err = f.Chmod(mode)
+	}
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(f.Name(), path)
+	}
+	if err != nil {
+		_ = os.Remove(f.Name())
+	}
+	return err
+}
+
+// capacityGate refuses what would take the node past its sandbox limit, so that the driver
+// passes it to the next node rather than overloading this one (its view of the room here may be
+// a few seconds old).
+type capacityGate struct {
+	*node.Node
+	max int
+}
+
+var (
+	_ driver.Pauser      = capacityGate{}
+	_ driver.Snapshotter = capacityGate{}
+)
+
+func (g capacityGate) full() error {
+	if n := g.Running(); n >= g.max {
+		return errdefs.ResourceExhausted("node is full: %d of %d sandboxes", n, g.max)
+	}
+	return nil
+}
+
+func (g capacityGate) CreateSandbox(ctx context.Context, spec node.CreateSpec) (node.Info, error) {
+	if err := g.full(); err != nil {
+		return node.Info{}, err
+	}
+	return g.Node.CreateSandbox(ctx, spec)
+}
+
+func (g capacityGate) ResumeSandbox(ctx context.Context, spec node.CreateSpec, memory bool) (node.Info, error) {
+	if err := g.full(); err != nil {
+		return node.Info{}, err
+	}
+	return g.Node.ResumeSandbox(ctx, spec, memory)
+}
+
+func (g capacityGate) CreateFromSnapshot(ctx context.Context, spec node.CreateSpec, snapID, pausedID string) (node.Info, error) {
+	if err := g.full(); err != nil {
+		return node.Info{}, err
+	}
+	return g.Node.CreateFromSnapshot(ctx, spec, snapID, pausedID)
+}
+
+// memAvailableMB is the host memory the kernel says can be had without swapping.
+func memAvailableMB() int64 {
+	data, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if v, ok := strings.CutPrefix(line, "MemAvailable:"); ok {
+			var kb int64
+			_, _ = fmt.Sscanf(strings.TrimSpace(v), "%d", &kb)
+			return kb / 1024
+		}
+	}
+	return 0
+}
+
+// freeDiskMB is the space left to unprivileged writers on dir's filesystem.
+func freeDiskMB(dir string) int64 {
+	var fs unix.Statfs_t
+	if err := unix.Statfs(dir, &fs); err != nil {
+		return 0
+	}
+	return int64(fs.Bavail) * fs.Bsize >> 20
+}
+
