@@ -140,7 +140,7 @@ func serveNode(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 	}()
 
 	cl, err := membership.Start(ctx, membership.Options{Name: c.Name, Bind: c.GossipListen, Advertise: c.GossipAdvertise,
-		Meta: membership.Meta{Role: membership.RoleNode, RPC: c.Advertise, State: membership.StateReady, Features: n.Features()},
+		Meta:      membership.Meta{Role: membership.RoleNode, RPC: c.Advertise, State: membership.StateReady, Features: n.Features()},
 		SecretKey: creds.GossipKey, Log: log.With("component", "membership")})
 	if err != nil {
 		return err
@@ -369,4 +369,3 @@ func freeDiskMB(dir string) int64 {
 	}
 	return int64(fs.Bavail) * fs.Bsize >> 20
 }
-

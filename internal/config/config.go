@@ -30,8 +30,8 @@ type Serve struct {
 	GossipListen, GossipAdvertise string
 	// Join lists a node's drivers (host:port of their cluster endpoint, or a DNS name that
 	// resolves to several); JoinToken is the token a node joins with the first time.
-	Join      []string
-	JoinToken string
+	Join              []string
+	JoinToken         string
 	Listen            string
 	DataDir           string
 	Domain            string
