@@ -68,7 +68,11 @@ func serveCmd() *cobra.Command {
 			}
 			// Before anything is mounted: sandbox mounts must not be copied into mount
 			// namespaces other processes make (a pause would seal a disk still mounted there).
-			// A process not in the data dir's namespace yet is re-executed in it.
+			// A process not in the data dir's namespace yet is re-executed in it. A driver
+			// mounts nothing.
+			if c.Role == "driver" {
+				return serve(cmd.Context(), &c, cmd.OutOrStdout())
+			}
 			if err := mountns.Enter(c.DataDir); errors.Is(err, mountns.ErrInherited) {
 				fmt.Fprintf(cmd.ErrOrStderr(), "vmon: %v\n", err)
 			} else if err != nil {

@@ -153,8 +153,13 @@ function probe(url, { ca, host, timeoutMs = 2000 } = {}) {
  * `{ tls: true, port: 443, args: ['--tls', 'self-signed', '--domain', 'localhost'] }`.
  */
 export class VmonServer {
-  constructor({ name, args = [], port, tls = false, domain = 'localhost', headerTlsCA, wrap = [] } = {}) {
+  constructor({ name, args = [], port, tls = false, domain = 'localhost', headerTlsCA, wrap = [], dir, host, role } = {}) {
     this.name = name || 'vmon';
+    // A data dir of its own (default: VMON_TEST_DATA_DIR), the host it listens on (default
+    // 127.0.0.1), and its role: a `node` serves no API, and is ready once it says it serves.
+    this.ownDataDir = dir;
+    this.host = host || '127.0.0.1';
+    this.role = role;
     // A command vmon runs under, e.g. setpriv dropping a capability: [cmd, ...its args].
     this.wrap = wrap;
     // With --tls-cert/--tls-key in header mode: the CA (PEM path) the client trusts for 127.0.0.1.
@@ -171,7 +176,7 @@ export class VmonServer {
   }
 
   get listen() {
-    return `127.0.0.1:${this.port}`;
+    return `${this.host}:${this.port}`;
   }
 
   /** Base URL of the API as the parent process reaches it. */
@@ -209,7 +214,7 @@ export class VmonServer {
 
   async start() {
     const bin = vmonBin();
-    this.dataDir = dataDir();
+    this.dataDir = this.ownDataDir ?? dataDir();
     if (this.port === undefined) this.port = this.fixedPort ?? (await freePort());
     const args = ['serve', '--data-dir', this.dataDir, '--listen', this.listen, ...this.extraArgs];
     await fsp.mkdir(logDir(), { recursive: true });
@@ -250,6 +255,15 @@ export class VmonServer {
             `${exited.error ? ` error=${exited.error.message}` : ''})\n${this.logTail()}`,
         );
       }
+      if (this.role === 'node') {
+        if (this.tail.some((l) => /^\[stdout\] vmon node \S+ serving on /.test(l))) break;
+        if (Date.now() > deadline) {
+          await this.stop({ cleanup: false });
+          throw new Error(`vmon node not serving after ${timeoutMs} ms\n${this.logTail()}`);
+        }
+        await sleep(100);
+        continue;
+      }
       try {
         let status;
         if (this.tls) {
@@ -278,6 +292,10 @@ export class VmonServer {
       await sleep(100);
     }
 
+    if (this.role === 'node') {
+      this.tail.push(`[harness] node serving on ${this.listen}`);
+      return this;
+    }
     const keyFile = path.join(this.dataDir, 'api-key');
     if (!fs.existsSync(keyFile)) {
       throw new Error(`vmon serve is up but ${keyFile} does not exist\n${this.logTail()}`);
@@ -506,6 +524,11 @@ export function pgrep(pattern) {
  * Falls back to `id` itself.
  */
 export function runtimeIdOf(dir, id) {
+  return handedOut(dir, id) ?? id;
+}
+
+/** The runtime id under which the node with data dir `dir` holds sandbox `id`, or null. */
+export function handedOut(dir, id) {
   const root = path.join(dir, 'sandboxes');
   for (const rid of fs.readdirSync(root)) {
     try {
@@ -514,7 +537,7 @@ export function runtimeIdOf(dir, id) {
       // not handed out yet
     }
   }
-  return id;
+  return fs.existsSync(path.join(root, id)) ? id : null;
 }
 
 /**

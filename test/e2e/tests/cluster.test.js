@@ -1,0 +1,207 @@
+// A cluster on one machine: `vmon serve --role driver` in the test's network namespace and two
+// `vmon serve --role node`, each in a network namespace of its own, joined to the driver through a
+// bridge the test makes (10.99.0.0/24: only namespaces this test made are on it). The SDK talks
+// to the driver alone, unchanged.
+import { describe, before, after, test } from 'node:test';
+import assert from 'node:assert/strict';
+import { execFileSync, spawnSync } from 'node:child_process';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { Sandbox } from 'e2b';
+import {
+  VmonServer,
+  dataDir,
+  handedOut,
+  killQuietly,
+  runVmon,
+  pgrep,
+  runId,
+  waitFor,
+  withLogTail,
+} from '../lib/harness.js';
+
+const BRIDGE = 'vmcl0';
+const DRIVER_IP = '10.99.0.1';
+const NODES = [
+  { name: 'node-a', ip: '10.99.0.2' },
+  { name: 'node-b', ip: '10.99.0.3' },
+];
+
+function ip(...args) {
+  execFileSync('ip', args, { stdio: ['ignore', 'ignore', 'pipe'] });
+}
+
+/** A data dir holding the test data dir's base template (hard links: its layers are read-only). */
+function memberDir(root, name) {
+  const dir = path.join(root, name);
+  fs.mkdirSync(path.join(dir, 'templates'), { recursive: true });
+  execFileSync('cp', ['-al', path.join(dataDir(), 'templates', 'base'), path.join(dir, 'templates', 'base')]);
+  return dir;
+}
+
+describe('cluster: one driver, two nodes', () => {
+  const RUN = runId('cluster');
+  const root = fs.mkdtempSync(path.join(os.tmpdir(), 'vmon-cluster-'));
+  const netns = NODES.map((n) => `vmcl-${process.pid}-${n.name}`);
+  let driver;
+  const nodes = [];
+  const created = [];
+  const sdk = () => driver.sdkOpts;
+  /** The node holding sandbox id, by what its data dir says. */
+  const holder = (id) => nodes.find((n) => handedOut(n.dataDir, id))?.name;
+
+  before(async () => {
+    // A run killed before its teardown leaves its bridge behind.
+    try {
+      ip('link', 'del', BRIDGE);
+    } catch {
+      // none
+    }
+    ip('link', 'add', BRIDGE, 'type', 'bridge');
+    ip('addr', 'add', `${DRIVER_IP}/24`, 'dev', BRIDGE);
+    ip('link', 'set', BRIDGE, 'up');
+    NODES.forEach((n, i) => {
+      ip('netns', 'add', netns[i]);
+      ip('link', 'add', `vmcl-${i}`, 'type', 'veth', 'peer', 'name', 'eth0', 'netns', netns[i]);
+      ip('link', 'set', `vmcl-${i}`, 'master', BRIDGE, 'up');
+      ip('-n', netns[i], 'addr', 'add', `${n.ip}/24`, 'dev', 'eth0');
+      ip('-n', netns[i], 'link', 'set', 'eth0', 'up');
+      ip('-n', netns[i], 'link', 'set', 'lo', 'up');
+    });
+    const driverDir = memberDir(root, 'driver');
+    // The token is issued before the driver runs: it makes the cluster CA the driver then serves.
+    const token = (await runVmon(['node', 'join-token', '--data-dir', driverDir, '--uses', '2'])).stdout.trim();
+    assert.match(token, /^vmonjoin\./);
+    driver = new VmonServer({
+      name: 'driver', dir: driverDir,
+      args: ['--role', 'driver', '--name', 'driver', '--cluster-listen', `${DRIVER_IP}:3100`,
+        '--gossip-listen', `${DRIVER_IP}:7946`],
+    });
+    await driver.start();
+    for (const [i, n] of NODES.entries()) {
+      const node = new VmonServer({
+        name: n.name, role: 'node', dir: memberDir(root, n.name), host: n.ip, port: 3001,
+        wrap: ['nsenter', `--net=/run/netns/${netns[i]}`],
+        // Two sandboxes each: the third create must find the other node.
+        args: ['--role', 'node', '--name', n.name, '--gossip-listen', `${n.ip}:7946`, '--join', `${DRIVER_IP}:3100`,
+          '--join-token', token, '--max-sandboxes', '2', '--warm-pool', '0'],
+      });
+      nodes.push(node);
+      await node.start();
+    }
+    // Both nodes placeable: a create that needs both must not wait for gossip.
+    await waitFor(async () => {
+      const res = await fetch(`${driver.apiUrl}/health`);
+      return res.ok;
+    });
+  });
+
+  after(async () => {
+    // Sandboxes outlive their node's process: they go through the driver first, and whatever a
+    // failure left behind (runsc under these data dirs) is killed outright.
+    if (driver?.apiKey) await killQuietly(sdk(), ...created).catch(() => {});
+    await driver?.killAllSandboxes();
+    for (const n of nodes) await n.stop({ cleanup: false }).catch(() => {});
+    await driver?.stop().catch(() => {});
+    for (const pid of await pgrep(`${root}/`).catch(() => [])) {
+      try {
+        process.kill(pid, 'SIGKILL');
+      } catch {
+        // gone
+      }
+    }
+    for (const ns of netns) {
+      try {
+        ip('netns', 'del', ns);
+      } catch {
+        // not made
+      }
+    }
+    try {
+      ip('link', 'del', BRIDGE);
+    } catch {
+      // not made
+    }
+    // A node's mount namespace is pinned in its data dir and outlives it (as its sandboxes do).
+    for (const n of nodes) {
+      for (const m of ['mntns/mnt', 'mntns']) spawnSync('umount', ['-l', path.join(n.dataDir, m)]);
+    }
+    fs.rmSync(root, { recursive: true, force: true });
+  });
+
+  // A failure shows every member's log tail.
+  const members = { logTail: () => [driver, ...nodes].filter(Boolean).map((s) => s.logTail(30)).join('\n') };
+  const ctest = (name, fn) => test(name, withLogTail(members, fn));
+
+  ctest('a sandbox runs on a node, reached through the driver: streamed output, files, a guest server', async () => {
+    await waitFor(() => nodes.every((n) => n.tail.some((l) => /joined the cluster's gossip/.test(l))), {
+      what: 'both nodes in the gossip',
+    });
+    const sbx = await waitFor(async () => Sandbox.create({ ...sdk(), metadata: { run: RUN } }), {
+      timeoutMs: 30_000, what: 'a create through the driver',
+    });
+    created.push(sbx);
+    assert.ok(holder(sbx.sandboxId), 'no node holds the sandbox');
+    const chunks = [];
+    const r = await sbx.commands.run('for i in 1 2 3; do echo line $i; sleep 0.2; done', { onStdout: (d) => chunks.push(d) });
+    assert.equal(r.stdout, 'line 1\nline 2\nline 3\n');
+    assert.ok(chunks.length >= 2, `output came in ${chunks.length} chunk(s), not streamed`);
+    const big = Buffer.alloc(8 << 20, 7);
+    await sbx.files.write('/tmp/big', big);
+    const back = await sbx.files.read('/tmp/big', { format: 'bytes' });
+    assert.equal(Buffer.compare(Buffer.from(back), big), 0);
+    await sbx.commands.run('python3 -m http.server 8000 --directory /tmp >/dev/null 2>&1', { background: true });
+    const res = await waitFor(async () => {
+      const r = await fetch(`${driver.apiUrl}/big`, { headers: { 'E2b-Sandbox-Id': sbx.sandboxId, 'E2b-Sandbox-Port': '8000' } });
+      return r.status === 200 ? r : null;
+    }, { what: 'the guest HTTP server through the driver' });
+    assert.equal((await res.arrayBuffer()).byteLength, big.length);
+    assert.equal(await sbx.kill(), true);
+    await waitFor(() => !holder(sbx.sandboxId), { what: 'the sandbox gone from its node' });
+  });
+
+  ctest('a full node passes the create on; both nodes fill, then the cluster is full', async () => {
+    const sbxs = [];
+    for (let i = 0; i < 4; i++) {
+      const s = await Sandbox.create({ ...sdk(), metadata: { run: RUN } });
+      created.push(s);
+      sbxs.push(s);
+    }
+    const where = sbxs.map((s) => holder(s.sandboxId));
+    assert.deepEqual(where.slice().sort(), ['node-a', 'node-a', 'node-b', 'node-b'], `placed on ${where}`);
+    await assert.rejects(Sandbox.create({ ...sdk(), metadata: { run: RUN } }), (err) => {
+      assert.match(String(err.message), /full|capacity|429/i, String(err));
+      return true;
+    });
+    for (const s of sbxs) assert.equal(await s.kill(), true);
+  });
+
+  ctest('a node killed with -9: creates land on the other node at once; restarted, its sandboxes run again', async () => {
+    const [a, b] = nodes;
+    const onA = [];
+    // Fill node-a's share first so that a sandbox lives on it.
+    while (onA.length === 0) {
+      const s = await Sandbox.create({ ...sdk(), metadata: { run: RUN } });
+      created.push(s);
+      if (holder(s.sandboxId) === 'node-a') onA.push(s);
+      else await s.kill();
+    }
+    await a.kill9();
+    for (let i = 0; i < 2; i++) {
+      const s = await Sandbox.create({ ...sdk(), metadata: { run: RUN } });
+      created.push(s);
+      assert.equal(holder(s.sandboxId), 'node-b');
+      assert.equal((await s.commands.run('echo up')).stdout, 'up\n');
+      await s.kill();
+    }
+    assert.ok(b.proc, 'node-b still runs');
+    // Back with the same data dir (no token needed again): the sandbox that lived through it is
+    // reached through the driver as before.
+    await a.restart();
+    const s = onA[0];
+    const r = await waitFor(async () => s.commands.run('echo still here'), { timeoutMs: 30_000, what: 'the sandbox on the restarted node' });
+    assert.equal(r.stdout, 'still here\n');
+    assert.equal(await s.kill(), true);
+  });
+});
