@@ -317,6 +317,15 @@ var (
 	_ driver.Snapshotter = capacityGate{}
 )
 
+// ListSandboxes names what the node holds: the sandboxes handed out, and the paused ones.
+func (g capacityGate) ListSandboxes(context.Context) (nodeapi.Holdings, error) {
+	paused, err := g.Paused()
+	if err != nil {
+		return nodeapi.Holdings{}, err
+	}
+	return nodeapi.Holdings{Running: g.RunningIDs(), Paused: paused}, nil
+}
+
 func (g capacityGate) full() error {
 	if n := g.Running(); n >= g.max {
 		return errdefs.ResourceExhausted("node is full: %d of %d sandboxes", n, g.max)

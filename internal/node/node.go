@@ -13,12 +13,14 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -687,6 +689,13 @@ func (n *Node) Running() int {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	return len(n.sandboxes)
+}
+
+// RunningIDs are the sandboxes the node holds for the driver, sorted.
+func (n *Node) RunningIDs() []string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return slices.Sorted(maps.Keys(n.sandboxes))
 }
 
 // Channel returns the agent channel of a running sandbox.

@@ -50,6 +50,15 @@ func (c *Client) Info(ctx context.Context) (NodeInfo, error) {
 		FreeSlots: int(m.GetFreeSlots()), FreeDiskMB: m.GetFreeDiskMb(), Load: m.GetLoad(), Templates: m.GetTemplates()}}, nil
 }
 
+// ListSandboxes asks the node what it holds.
+func (c *Client) ListSandboxes(ctx context.Context) (Holdings, error) {
+	r, err := c.c.ListSandboxes(ctx, connect.NewRequest(&nodev1.ListSandboxesRequest{}))
+	if err != nil {
+		return Holdings{}, fromWire(err)
+	}
+	return Holdings{Running: r.Msg.GetRunning(), Paused: r.Msg.GetPaused()}, nil
+}
+
 func (c *Client) CreateSandbox(ctx context.Context, spec node.CreateSpec) (node.Info, error) {
 	ws, err := specToWire(spec)
 	if err != nil {

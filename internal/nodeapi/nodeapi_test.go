@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"reflect"
 	"sync"
+	"slices"
 	"testing"
 	"time"
 
@@ -265,5 +266,24 @@ func TestTheDriverCannotTell(t *testing.T) {
 	var e *errdefs.Error
 	if !errors.As(err, &e) || e.Kind != errdefs.KindResourceExhausted || e.Code != driver.CapacityErrorCode {
 		t.Fatalf("create on a full node: %#v", err)
+	}
+}
+
+type listingNode struct {
+	*drivertest.PausingNode
+}
+
+func (listingNode) ListSandboxes(context.Context) (Holdings, error) {
+	return Holdings{Running: []string{"a", "b"}, Paused: []string{"c"}}, nil
+}
+
+// What a node holds crosses the wire; a node that cannot say answers ErrNotImplemented.
+func TestListSandboxes(t *testing.T) {
+	h, err := serve(t, listingNode{drivertest.NewPausingNode()}).ListSandboxes(context.Background())
+	if err != nil || !slices.Equal(h.Running, []string{"a", "b"}) || !slices.Equal(h.Paused, []string{"c"}) {
+		t.Fatalf("holdings %+v, %v", h, err)
+	}
+	if _, err := serve(t, drivertest.NewPausingNode()).ListSandboxes(context.Background()); !errors.Is(err, driver.ErrNotImplemented) {
+		t.Fatalf("a node without lists: %v", err)
 	}
 }

@@ -25,6 +25,16 @@ const (
 	CapDenied   = "denied"
 )
 
+// Holdings are the sandboxes a node holds.
+type Holdings struct {
+	Running, Paused []string
+}
+
+// Lister is the optional part of a node that says what it holds.
+type Lister interface {
+	ListSandboxes(ctx context.Context) (Holdings, error)
+}
+
 // Status is what a node reports of itself for placement.
 type Status struct {
 	Features     []string
@@ -83,6 +93,18 @@ func (s *Server) Info(context.Context, *connect.Request[nodev1.InfoRequest]) (*c
 	return connect.NewResponse(&nodev1.InfoResponse{Features: st.Features, Capabilities: s.capabilities(),
 		FreeMemoryMb: st.FreeMemoryMB, FreeSlots: int32(st.FreeSlots), FreeDiskMb: st.FreeDiskMB, Load: st.Load,
 		Templates: st.Templates}), nil
+}
+
+func (s *Server) ListSandboxes(ctx context.Context, _ *connect.Request[nodev1.ListSandboxesRequest]) (*connect.Response[nodev1.ListSandboxesResponse], error) {
+	l, ok := s.n.(Lister)
+	if !ok {
+		return nil, unsupported("sandbox lists")
+	}
+	h, err := l.ListSandboxes(ctx)
+	if err != nil {
+		return nil, toWire(err)
+	}
+	return connect.NewResponse(&nodev1.ListSandboxesResponse{Running: h.Running, Paused: h.Paused}), nil
 }
 
 func (s *Server) CreateSandbox(ctx context.Context, req *connect.Request[nodev1.CreateSandboxRequest]) (*connect.Response[nodev1.SandboxInfo], error) {

@@ -27,6 +27,95 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type ListSandboxesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListSandboxesRequest) Reset() {
+	*x = ListSandboxesRequest{}
+	mi := &file_node_node_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListSandboxesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListSandboxesRequest) ProtoMessage() {}
+
+func (x *ListSandboxesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_node_node_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListSandboxesRequest.ProtoReflect.Descriptor instead.
+func (*ListSandboxesRequest) Descriptor() ([]byte, []int) {
+	return file_node_node_proto_rawDescGZIP(), []int{0}
+}
+
+type ListSandboxesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Running are the sandboxes handed out to the driver (a warm pool's are not listed).
+	Running       []string `protobuf:"bytes,1,rep,name=running,proto3" json:"running,omitempty"`
+	Paused        []string `protobuf:"bytes,2,rep,name=paused,proto3" json:"paused,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListSandboxesResponse) Reset() {
+	*x = ListSandboxesResponse{}
+	mi := &file_node_node_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListSandboxesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListSandboxesResponse) ProtoMessage() {}
+
+func (x *ListSandboxesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_node_node_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListSandboxesResponse.ProtoReflect.Descriptor instead.
+func (*ListSandboxesResponse) Descriptor() ([]byte, []int) {
+	return file_node_node_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ListSandboxesResponse) GetRunning() []string {
+	if x != nil {
+		return x.Running
+	}
+	return nil
+}
+
+func (x *ListSandboxesResponse) GetPaused() []string {
+	if x != nil {
+		return x.Paused
+	}
+	return nil
+}
+
 type InfoRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -35,7 +124,7 @@ type InfoRequest struct {
 
 func (x *InfoRequest) Reset() {
 	*x = InfoRequest{}
-	mi := &file_node_node_proto_msgTypes[0]
+	mi := &file_node_node_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -47,7 +136,7 @@ func (x *InfoRequest) String() string {
 func (*InfoRequest) ProtoMessage() {}
 
 func (x *InfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[0]
+	mi := &file_node_node_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -60,7 +149,7 @@ func (x *InfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoRequest.ProtoReflect.Descriptor instead.
 func (*InfoRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{0}
+	return file_node_node_proto_rawDescGZIP(), []int{2}
 }
 
 type InfoResponse struct {
@@ -83,7 +172,7 @@ type InfoResponse struct {
 
 func (x *InfoResponse) Reset() {
 	*x = InfoResponse{}
-	mi := &file_node_node_proto_msgTypes[1]
+	mi := &file_node_node_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -95,7 +184,7 @@ func (x *InfoResponse) String() string {
 func (*InfoResponse) ProtoMessage() {}
 
 func (x *InfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[1]
+	mi := &file_node_node_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -108,7 +197,7 @@ func (x *InfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoResponse.ProtoReflect.Descriptor instead.
 func (*InfoResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{1}
+	return file_node_node_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *InfoResponse) GetFeatures() []string {
@@ -170,7 +259,7 @@ type VolumeMount struct {
 
 func (x *VolumeMount) Reset() {
 	*x = VolumeMount{}
-	mi := &file_node_node_proto_msgTypes[2]
+	mi := &file_node_node_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -182,7 +271,7 @@ func (x *VolumeMount) String() string {
 func (*VolumeMount) ProtoMessage() {}
 
 func (x *VolumeMount) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[2]
+	mi := &file_node_node_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -195,7 +284,7 @@ func (x *VolumeMount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VolumeMount.ProtoReflect.Descriptor instead.
 func (*VolumeMount) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{2}
+	return file_node_node_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *VolumeMount) GetId() string {
@@ -234,7 +323,7 @@ type CreateSpec struct {
 
 func (x *CreateSpec) Reset() {
 	*x = CreateSpec{}
-	mi := &file_node_node_proto_msgTypes[3]
+	mi := &file_node_node_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -246,7 +335,7 @@ func (x *CreateSpec) String() string {
 func (*CreateSpec) ProtoMessage() {}
 
 func (x *CreateSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[3]
+	mi := &file_node_node_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -259,7 +348,7 @@ func (x *CreateSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSpec.ProtoReflect.Descriptor instead.
 func (*CreateSpec) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{3}
+	return file_node_node_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *CreateSpec) GetId() string {
@@ -357,7 +446,7 @@ type SandboxInfo struct {
 
 func (x *SandboxInfo) Reset() {
 	*x = SandboxInfo{}
-	mi := &file_node_node_proto_msgTypes[4]
+	mi := &file_node_node_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -369,7 +458,7 @@ func (x *SandboxInfo) String() string {
 func (*SandboxInfo) ProtoMessage() {}
 
 func (x *SandboxInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[4]
+	mi := &file_node_node_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -382,7 +471,7 @@ func (x *SandboxInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxInfo.ProtoReflect.Descriptor instead.
 func (*SandboxInfo) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{4}
+	return file_node_node_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *SandboxInfo) GetId() string {
@@ -415,7 +504,7 @@ type CreateSandboxRequest struct {
 
 func (x *CreateSandboxRequest) Reset() {
 	*x = CreateSandboxRequest{}
-	mi := &file_node_node_proto_msgTypes[5]
+	mi := &file_node_node_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -427,7 +516,7 @@ func (x *CreateSandboxRequest) String() string {
 func (*CreateSandboxRequest) ProtoMessage() {}
 
 func (x *CreateSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[5]
+	mi := &file_node_node_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -440,7 +529,7 @@ func (x *CreateSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSandboxRequest.ProtoReflect.Descriptor instead.
 func (*CreateSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{5}
+	return file_node_node_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *CreateSandboxRequest) GetSpec() *CreateSpec {
@@ -459,7 +548,7 @@ type DestroySandboxRequest struct {
 
 func (x *DestroySandboxRequest) Reset() {
 	*x = DestroySandboxRequest{}
-	mi := &file_node_node_proto_msgTypes[6]
+	mi := &file_node_node_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -471,7 +560,7 @@ func (x *DestroySandboxRequest) String() string {
 func (*DestroySandboxRequest) ProtoMessage() {}
 
 func (x *DestroySandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[6]
+	mi := &file_node_node_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -484,7 +573,7 @@ func (x *DestroySandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DestroySandboxRequest.ProtoReflect.Descriptor instead.
 func (*DestroySandboxRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{6}
+	return file_node_node_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *DestroySandboxRequest) GetId() string {
@@ -502,7 +591,7 @@ type DestroySandboxResponse struct {
 
 func (x *DestroySandboxResponse) Reset() {
 	*x = DestroySandboxResponse{}
-	mi := &file_node_node_proto_msgTypes[7]
+	mi := &file_node_node_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -514,7 +603,7 @@ func (x *DestroySandboxResponse) String() string {
 func (*DestroySandboxResponse) ProtoMessage() {}
 
 func (x *DestroySandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[7]
+	mi := &file_node_node_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -527,7 +616,7 @@ func (x *DestroySandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DestroySandboxResponse.ProtoReflect.Descriptor instead.
 func (*DestroySandboxResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{7}
+	return file_node_node_proto_rawDescGZIP(), []int{9}
 }
 
 type UpdateEgressRequest struct {
@@ -540,7 +629,7 @@ type UpdateEgressRequest struct {
 
 func (x *UpdateEgressRequest) Reset() {
 	*x = UpdateEgressRequest{}
-	mi := &file_node_node_proto_msgTypes[8]
+	mi := &file_node_node_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -552,7 +641,7 @@ func (x *UpdateEgressRequest) String() string {
 func (*UpdateEgressRequest) ProtoMessage() {}
 
 func (x *UpdateEgressRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[8]
+	mi := &file_node_node_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -565,7 +654,7 @@ func (x *UpdateEgressRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateEgressRequest.ProtoReflect.Descriptor instead.
 func (*UpdateEgressRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{8}
+	return file_node_node_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *UpdateEgressRequest) GetId() string {
@@ -590,7 +679,7 @@ type UpdateEgressResponse struct {
 
 func (x *UpdateEgressResponse) Reset() {
 	*x = UpdateEgressResponse{}
-	mi := &file_node_node_proto_msgTypes[9]
+	mi := &file_node_node_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -602,7 +691,7 @@ func (x *UpdateEgressResponse) String() string {
 func (*UpdateEgressResponse) ProtoMessage() {}
 
 func (x *UpdateEgressResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[9]
+	mi := &file_node_node_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -615,7 +704,7 @@ func (x *UpdateEgressResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateEgressResponse.ProtoReflect.Descriptor instead.
 func (*UpdateEgressResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{9}
+	return file_node_node_proto_rawDescGZIP(), []int{11}
 }
 
 type PauseSandboxRequest struct {
@@ -628,7 +717,7 @@ type PauseSandboxRequest struct {
 
 func (x *PauseSandboxRequest) Reset() {
 	*x = PauseSandboxRequest{}
-	mi := &file_node_node_proto_msgTypes[10]
+	mi := &file_node_node_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -640,7 +729,7 @@ func (x *PauseSandboxRequest) String() string {
 func (*PauseSandboxRequest) ProtoMessage() {}
 
 func (x *PauseSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[10]
+	mi := &file_node_node_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -653,7 +742,7 @@ func (x *PauseSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseSandboxRequest.ProtoReflect.Descriptor instead.
 func (*PauseSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{10}
+	return file_node_node_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *PauseSandboxRequest) GetId() string {
@@ -680,7 +769,7 @@ type PauseInfo struct {
 
 func (x *PauseInfo) Reset() {
 	*x = PauseInfo{}
-	mi := &file_node_node_proto_msgTypes[11]
+	mi := &file_node_node_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -692,7 +781,7 @@ func (x *PauseInfo) String() string {
 func (*PauseInfo) ProtoMessage() {}
 
 func (x *PauseInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[11]
+	mi := &file_node_node_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -705,7 +794,7 @@ func (x *PauseInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseInfo.ProtoReflect.Descriptor instead.
 func (*PauseInfo) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{11}
+	return file_node_node_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *PauseInfo) GetMemory() bool {
@@ -732,7 +821,7 @@ type ResumeSandboxRequest struct {
 
 func (x *ResumeSandboxRequest) Reset() {
 	*x = ResumeSandboxRequest{}
-	mi := &file_node_node_proto_msgTypes[12]
+	mi := &file_node_node_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -744,7 +833,7 @@ func (x *ResumeSandboxRequest) String() string {
 func (*ResumeSandboxRequest) ProtoMessage() {}
 
 func (x *ResumeSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[12]
+	mi := &file_node_node_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -757,7 +846,7 @@ func (x *ResumeSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeSandboxRequest.ProtoReflect.Descriptor instead.
 func (*ResumeSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{12}
+	return file_node_node_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ResumeSandboxRequest) GetSpec() *CreateSpec {
@@ -783,7 +872,7 @@ type DeletePausedRequest struct {
 
 func (x *DeletePausedRequest) Reset() {
 	*x = DeletePausedRequest{}
-	mi := &file_node_node_proto_msgTypes[13]
+	mi := &file_node_node_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -795,7 +884,7 @@ func (x *DeletePausedRequest) String() string {
 func (*DeletePausedRequest) ProtoMessage() {}
 
 func (x *DeletePausedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[13]
+	mi := &file_node_node_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -808,7 +897,7 @@ func (x *DeletePausedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeletePausedRequest.ProtoReflect.Descriptor instead.
 func (*DeletePausedRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{13}
+	return file_node_node_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *DeletePausedRequest) GetId() string {
@@ -826,7 +915,7 @@ type DeletePausedResponse struct {
 
 func (x *DeletePausedResponse) Reset() {
 	*x = DeletePausedResponse{}
-	mi := &file_node_node_proto_msgTypes[14]
+	mi := &file_node_node_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -838,7 +927,7 @@ func (x *DeletePausedResponse) String() string {
 func (*DeletePausedResponse) ProtoMessage() {}
 
 func (x *DeletePausedResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[14]
+	mi := &file_node_node_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -851,7 +940,7 @@ func (x *DeletePausedResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeletePausedResponse.ProtoReflect.Descriptor instead.
 func (*DeletePausedResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{14}
+	return file_node_node_proto_rawDescGZIP(), []int{16}
 }
 
 type SnapshotSandboxRequest struct {
@@ -864,7 +953,7 @@ type SnapshotSandboxRequest struct {
 
 func (x *SnapshotSandboxRequest) Reset() {
 	*x = SnapshotSandboxRequest{}
-	mi := &file_node_node_proto_msgTypes[15]
+	mi := &file_node_node_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -876,7 +965,7 @@ func (x *SnapshotSandboxRequest) String() string {
 func (*SnapshotSandboxRequest) ProtoMessage() {}
 
 func (x *SnapshotSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[15]
+	mi := &file_node_node_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -889,7 +978,7 @@ func (x *SnapshotSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotSandboxRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{15}
+	return file_node_node_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *SnapshotSandboxRequest) GetId() string {
@@ -918,7 +1007,7 @@ type CreateFromSnapshotRequest struct {
 
 func (x *CreateFromSnapshotRequest) Reset() {
 	*x = CreateFromSnapshotRequest{}
-	mi := &file_node_node_proto_msgTypes[16]
+	mi := &file_node_node_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -930,7 +1019,7 @@ func (x *CreateFromSnapshotRequest) String() string {
 func (*CreateFromSnapshotRequest) ProtoMessage() {}
 
 func (x *CreateFromSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[16]
+	mi := &file_node_node_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -943,7 +1032,7 @@ func (x *CreateFromSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateFromSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*CreateFromSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{16}
+	return file_node_node_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *CreateFromSnapshotRequest) GetSpec() *CreateSpec {
@@ -976,7 +1065,7 @@ type DeleteSnapshotRequest struct {
 
 func (x *DeleteSnapshotRequest) Reset() {
 	*x = DeleteSnapshotRequest{}
-	mi := &file_node_node_proto_msgTypes[17]
+	mi := &file_node_node_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -988,7 +1077,7 @@ func (x *DeleteSnapshotRequest) String() string {
 func (*DeleteSnapshotRequest) ProtoMessage() {}
 
 func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[17]
+	mi := &file_node_node_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1001,7 +1090,7 @@ func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{17}
+	return file_node_node_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *DeleteSnapshotRequest) GetSnapshotId() string {
@@ -1019,7 +1108,7 @@ type DeleteSnapshotResponse struct {
 
 func (x *DeleteSnapshotResponse) Reset() {
 	*x = DeleteSnapshotResponse{}
-	mi := &file_node_node_proto_msgTypes[18]
+	mi := &file_node_node_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1031,7 +1120,7 @@ func (x *DeleteSnapshotResponse) String() string {
 func (*DeleteSnapshotResponse) ProtoMessage() {}
 
 func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[18]
+	mi := &file_node_node_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1044,7 +1133,7 @@ func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{18}
+	return file_node_node_proto_rawDescGZIP(), []int{20}
 }
 
 type SandboxMetricsRequest struct {
@@ -1056,7 +1145,7 @@ type SandboxMetricsRequest struct {
 
 func (x *SandboxMetricsRequest) Reset() {
 	*x = SandboxMetricsRequest{}
-	mi := &file_node_node_proto_msgTypes[19]
+	mi := &file_node_node_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1068,7 +1157,7 @@ func (x *SandboxMetricsRequest) String() string {
 func (*SandboxMetricsRequest) ProtoMessage() {}
 
 func (x *SandboxMetricsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[19]
+	mi := &file_node_node_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1081,7 +1170,7 @@ func (x *SandboxMetricsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxMetricsRequest.ProtoReflect.Descriptor instead.
 func (*SandboxMetricsRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{19}
+	return file_node_node_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *SandboxMetricsRequest) GetId() string {
@@ -1107,7 +1196,7 @@ type Metrics struct {
 
 func (x *Metrics) Reset() {
 	*x = Metrics{}
-	mi := &file_node_node_proto_msgTypes[20]
+	mi := &file_node_node_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1119,7 +1208,7 @@ func (x *Metrics) String() string {
 func (*Metrics) ProtoMessage() {}
 
 func (x *Metrics) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[20]
+	mi := &file_node_node_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1132,7 +1221,7 @@ func (x *Metrics) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Metrics.ProtoReflect.Descriptor instead.
 func (*Metrics) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{20}
+	return file_node_node_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *Metrics) GetTimestamp() *timestamppb.Timestamp {
@@ -1200,7 +1289,7 @@ type WatchDeniedRequest struct {
 
 func (x *WatchDeniedRequest) Reset() {
 	*x = WatchDeniedRequest{}
-	mi := &file_node_node_proto_msgTypes[21]
+	mi := &file_node_node_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1212,7 +1301,7 @@ func (x *WatchDeniedRequest) String() string {
 func (*WatchDeniedRequest) ProtoMessage() {}
 
 func (x *WatchDeniedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[21]
+	mi := &file_node_node_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1225,7 +1314,7 @@ func (x *WatchDeniedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchDeniedRequest.ProtoReflect.Descriptor instead.
 func (*WatchDeniedRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{21}
+	return file_node_node_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *WatchDeniedRequest) GetId() string {
@@ -1247,7 +1336,7 @@ type WatchDeniedResponse struct {
 
 func (x *WatchDeniedResponse) Reset() {
 	*x = WatchDeniedResponse{}
-	mi := &file_node_node_proto_msgTypes[22]
+	mi := &file_node_node_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1259,7 +1348,7 @@ func (x *WatchDeniedResponse) String() string {
 func (*WatchDeniedResponse) ProtoMessage() {}
 
 func (x *WatchDeniedResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[22]
+	mi := &file_node_node_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1272,7 +1361,7 @@ func (x *WatchDeniedResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchDeniedResponse.ProtoReflect.Descriptor instead.
 func (*WatchDeniedResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{22}
+	return file_node_node_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *WatchDeniedResponse) GetRecent() []*DeniedEvent {
@@ -1307,7 +1396,7 @@ type DeniedEvent struct {
 
 func (x *DeniedEvent) Reset() {
 	*x = DeniedEvent{}
-	mi := &file_node_node_proto_msgTypes[23]
+	mi := &file_node_node_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1319,7 +1408,7 @@ func (x *DeniedEvent) String() string {
 func (*DeniedEvent) ProtoMessage() {}
 
 func (x *DeniedEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[23]
+	mi := &file_node_node_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1332,7 +1421,7 @@ func (x *DeniedEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeniedEvent.ProtoReflect.Descriptor instead.
 func (*DeniedEvent) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{23}
+	return file_node_node_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *DeniedEvent) GetTime() *timestamppb.Timestamp {
@@ -1409,7 +1498,11 @@ var File_node_node_proto protoreflect.FileDescriptor
 
 const file_node_node_proto_rawDesc = "" +
 	"\n" +
-	"\x0fnode/node.proto\x12\fvmon.node.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\r\n" +
+	"\x0fnode/node.proto\x12\fvmon.node.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x16\n" +
+	"\x14ListSandboxesRequest\"I\n" +
+	"\x15ListSandboxesResponse\x12\x18\n" +
+	"\arunning\x18\x01 \x03(\tR\arunning\x12\x16\n" +
+	"\x06paused\x18\x02 \x03(\tR\x06paused\"\r\n" +
 	"\vInfoRequest\"\xe7\x01\n" +
 	"\fInfoResponse\x12\x1a\n" +
 	"\bfeatures\x18\x01 \x03(\tR\bfeatures\x12\"\n" +
@@ -1512,7 +1605,7 @@ const file_node_node_proto_rawDesc = "" +
 	"\x04rule\x18\b \x01(\tR\x04rule\x12\x14\n" +
 	"\x05count\x18\t \x01(\x03R\x05count\x12\x18\n" +
 	"\arepeats\x18\n" +
-	" \x01(\bR\arepeats2\xf0\a\n" +
+	" \x01(\bR\arepeats2\xca\b\n" +
 	"\vNodeService\x12=\n" +
 	"\x04Info\x12\x19.vmon.node.v1.InfoRequest\x1a\x1a.vmon.node.v1.InfoResponse\x12N\n" +
 	"\rCreateSandbox\x12\".vmon.node.v1.CreateSandboxRequest\x1a\x19.vmon.node.v1.SandboxInfo\x12[\n" +
@@ -1525,7 +1618,8 @@ const file_node_node_proto_rawDesc = "" +
 	"\x12CreateFromSnapshot\x12'.vmon.node.v1.CreateFromSnapshotRequest\x1a\x19.vmon.node.v1.SandboxInfo\x12[\n" +
 	"\x0eDeleteSnapshot\x12#.vmon.node.v1.DeleteSnapshotRequest\x1a$.vmon.node.v1.DeleteSnapshotResponse\x12L\n" +
 	"\x0eSandboxMetrics\x12#.vmon.node.v1.SandboxMetricsRequest\x1a\x15.vmon.node.v1.Metrics\x12T\n" +
-	"\vWatchDenied\x12 .vmon.node.v1.WatchDeniedRequest\x1a!.vmon.node.v1.WatchDeniedResponse0\x01B:Z8github.com/vibemon/vmon/internal/nodeapi/gen/node;nodev1b\x06proto3"
+	"\vWatchDenied\x12 .vmon.node.v1.WatchDeniedRequest\x1a!.vmon.node.v1.WatchDeniedResponse0\x01\x12X\n" +
+	"\rListSandboxes\x12\".vmon.node.v1.ListSandboxesRequest\x1a#.vmon.node.v1.ListSandboxesResponseB:Z8github.com/vibemon/vmon/internal/nodeapi/gen/node;nodev1b\x06proto3"
 
 var (
 	file_node_node_proto_rawDescOnce sync.Once
@@ -1539,72 +1633,76 @@ func file_node_node_proto_rawDescGZIP() []byte {
 	return file_node_node_proto_rawDescData
 }
 
-var file_node_node_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
+var file_node_node_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
 var file_node_node_proto_goTypes = []any{
-	(*InfoRequest)(nil),               // 0: vmon.node.v1.InfoRequest
-	(*InfoResponse)(nil),              // 1: vmon.node.v1.InfoResponse
-	(*VolumeMount)(nil),               // 2: vmon.node.v1.VolumeMount
-	(*CreateSpec)(nil),                // 3: vmon.node.v1.CreateSpec
-	(*SandboxInfo)(nil),               // 4: vmon.node.v1.SandboxInfo
-	(*CreateSandboxRequest)(nil),      // 5: vmon.node.v1.CreateSandboxRequest
-	(*DestroySandboxRequest)(nil),     // 6: vmon.node.v1.DestroySandboxRequest
-	(*DestroySandboxResponse)(nil),    // 7: vmon.node.v1.DestroySandboxResponse
-	(*UpdateEgressRequest)(nil),       // 8: vmon.node.v1.UpdateEgressRequest
-	(*UpdateEgressResponse)(nil),      // 9: vmon.node.v1.UpdateEgressResponse
-	(*PauseSandboxRequest)(nil),       // 10: vmon.node.v1.PauseSandboxRequest
-	(*PauseInfo)(nil),                 // 11: vmon.node.v1.PauseInfo
-	(*ResumeSandboxRequest)(nil),      // 12: vmon.node.v1.ResumeSandboxRequest
-	(*DeletePausedRequest)(nil),       // 13: vmon.node.v1.DeletePausedRequest
-	(*DeletePausedResponse)(nil),      // 14: vmon.node.v1.DeletePausedResponse
-	(*SnapshotSandboxRequest)(nil),    // 15: vmon.node.v1.SnapshotSandboxRequest
-	(*CreateFromSnapshotRequest)(nil), // 16: vmon.node.v1.CreateFromSnapshotRequest
-	(*DeleteSnapshotRequest)(nil),     // 17: vmon.node.v1.DeleteSnapshotRequest
-	(*DeleteSnapshotResponse)(nil),    // 18: vmon.node.v1.DeleteSnapshotResponse
-	(*SandboxMetricsRequest)(nil),     // 19: vmon.node.v1.SandboxMetricsRequest
-	(*Metrics)(nil),                   // 20: vmon.node.v1.Metrics
-	(*WatchDeniedRequest)(nil),        // 21: vmon.node.v1.WatchDeniedRequest
-	(*WatchDeniedResponse)(nil),       // 22: vmon.node.v1.WatchDeniedResponse
-	(*DeniedEvent)(nil),               // 23: vmon.node.v1.DeniedEvent
-	nil,                               // 24: vmon.node.v1.CreateSpec.EnvVarsEntry
-	(*timestamppb.Timestamp)(nil),     // 25: google.protobuf.Timestamp
+	(*ListSandboxesRequest)(nil),      // 0: vmon.node.v1.ListSandboxesRequest
+	(*ListSandboxesResponse)(nil),     // 1: vmon.node.v1.ListSandboxesResponse
+	(*InfoRequest)(nil),               // 2: vmon.node.v1.InfoRequest
+	(*InfoResponse)(nil),              // 3: vmon.node.v1.InfoResponse
+	(*VolumeMount)(nil),               // 4: vmon.node.v1.VolumeMount
+	(*CreateSpec)(nil),                // 5: vmon.node.v1.CreateSpec
+	(*SandboxInfo)(nil),               // 6: vmon.node.v1.SandboxInfo
+	(*CreateSandboxRequest)(nil),      // 7: vmon.node.v1.CreateSandboxRequest
+	(*DestroySandboxRequest)(nil),     // 8: vmon.node.v1.DestroySandboxRequest
+	(*DestroySandboxResponse)(nil),    // 9: vmon.node.v1.DestroySandboxResponse
+	(*UpdateEgressRequest)(nil),       // 10: vmon.node.v1.UpdateEgressRequest
+	(*UpdateEgressResponse)(nil),      // 11: vmon.node.v1.UpdateEgressResponse
+	(*PauseSandboxRequest)(nil),       // 12: vmon.node.v1.PauseSandboxRequest
+	(*PauseInfo)(nil),                 // 13: vmon.node.v1.PauseInfo
+	(*ResumeSandboxRequest)(nil),      // 14: vmon.node.v1.ResumeSandboxRequest
+	(*DeletePausedRequest)(nil),       // 15: vmon.node.v1.DeletePausedRequest
+	(*DeletePausedResponse)(nil),      // 16: vmon.node.v1.DeletePausedResponse
+	(*SnapshotSandboxRequest)(nil),    // 17: vmon.node.v1.SnapshotSandboxRequest
+	(*CreateFromSnapshotRequest)(nil), // 18: vmon.node.v1.CreateFromSnapshotRequest
+	(*DeleteSnapshotRequest)(nil),     // 19: vmon.node.v1.DeleteSnapshotRequest
+	(*DeleteSnapshotResponse)(nil),    // 20: vmon.node.v1.DeleteSnapshotResponse
+	(*SandboxMetricsRequest)(nil),     // 21: vmon.node.v1.SandboxMetricsRequest
+	(*Metrics)(nil),                   // 22: vmon.node.v1.Metrics
+	(*WatchDeniedRequest)(nil),        // 23: vmon.node.v1.WatchDeniedRequest
+	(*WatchDeniedResponse)(nil),       // 24: vmon.node.v1.WatchDeniedResponse
+	(*DeniedEvent)(nil),               // 25: vmon.node.v1.DeniedEvent
+	nil,                               // 26: vmon.node.v1.CreateSpec.EnvVarsEntry
+	(*timestamppb.Timestamp)(nil),     // 27: google.protobuf.Timestamp
 }
 var file_node_node_proto_depIdxs = []int32{
-	24, // 0: vmon.node.v1.CreateSpec.env_vars:type_name -> vmon.node.v1.CreateSpec.EnvVarsEntry
-	2,  // 1: vmon.node.v1.CreateSpec.volumes:type_name -> vmon.node.v1.VolumeMount
-	25, // 2: vmon.node.v1.SandboxInfo.started_at:type_name -> google.protobuf.Timestamp
-	3,  // 3: vmon.node.v1.CreateSandboxRequest.spec:type_name -> vmon.node.v1.CreateSpec
-	3,  // 4: vmon.node.v1.ResumeSandboxRequest.spec:type_name -> vmon.node.v1.CreateSpec
-	3,  // 5: vmon.node.v1.CreateFromSnapshotRequest.spec:type_name -> vmon.node.v1.CreateSpec
-	25, // 6: vmon.node.v1.Metrics.timestamp:type_name -> google.protobuf.Timestamp
-	23, // 7: vmon.node.v1.WatchDeniedResponse.recent:type_name -> vmon.node.v1.DeniedEvent
-	23, // 8: vmon.node.v1.WatchDeniedResponse.event:type_name -> vmon.node.v1.DeniedEvent
-	25, // 9: vmon.node.v1.DeniedEvent.time:type_name -> google.protobuf.Timestamp
-	0,  // 10: vmon.node.v1.NodeService.Info:input_type -> vmon.node.v1.InfoRequest
-	5,  // 11: vmon.node.v1.NodeService.CreateSandbox:input_type -> vmon.node.v1.CreateSandboxRequest
-	6,  // 12: vmon.node.v1.NodeService.DestroySandbox:input_type -> vmon.node.v1.DestroySandboxRequest
-	8,  // 13: vmon.node.v1.NodeService.UpdateEgress:input_type -> vmon.node.v1.UpdateEgressRequest
-	10, // 14: vmon.node.v1.NodeService.PauseSandbox:input_type -> vmon.node.v1.PauseSandboxRequest
-	12, // 15: vmon.node.v1.NodeService.ResumeSandbox:input_type -> vmon.node.v1.ResumeSandboxRequest
-	13, // 16: vmon.node.v1.NodeService.DeletePaused:input_type -> vmon.node.v1.DeletePausedRequest
-	15, // 17: vmon.node.v1.NodeService.SnapshotSandbox:input_type -> vmon.node.v1.SnapshotSandboxRequest
-	16, // 18: vmon.node.v1.NodeService.CreateFromSnapshot:input_type -> vmon.node.v1.CreateFromSnapshotRequest
-	17, // 19: vmon.node.v1.NodeService.DeleteSnapshot:input_type -> vmon.node.v1.DeleteSnapshotRequest
-	19, // 20: vmon.node.v1.NodeService.SandboxMetrics:input_type -> vmon.node.v1.SandboxMetricsRequest
-	21, // 21: vmon.node.v1.NodeService.WatchDenied:input_type -> vmon.node.v1.WatchDeniedRequest
-	1,  // 22: vmon.node.v1.NodeService.Info:output_type -> vmon.node.v1.InfoResponse
-	4,  // 23: vmon.node.v1.NodeService.CreateSandbox:output_type -> vmon.node.v1.SandboxInfo
-	7,  // 24: vmon.node.v1.NodeService.DestroySandbox:output_type -> vmon.node.v1.DestroySandboxResponse
-	9,  // 25: vmon.node.v1.NodeService.UpdateEgress:output_type -> vmon.node.v1.UpdateEgressResponse
-	11, // 26: vmon.node.v1.NodeService.PauseSandbox:output_type -> vmon.node.v1.PauseInfo
-	4,  // 27: vmon.node.v1.NodeService.ResumeSandbox:output_type -> vmon.node.v1.SandboxInfo
-	14, // 28: vmon.node.v1.NodeService.DeletePaused:output_type -> vmon.node.v1.DeletePausedResponse
-	11, // 29: vmon.node.v1.NodeService.SnapshotSandbox:output_type -> vmon.node.v1.PauseInfo
-	4,  // 30: vmon.node.v1.NodeService.CreateFromSnapshot:output_type -> vmon.node.v1.SandboxInfo
-	18, // 31: vmon.node.v1.NodeService.DeleteSnapshot:output_type -> vmon.node.v1.DeleteSnapshotResponse
-	20, // 32: vmon.node.v1.NodeService.SandboxMetrics:output_type -> vmon.node.v1.Metrics
-	22, // 33: vmon.node.v1.NodeService.WatchDenied:output_type -> vmon.node.v1.WatchDeniedResponse
-	22, // [22:34] is the sub-list for method output_type
-	10, // [10:22] is the sub-list for method input_type
+	26, // 0: vmon.node.v1.CreateSpec.env_vars:type_name -> vmon.node.v1.CreateSpec.EnvVarsEntry
+	4,  // 1: vmon.node.v1.CreateSpec.volumes:type_name -> vmon.node.v1.VolumeMount
+	27, // 2: vmon.node.v1.SandboxInfo.started_at:type_name -> google.protobuf.Timestamp
+	5,  // 3: vmon.node.v1.CreateSandboxRequest.spec:type_name -> vmon.node.v1.CreateSpec
+	5,  // 4: vmon.node.v1.ResumeSandboxRequest.spec:type_name -> vmon.node.v1.CreateSpec
+	5,  // 5: vmon.node.v1.CreateFromSnapshotRequest.spec:type_name -> vmon.node.v1.CreateSpec
+	27, // 6: vmon.node.v1.Metrics.timestamp:type_name -> google.protobuf.Timestamp
+	25, // 7: vmon.node.v1.WatchDeniedResponse.recent:type_name -> vmon.node.v1.DeniedEvent
+	25, // 8: vmon.node.v1.WatchDeniedResponse.event:type_name -> vmon.node.v1.DeniedEvent
+	27, // 9: vmon.node.v1.DeniedEvent.time:type_name -> google.protobuf.Timestamp
+	2,  // 10: vmon.node.v1.NodeService.Info:input_type -> vmon.node.v1.InfoRequest
+	7,  // 11: vmon.node.v1.NodeService.CreateSandbox:input_type -> vmon.node.v1.CreateSandboxRequest
+	8,  // 12: vmon.node.v1.NodeService.DestroySandbox:input_type -> vmon.node.v1.DestroySandboxRequest
+	10, // 13: vmon.node.v1.NodeService.UpdateEgress:input_type -> vmon.node.v1.UpdateEgressRequest
+	12, // 14: vmon.node.v1.NodeService.PauseSandbox:input_type -> vmon.node.v1.PauseSandboxRequest
+	14, // 15: vmon.node.v1.NodeService.ResumeSandbox:input_type -> vmon.node.v1.ResumeSandboxRequest
+	15, // 16: vmon.node.v1.NodeService.DeletePaused:input_type -> vmon.node.v1.DeletePausedRequest
+	17, // 17: vmon.node.v1.NodeService.SnapshotSandbox:input_type -> vmon.node.v1.SnapshotSandboxRequest
+	18, // 18: vmon.node.v1.NodeService.CreateFromSnapshot:input_type -> vmon.node.v1.CreateFromSnapshotRequest
+	19, // 19: vmon.node.v1.NodeService.DeleteSnapshot:input_type -> vmon.node.v1.DeleteSnapshotRequest
+	21, // 20: vmon.node.v1.NodeService.SandboxMetrics:input_type -> vmon.node.v1.SandboxMetricsRequest
+	23, // 21: vmon.node.v1.NodeService.WatchDenied:input_type -> vmon.node.v1.WatchDeniedRequest
+	0,  // 22: vmon.node.v1.NodeService.ListSandboxes:input_type -> vmon.node.v1.ListSandboxesRequest
+	3,  // 23: vmon.node.v1.NodeService.Info:output_type -> vmon.node.v1.InfoResponse
+	6,  // 24: vmon.node.v1.NodeService.CreateSandbox:output_type -> vmon.node.v1.SandboxInfo
+	9,  // 25: vmon.node.v1.NodeService.DestroySandbox:output_type -> vmon.node.v1.DestroySandboxResponse
+	11, // 26: vmon.node.v1.NodeService.UpdateEgress:output_type -> vmon.node.v1.UpdateEgressResponse
+	13, // 27: vmon.node.v1.NodeService.PauseSandbox:output_type -> vmon.node.v1.PauseInfo
+	6,  // 28: vmon.node.v1.NodeService.ResumeSandbox:output_type -> vmon.node.v1.SandboxInfo
+	16, // 29: vmon.node.v1.NodeService.DeletePaused:output_type -> vmon.node.v1.DeletePausedResponse
+	13, // 30: vmon.node.v1.NodeService.SnapshotSandbox:output_type -> vmon.node.v1.PauseInfo
+	6,  // 31: vmon.node.v1.NodeService.CreateFromSnapshot:output_type -> vmon.node.v1.SandboxInfo
+	20, // 32: vmon.node.v1.NodeService.DeleteSnapshot:output_type -> vmon.node.v1.DeleteSnapshotResponse
+	22, // 33: vmon.node.v1.NodeService.SandboxMetrics:output_type -> vmon.node.v1.Metrics
+	24, // 34: vmon.node.v1.NodeService.WatchDenied:output_type -> vmon.node.v1.WatchDeniedResponse
+	1,  // 35: vmon.node.v1.NodeService.ListSandboxes:output_type -> vmon.node.v1.ListSandboxesResponse
+	23, // [23:36] is the sub-list for method output_type
+	10, // [10:23] is the sub-list for method input_type
 	10, // [10:10] is the sub-list for extension type_name
 	10, // [10:10] is the sub-list for extension extendee
 	0,  // [0:10] is the sub-list for field type_name
@@ -1621,7 +1719,7 @@ func file_node_node_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_node_node_proto_rawDesc), len(file_node_node_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   25,
+			NumMessages:   27,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -72,6 +72,9 @@ const (
 	NodeServiceSandboxMetricsProcedure = "/vmon.node.v1.NodeService/SandboxMetrics"
 	// NodeServiceWatchDeniedProcedure is the fully-qualified name of the NodeService's WatchDenied RPC.
 	NodeServiceWatchDeniedProcedure = "/vmon.node.v1.NodeService/WatchDenied"
+	// NodeServiceListSandboxesProcedure is the fully-qualified name of the NodeService's ListSandboxes
+	// RPC.
+	NodeServiceListSandboxesProcedure = "/vmon.node.v1.NodeService/ListSandboxes"
 )
 
 // NodeServiceClient is a client for the vmon.node.v1.NodeService service.
@@ -94,6 +97,9 @@ type NodeServiceClient interface {
 	// WatchDenied answers at once with a running sandbox's recent refusals (or the error), then
 	// sends each new one until the call ends.
 	WatchDenied(context.Context, *connect.Request[node.WatchDeniedRequest]) (*connect.ServerStreamForClient[node.WatchDeniedResponse], error)
+	// ListSandboxes names what the node holds, for the driver to reconcile its records with after
+	// the node was out of reach.
+	ListSandboxes(context.Context, *connect.Request[node.ListSandboxesRequest]) (*connect.Response[node.ListSandboxesResponse], error)
 }
 
 // NewNodeServiceClient constructs a client for the vmon.node.v1.NodeService service. By default, it
@@ -179,6 +185,12 @@ func NewNodeServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			connect.WithSchema(nodeServiceMethods.ByName("WatchDenied")),
 			connect.WithClientOptions(opts...),
 		),
+		listSandboxes: connect.NewClient[node.ListSandboxesRequest, node.ListSandboxesResponse](
+			httpClient,
+			baseURL+NodeServiceListSandboxesProcedure,
+			connect.WithSchema(nodeServiceMethods.ByName("ListSandboxes")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -196,6 +208,7 @@ type nodeServiceClient struct {
 	deleteSnapshot     *connect.Client[node.DeleteSnapshotRequest, node.DeleteSnapshotResponse]
 	sandboxMetrics     *connect.Client[node.SandboxMetricsRequest, node.Metrics]
 	watchDenied        *connect.Client[node.WatchDeniedRequest, node.WatchDeniedResponse]
+	listSandboxes      *connect.Client[node.ListSandboxesRequest, node.ListSandboxesResponse]
 }
 
 // Info calls vmon.node.v1.NodeService.Info.
@@ -258,6 +271,11 @@ func (c *nodeServiceClient) WatchDenied(ctx context.Context, req *connect.Reques
 	return c.watchDenied.CallServerStream(ctx, req)
 }
 
+// ListSandboxes calls vmon.node.v1.NodeService.ListSandboxes.
+func (c *nodeServiceClient) ListSandboxes(ctx context.Context, req *connect.Request[node.ListSandboxesRequest]) (*connect.Response[node.ListSandboxesResponse], error) {
+	return c.listSandboxes.CallUnary(ctx, req)
+}
+
 // NodeServiceHandler is an implementation of the vmon.node.v1.NodeService service.
 type NodeServiceHandler interface {
 	// Info names the node and what it can do.
@@ -278,6 +296,9 @@ type NodeServiceHandler interface {
 	// WatchDenied answers at once with a running sandbox's recent refusals (or the error), then
 	// sends each new one until the call ends.
 	WatchDenied(context.Context, *connect.Request[node.WatchDeniedRequest], *connect.ServerStream[node.WatchDeniedResponse]) error
+	// ListSandboxes names what the node holds, for the driver to reconcile its records with after
+	// the node was out of reach.
+	ListSandboxes(context.Context, *connect.Request[node.ListSandboxesRequest]) (*connect.Response[node.ListSandboxesResponse], error)
 }
 
 // NewNodeServiceHandler builds an HTTP handler from the service implementation. It returns the path
@@ -359,6 +380,12 @@ func NewNodeServiceHandler(svc NodeServiceHandler, opts ...connect.HandlerOption
 		connect.WithSchema(nodeServiceMethods.ByName("WatchDenied")),
 		connect.WithHandlerOptions(opts...),
 	)
+	nodeServiceListSandboxesHandler := connect.NewUnaryHandler(
+		NodeServiceListSandboxesProcedure,
+		svc.ListSandboxes,
+		connect.WithSchema(nodeServiceMethods.ByName("ListSandboxes")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/vmon.node.v1.NodeService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case NodeServiceInfoProcedure:
@@ -385,6 +412,8 @@ func NewNodeServiceHandler(svc NodeServiceHandler, opts ...connect.HandlerOption
 			nodeServiceSandboxMetricsHandler.ServeHTTP(w, r)
 		case NodeServiceWatchDeniedProcedure:
 			nodeServiceWatchDeniedHandler.ServeHTTP(w, r)
+		case NodeServiceListSandboxesProcedure:
+			nodeServiceListSandboxesHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -440,4 +469,8 @@ func (UnimplementedNodeServiceHandler) SandboxMetrics(context.Context, *connect.
 
 func (UnimplementedNodeServiceHandler) WatchDenied(context.Context, *connect.Request[node.WatchDeniedRequest], *connect.ServerStream[node.WatchDeniedResponse]) error {
 	return connect.NewError(connect.CodeUnimplemented, errors.New("vmon.node.v1.NodeService.WatchDenied is not implemented"))
+}
+
+func (UnimplementedNodeServiceHandler) ListSandboxes(context.Context, *connect.Request[node.ListSandboxesRequest]) (*connect.Response[node.ListSandboxesResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("vmon.node.v1.NodeService.ListSandboxes is not implemented"))
 }
