@@ -10,8 +10,8 @@ import (
 	"net/http/httptest"
 	"net/netip"
 	"reflect"
-	"sync"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
