@@ -155,4 +155,22 @@ CREATE TABLE join_tokens (
 	uses_left   INTEGER NOT NULL
 );
 `,
+	// 8: the cluster's nodes as the driver last saw them, and the drains operators asked for.
+	`
+CREATE TABLE nodes (
+	name           TEXT PRIMARY KEY,
+	rpc            TEXT NOT NULL DEFAULT '',
+	gossip         TEXT NOT NULL DEFAULT '',
+	state          TEXT NOT NULL,
+	features       TEXT NOT NULL DEFAULT '',
+	templates      TEXT NOT NULL DEFAULT '',
+	free_slots     INTEGER NOT NULL DEFAULT 0,
+	free_memory_mb INTEGER NOT NULL DEFAULT 0,
+	free_disk_mb   INTEGER NOT NULL DEFAULT 0,
+	load           REAL NOT NULL DEFAULT 0,
+	drain          TEXT NOT NULL DEFAULT '',
+	seen_at        INTEGER NOT NULL,
+	since          INTEGER NOT NULL
+);
+`,
 }
