@@ -136,6 +136,8 @@ type Driver struct {
 	// recovering holds the sandboxes a restart found that the node is still settling (Recover,
 	// Recovered): the API answers 503 for them meanwhile.
 	recovering map[string]bool // +checklocks:mu
+	// out holds the nodes out of reach (NodeOut): their sandboxes' traffic fails at once.
+	out map[string]bool // +checklocks:mu
 
 	wake   chan struct{}
 	cancel context.CancelFunc
@@ -182,6 +184,7 @@ func New(opts Options) (*Driver, error) {
 		opts:       opts,
 		bootSlots:  make(chan struct{}, opts.BootConcurrency),
 		routes:     map[string]Route{},
+		out:        map[string]bool{},
 		deadlines:  map[string]time.Time{},
 		recovering: map[string]bool{},
 		wake:       make(chan struct{}, 1),

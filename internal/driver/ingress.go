@@ -3,6 +3,8 @@ package driver
 import (
 	"context"
 	"sort"
+
+	"github.com/vibemon/vmon/internal/errdefs"
 )
 
 // Route is what ingress needs to forward a request to a running sandbox.
@@ -32,12 +34,16 @@ func routeOf(sb Sandbox) Route {
 func (d *Driver) SandboxByID(_ context.Context, id string) (Route, error) {
 	d.mu.Lock()
 	r, ok := d.routes[id]
+	out := ok && r.NodeID != "" && d.out[r.NodeID]
 	d.mu.Unlock()
 	if !ok {
 		if err := d.checkRecovered(id); err != nil {
 			return Route{}, err
 		}
 		return Route{}, notFound(id)
+	}
+	if out {
+		return Route{}, errdefs.NotFound("sandbox %q cannot be reached: its node %s is out of reach", id, r.NodeID)
 	}
 	return r, nil
 }

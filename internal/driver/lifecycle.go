@@ -67,7 +67,11 @@ func (d *Driver) killLocked(ctx context.Context, sb Sandbox, reason string) erro
 			}
 		}
 	}
-	if sb.State == store.StateRunning {
+	if sb.State == store.StateRunning && d.NodeIsOut(sb.NodeID) {
+		// Recorded now; the node destroys it when it is back (NodeBack), as no running record
+		// places it there any more.
+		d.log.Info("killing a sandbox whose node is out of reach", "sandbox", sb.ID, "node", sb.NodeID)
+	} else if sb.State == store.StateRunning {
 		if err := d.node.DestroySandbox(ctx, sb.ID); err != nil && !errdefs.Is(err, errdefs.KindNotFound) {
 			d.log.Error("node failed to destroy sandbox", "sandbox", sb.ID, "err", err)
 			return errdefs.Wrap(errdefs.KindUnknown, err, "failed to kill sandbox %q", sb.ID)

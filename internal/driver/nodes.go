@@ -1,0 +1,125 @@
+package driver
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/vibemon/vmon/internal/errdefs"
+	"github.com/vibemon/vmon/internal/store"
+)
+
+// Reasons for sandboxes a node's absence ended.
+const (
+	// ReasonNodeLost ends a sandbox whose node stayed out of reach past the grace period.
+	ReasonNodeLost = "its node was lost"
+	// ReasonGoneFromNode ends a sandbox its node no longer held when it came back.
+	ReasonGoneFromNode = "gone from its node"
+)
+
+// NodeOut marks node out of reach (gossip lost it, or it left): traffic to its sandboxes fails
+// at once with the edge's 502 rather than waiting on an address nobody answers, and a kill of
+// one is recorded at once (the node destroys it when it is back: NodeBack). Its records stay as
+// they are; NodeLost ends them.
+func (d *Driver) NodeOut(node string) {
+	if node == "" {
+		return
+	}
+	d.mu.Lock()
+	d.out[node] = true
+	d.mu.Unlock()
+}
+
+// NodeIsOut reports whether node is marked out of reach.
+func (d *Driver) NodeIsOut(node string) bool {
+	if node == "" {
+		return false
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.out[node]
+}
+
+// NodeBack reconciles the records with what a node that was out of reach holds, then serves its
+// sandboxes again: a running record on it whose sandbox it no longer holds is ended, and a
+// sandbox it holds that no running record places there (killed meanwhile, ended by NodeLost, or
+// run by another node since) is destroyed there with destroy, so none runs twice.
+func (d *Driver) NodeBack(ctx context.Context, node string, running []string, destroy func(ctx context.Context, id string) error) error {
+	held := map[string]bool{}
+	for _, id := range running {
+		held[id] = true
+	}
+	recs, err := d.store.ListSandboxes(ctx, store.SandboxQuery{States: []store.SandboxState{store.StateRunning}, NodeID: node})
+	if err != nil {
+		return fmt.Errorf("sandboxes of node %s: %w", node, err)
+	}
+	for _, sb := range recs {
+		if held[sb.ID] {
+			continue
+		}
+		d.endOnNode(ctx, sb.ID, node, ReasonGoneFromNode)
+	}
+	var strays int
+	for _, id := range running {
+		sb, err := d.store.GetSandbox(ctx, id)
+		if err == nil && sb.State == store.StateRunning && sb.NodeID == node {
+			continue
+		}
+		if err != nil && !errdefs.Is(err, errdefs.KindNotFound) {
+			return err
+		}
+		if err := destroy(ctx, id); err != nil && !errdefs.Is(err, errdefs.KindNotFound) {
+			d.log.Warn("destroying a sandbox no running record places on its node", "sandbox", id, "node", node, "err", err)
+			continue
+		}
+		strays++
+	}
+	d.mu.Lock()
+	delete(d.out, node)
+	d.mu.Unlock()
+	d.log.Info("node back", "node", node, "running", len(running), "strays destroyed", strays)
+	return nil
+}
+
+// NodeLost ends the running records of a node that stayed out of reach: their sandboxes count as
+// gone, and if the node comes back after all, NodeBack destroys what it still runs.
+func (d *Driver) NodeLost(ctx context.Context, node string) error {
+	recs, err := d.store.ListSandboxes(ctx, store.SandboxQuery{States: []store.SandboxState{store.StateRunning}, NodeID: node})
+	if err != nil {
+		return fmt.Errorf("sandboxes of node %s: %w", node, err)
+	}
+	for _, sb := range recs {
+		d.endOnNode(ctx, sb.ID, node, ReasonNodeLost)
+	}
+	d.log.Warn("node lost: its running sandboxes ended", "node", node, "sandboxes", len(recs))
+	return nil
+}
+
+// RunningOn lists the running sandboxes recorded on node.
+func (d *Driver) RunningOn(ctx context.Context, node string) ([]string, error) {
+	recs, err := d.store.ListSandboxes(ctx, store.SandboxQuery{States: []store.SandboxState{store.StateRunning}, NodeID: node})
+	if err != nil {
+		return nil, err
+	}
+	ids := make([]string, len(recs))
+	for i, sb := range recs {
+		ids[i] = sb.ID
+	}
+	return ids, nil
+}
+
+// endOnNode marks sandbox id killed for reason if it still runs on node, without asking the node.
+func (d *Driver) endOnNode(ctx context.Context, id, node, reason string) {
+	unlock := d.locks.Lock(id)
+	defer unlock()
+	sb, err := d.store.GetSandbox(ctx, id)
+	if err != nil || sb.State != store.StateRunning || sb.NodeID != node {
+		return
+	}
+	d.forget(id)
+	if err := d.store.MarkKilled(ctx, id, d.now(), reason); err != nil {
+		d.log.Error("mark a sandbox of an absent node killed", "sandbox", id, "node", node, "err", err)
+		return
+	}
+	d.log.Info("sandbox ended", "sandbox", id, "node", node, "reason", reason)
+	d.sbEnded(id, reason)
+}
