@@ -1,8 +1,11 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"path/filepath"
+	"strings"
+	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -36,7 +39,7 @@ func clusterAuthority(dataDir string, st *store.Store) (*join.Authority, error) 
 }
 
 func nodeCmd() *cobra.Command {
-	cmd := &cobra.Command{Use: "node", Short: "the nodes of a cluster: tokens to join one"}
+	cmd := &cobra.Command{Use: "node", Short: "the nodes of a cluster: tokens to join one, their list, drains"}
 	var dataDir string
 	var ttl time.Duration
 	var uses int
@@ -63,6 +66,134 @@ func nodeCmd() *cobra.Command {
 	config.BindDataDir(token.Flags(), &dataDir)
 	token.Flags().DurationVar(&ttl, "ttl", join.DefaultTTL, "how long the token can be used")
 	token.Flags().IntVar(&uses, "uses", 1, "how many nodes can join with it")
-	cmd.AddCommand(token)
+	cmd.AddCommand(token, nodeLsCmd(), nodeDrainCmd())
 	return cmd
+}
+
+// nodeRow is a node as `vmon node ls` shows it.
+type nodeRow struct {
+	Name         string    `json:"name"`
+	Address      string    `json:"address"`
+	Gossip       string    `json:"gossip,omitempty"`
+	State        string    `json:"state"`
+	Drain        string    `json:"drain,omitempty"`
+	Features     []string  `json:"features"`
+	FreeSlots    int       `json:"freeSlots"`
+	FreeMemoryMB int64     `json:"freeMemoryMB"`
+	FreeDiskMB   int64     `json:"freeDiskMB"`
+	Load         float64   `json:"load"`
+	Sandboxes    int       `json:"sandboxes"`
+	Templates    []string  `json:"templates"`
+	SeenAt       time.Time `json:"seenAt"`
+	Since        time.Time `json:"since"`
+}
+
+func nodeLsCmd() *cobra.Command {
+	var dataDir string
+	var asJSON bool
+	c := &cobra.Command{
+		Use:   "ls",
+		Short: "list the cluster's nodes as the driver last saw them: address, state, features, room, sandboxes, templates",
+		Args:  cobra.NoArgs,
+		RunE: withStore(&dataDir, func(cmd *cobra.Command, st *store.Store, _ []string) error {
+			nodes, err := st.ListNodes(cmd.Context())
+			if err != nil {
+				return err
+			}
+			sbs, err := st.ListSandboxes(cmd.Context(), store.SandboxQuery{States: []store.SandboxState{store.StateRunning}})
+			if err != nil {
+				return err
+			}
+			count := map[string]int{}
+			for _, sb := range sbs {
+				count[sb.NodeID]++
+			}
+			rows := make([]nodeRow, len(nodes))
+			for i, n := range nodes {
+				rows[i] = nodeRow{Name: n.Name, Address: n.RPC, Gossip: n.Gossip, State: n.State, Drain: n.Drain,
+					Features: n.Features, FreeSlots: n.FreeSlots, FreeMemoryMB: n.FreeMemoryMB, FreeDiskMB: n.FreeDiskMB,
+					Load: n.Load, Sandboxes: count[n.Name], Templates: n.Templates, SeenAt: n.SeenAt, Since: n.Since}
+			}
+			if asJSON {
+				enc := json.NewEncoder(cmd.OutOrStdout())
+				for _, r := range rows {
+					if err := enc.Encode(r); err != nil {
+						return err
+					}
+				}
+				return nil
+			}
+			w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(w, "NAME\tADDRESS\tSTATE\tFEATURES\tFREE SLOTS\tFREE MEMORY\tFREE DISK\tLOAD\tSANDBOXES\tTEMPLATES\tSEEN")
+			for _, r := range rows {
+				state := r.State
+				if r.Drain != store.DrainNone && state == store.NodeDraining {
+					state += " (" + r.Drain + ")"
+				}
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%d MiB\t%d MiB\t%.2f\t%d\t%s\t%s\n", r.Name, r.Address, state,
+					dash(strings.Join(r.Features, ",")), r.FreeSlots, r.FreeMemoryMB, r.FreeDiskMB, r.Load, r.Sandboxes,
+					dash(strings.Join(r.Templates, ",")), stamp(r.SeenAt))
+			}
+			return w.Flush()
+		}),
+	}
+	config.BindDataDir(c.Flags(), &dataDir)
+	c.Flags().BoolVar(&asJSON, "json", false, "one JSON object per node")
+	return c
+}
+
+func nodeDrainCmd() *cobra.Command {
+	var dataDir string
+	var pause, undo bool
+	var wait time.Duration
+	c := &cobra.Command{
+		Use:   "drain NAME",
+		Short: "stop placing sandboxes on a node; with --pause, also pause its running sandboxes so they resume elsewhere",
+		Long: "Records the drain for the driver, which stops placing on the node at its next look (within seconds).\n" +
+			"With --pause the driver pauses the node's running sandboxes, and this command waits until it did (--wait).\n" +
+			"--undo ends a drain.",
+		Args: cobra.ExactArgs(1),
+		RunE: withStore(&dataDir, func(cmd *cobra.Command, st *store.Store, args []string) error {
+			name := args[0]
+			mode := store.DrainStop
+			switch {
+			case undo:
+				mode = store.DrainNone
+			case pause:
+				mode = store.DrainPause
+			}
+			if err := st.SetNodeDrain(cmd.Context(), name, mode); err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			if mode != store.DrainPause {
+				fmt.Fprintf(out, "node %s: drain %s\n", name, map[bool]string{true: "ended", false: "recorded"}[undo])
+				return nil
+			}
+			deadline := time.Now().Add(wait)
+			for {
+				sbs, err := st.ListSandboxes(cmd.Context(), store.SandboxQuery{States: []store.SandboxState{store.StateRunning}, NodeID: name})
+				if err != nil {
+					return err
+				}
+				if len(sbs) == 0 {
+					fmt.Fprintf(out, "node %s: drained, no sandbox runs on it\n", name)
+					return nil
+				}
+				if time.Now().After(deadline) {
+					return fmt.Errorf("node %s: %d sandboxes still run on it after %s (is a driver running?)", name, len(sbs), wait)
+				}
+				select {
+				case <-cmd.Context().Done():
+					return cmd.Context().Err()
+				case <-time.After(time.Second):
+				}
+			}
+		}),
+	}
+	config.BindDataDir(c.Flags(), &dataDir)
+	c.Flags().BoolVar(&pause, "pause", false, "also pause the node's running sandboxes (they resume on any node with room)")
+	c.Flags().BoolVar(&undo, "undo", false, "end the node's drain")
+	c.Flags().DurationVar(&wait, "wait", 5*time.Minute, "with --pause, how long to wait for the sandboxes to be paused")
+	return c
 }

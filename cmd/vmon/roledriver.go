@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/vibemon/vmon/internal/agentproto"
@@ -21,6 +22,7 @@ import (
 	"github.com/vibemon/vmon/internal/cluster"
 	"github.com/vibemon/vmon/internal/config"
 	"github.com/vibemon/vmon/internal/driver"
+	"github.com/vibemon/vmon/internal/fleet"
 	"github.com/vibemon/vmon/internal/httpguard"
 	"github.com/vibemon/vmon/internal/ingress"
 	"github.com/vibemon/vmon/internal/join"
@@ -94,10 +96,16 @@ func serveDriver(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 		}
 		return sb.NodeID, nil
 	})
-	nodes := &nodeClients{router: router, tls: toNodes, rpc: map[string]string{}, log: log.With("component", "cluster")}
+	// The driver is made after the gossip starts (joins are served meanwhile); the fleet hands it
+	// gossip's news once it exists.
+	var fl atomic.Pointer[fleet.Fleet]
 	cl, err := membership.Start(ctx, membership.Options{Name: c.Name, Bind: c.GossipListen, Advertise: c.GossipAdvertise,
 		Meta: membership.Meta{Role: membership.RoleDriver, RPC: c.Advertise}, SecretKey: auth.GossipKey,
-		OnEvent: nodes.event, Log: log.With("component", "membership")})
+		OnEvent: func(m membership.Member, kind membership.EventKind) {
+			if f := fl.Load(); f != nil {
+				f.Event(m, kind)
+			}
+		}, Log: log.With("component", "membership")})
 	if err != nil {
 		return err
 	}
@@ -106,18 +114,6 @@ func serveDriver(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 		_ = cl.Shutdown()
 	}()
 	auth.Gossip = func() []string { return gossipSeeds(cl) }
-	go func() {
-		t := time.NewTicker(refreshEvery)
-		defer t.Stop()
-		for {
-			router.Refresh(ctx)
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
-		}
-	}()
 	stopCluster, err := serveClusterEndpoint(ctx, c, own, auth, cl, log)
 	if err != nil {
 		return err
@@ -161,6 +157,16 @@ func serveDriver(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 	if err := d.Adopt(ctx); err != nil {
 		return err
 	}
+	f := fleet.New(fleet.Options{Router: router, Records: st, Sandboxes: d, Grace: c.NodeLostGrace, Every: refreshEvery,
+		Log: log.With("component", "fleet"), Connect: func(name, rpc string) cluster.NodeClient { return connectNode(toNodes, name, rpc) }})
+	fl.Store(f)
+	// Members gossip told of before the fleet existed.
+	for _, m := range cl.Members() {
+		if m.Name != c.Name {
+			f.Event(m, membership.Joined)
+		}
+	}
+	go f.Run(ctx)
 	if sandboxLogs != nil {
 		go sandboxLogs.Run(ctx, pruneKilled(ctx, st, log))
 	}
@@ -260,52 +266,23 @@ func serveClusterEndpoint(ctx context.Context, c *config.Serve, own join.Credent
 	}, nil
 }
 
-// nodeClients keeps the router's clients in step with the nodes gossip reports.
-type nodeClients struct {
-	router *cluster.Router
-	tls    *tls.Config
-	log    *slog.Logger
-
-	mu sync.Mutex
-	// rpc is the address each node's client dials. +checklocks:mu
-	rpc map[string]string
-}
-
 // remoteNode is a node across the network: its contract and its tunnels.
 type remoteNode struct {
 	*nodeapi.Client
 	nodeapi.TunnelDialer
 }
 
-func (nc *nodeClients) event(m membership.Member, kind membership.EventKind) {
-	if m.Meta.Role != membership.RoleNode {
-		return
-	}
-	nc.log.Info("node "+kind.String(), "node", m.Name, "rpc", m.Meta.RPC, "state", m.Meta.State, "features", m.Meta.Features)
-	if kind == membership.Left {
-		nc.mu.Lock()
-		delete(nc.rpc, m.Name)
-		nc.mu.Unlock()
-		nc.router.Remove(m.Name)
-		return
-	}
-	nc.mu.Lock()
-	same := nc.rpc[m.Name] == m.Meta.RPC
-	nc.rpc[m.Name] = m.Meta.RPC
-	nc.mu.Unlock()
-	if same {
-		nc.router.Upsert(m.Name, m.Meta, nil)
-		return
-	}
-	conf := nc.tls.Clone()
+// connectNode makes the client of node name serving at rpc, under the driver's cluster TLS.
+func connectNode(base *tls.Config, name, rpc string) cluster.NodeClient {
+	conf := base.Clone()
 	// The node's certificate names the node, wherever it listens.
-	conf.ServerName = m.Name
+	conf.ServerName = name
 	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: conf, ForceAttemptHTTP2: true,
 		IdleConnTimeout: 90 * time.Second}}
-	nc.router.Upsert(m.Name, m.Meta, remoteNode{
-		Client:       nodeapi.NewClient(hc, "https://"+m.Meta.RPC),
-		TunnelDialer: nodeapi.TunnelDialer{Addr: m.Meta.RPC, TLS: conf},
-	})
+	return remoteNode{
+		Client:       nodeapi.NewClient(hc, "https://"+rpc),
+		TunnelDialer: nodeapi.TunnelDialer{Addr: rpc, TLS: conf},
+	}
 }
 
 // clusterTargets joins the driver's view of a sandbox with a tunnel to the node that holds it.

@@ -22,7 +22,7 @@ import (
 func sandboxCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "sandbox", Short: "inspect sandboxes, including ended ones and why they ended"}
 	var dataDir string
-	var all bool
+	var all, asJSON bool
 	var limit int
 	ls := &cobra.Command{
 		Use:   "ls",
@@ -38,25 +38,36 @@ func sandboxCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(w, "ID\tTEMPLATE\tSTATE\tSTARTED\tENDED\tPAUSED DISK\tREASON")
-			for _, sb := range sbs {
-				tpl := sb.Alias
-				if tpl == "" {
-					tpl = sb.TemplateID
-				}
-				ended, reason, disk := "-", "-", "-"
-				switch sb.State {
-				case store.StateKilled:
-					ended, reason = stamp(sb.KilledAt), sb.KillReason
-				case store.StatePaused:
-					kind := "memory+files"
-					if !sb.PausedMemory {
-						kind = "files"
+			nodes, err := st.ListNodes(cmd.Context())
+			if err != nil {
+				return err
+			}
+			nodeOf := map[string]store.Node{}
+			for _, n := range nodes {
+				nodeOf[n.Name] = n
+			}
+			rows := make([]sandboxRow, len(sbs))
+			for i, sb := range sbs {
+				rows[i] = rowOf(sb, nodeOf)
+			}
+			if asJSON {
+				enc := json.NewEncoder(cmd.OutOrStdout())
+				for _, r := range rows {
+					if err := enc.Encode(r); err != nil {
+						return err
 					}
-					disk = fmt.Sprintf("%.1f MiB (%s)", float64(sb.PausedBytes)/(1<<20), kind)
 				}
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", sb.ID, tpl, sb.State, stamp(sb.StartedAt), ended, disk, reason)
+				return nil
+			}
+			w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(w, "ID\tTEMPLATE\tSTATE\tNODE\tSTARTED\tENDED\tPAUSED DISK\tREASON")
+			for _, r := range rows {
+				disk := "-"
+				if r.PausedBytes > 0 || r.State == string(store.StatePaused) {
+					disk = fmt.Sprintf("%.1f MiB (%s)", float64(r.PausedBytes)/(1<<20), r.PausedKind)
+				}
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, r.Template, r.State, dash(r.Node), stamp(r.StartedAt),
+					stampPtr(r.EndedAt), disk, dash(r.Reason))
 			}
 			return w.Flush()
 		}),
@@ -64,6 +75,7 @@ func sandboxCmd() *cobra.Command {
 	config.BindDataDir(ls.Flags(), &dataDir)
 	ls.Flags().BoolVarP(&all, "all", "a", false, "also list sandboxes that ended (killed, timed out, or stopped on their own)")
 	ls.Flags().IntVar(&limit, "limit", 100, "list at most this many (0: all)")
+	ls.Flags().BoolVar(&asJSON, "json", false, "one JSON object per sandbox, with its node")
 	cmd.AddCommand(ls, deniedCmd(), sandboxLogsCmd())
 	return cmd
 }
@@ -139,6 +151,58 @@ func formatDenied(e node.DeniedEvent) string {
 		line += fmt.Sprintf(" (%d more)", e.Count)
 	}
 	return line
+}
+
+// sandboxRow is a sandbox as `vmon sandbox ls` shows it.
+type sandboxRow struct {
+	ID          string     `json:"sandboxId"`
+	Template    string     `json:"template"`
+	State       string     `json:"state"`
+	Node        string     `json:"node,omitempty"`
+	StartedAt   time.Time  `json:"startedAt"`
+	EndedAt     *time.Time `json:"endedAt,omitempty"`
+	PausedBytes int64      `json:"pausedBytes,omitempty"`
+	PausedKind  string     `json:"pausedKind,omitempty"`
+	Reason      string     `json:"reason,omitempty"`
+}
+
+// rowOf describes sb; a running sandbox whose node is out of reach is shown as unreachable, with
+// since when.
+func rowOf(sb store.Sandbox, nodes map[string]store.Node) sandboxRow {
+	r := sandboxRow{ID: sb.ID, Template: sb.Alias, State: string(sb.State), Node: sb.NodeID, StartedAt: sb.StartedAt}
+	if r.Template == "" {
+		r.Template = sb.TemplateID
+	}
+	switch sb.State {
+	case store.StateKilled:
+		at := sb.KilledAt
+		r.EndedAt, r.Reason = &at, sb.KillReason
+	case store.StatePaused:
+		r.PausedBytes, r.PausedKind = sb.PausedBytes, "memory+files"
+		if !sb.PausedMemory {
+			r.PausedKind = "files"
+		}
+	case store.StateRunning:
+		if n, ok := nodes[sb.NodeID]; ok && (n.State == store.NodeLost || n.State == store.NodeLeft) {
+			r.State = "unreachable"
+			r.Reason = fmt.Sprintf("node %s %s since %s", n.Name, n.State, stamp(n.Since))
+		}
+	}
+	return r
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func stampPtr(t *time.Time) string {
+	if t == nil {
+		return "-"
+	}
+	return stamp(*t)
 }
 
 func stamp(t time.Time) string {

@@ -64,6 +64,8 @@ type Router struct {
 	placed map[string]string
 	// +checklocks:mu
 	rng *rand.Rand
+	// drained are the nodes operators drained: nothing new is placed on them. +checklocks:mu
+	drained map[string]bool
 }
 
 type member struct {
@@ -76,7 +78,7 @@ type member struct {
 
 // NewRouter routes by locate (the node a sandbox's record names).
 func NewRouter(locate func(ctx context.Context, id string) (string, error)) *Router {
-	return &Router{locate: locate, nodes: map[string]*member{}, placed: map[string]string{},
+	return &Router{locate: locate, nodes: map[string]*member{}, placed: map[string]string{}, drained: map[string]bool{},
 		rng: rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))}
 }
 
@@ -99,6 +101,51 @@ func (r *Router) Remove(name string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	delete(r.nodes, name)
+}
+
+// SetDrained stops (or, with false, resumes) placing new sandboxes on node name.
+func (r *Router) SetDrained(name string, drained bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if drained {
+		r.drained[name] = true
+	} else {
+		delete(r.drained, name)
+	}
+}
+
+// NodeView is one node as the router last heard of it.
+type NodeView struct {
+	Name   string
+	Meta   membership.Meta
+	Status nodeapi.NodeInfo
+	// StatusAt is when Status was heard; zero: the node has not answered since it joined or
+	// since it last failed to.
+	StatusAt time.Time
+	Drained  bool
+}
+
+// Nodes lists the nodes, by name.
+func (r *Router) Nodes() []NodeView {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]NodeView, 0, len(r.nodes))
+	for name, m := range r.nodes {
+		out = append(out, NodeView{Name: name, Meta: m.meta, Status: m.status, StatusAt: m.statusAt, Drained: r.drained[name]})
+	}
+	slices.SortFunc(out, func(a, b NodeView) int { return cmpString(a.Name, b.Name) })
+	return out
+}
+
+// Client returns node name's client.
+func (r *Router) Client(name string) (NodeClient, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	m, ok := r.nodes[name]
+	if !ok || m.client == nil {
+		return nil, false
+	}
+	return m.client, true
 }
 
 // Refresh asks every node for its status; one that does not answer stays listed but is not
@@ -174,7 +221,7 @@ func (r *Router) candidates(spec node.CreateSpec, features []string) ([]placemen
 		if m.meta.Role != membership.RoleNode {
 			continue
 		}
-		ns = append(ns, placement.Node{Name: name, Ready: m.ready(), Features: m.meta.Features,
+		ns = append(ns, placement.Node{Name: name, Ready: m.ready() && !r.drained[name], Features: m.meta.Features,
 			FreeMemoryMB: int(m.status.FreeMemoryMB), FreeSlots: m.status.FreeSlots, FreeDiskMB: int(m.status.FreeDiskMB),
 			Templates: m.status.Templates, Load: m.status.Load})
 		clients[name] = m.client

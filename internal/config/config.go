@@ -30,8 +30,15 @@ type Serve struct {
 	GossipListen, GossipAdvertise string
 	// Join lists a node's drivers (host:port of their cluster endpoint, or a DNS name that
 	// resolves to several); JoinToken is the token a node joins with the first time.
-	Join              []string
-	JoinToken         string
+	Join      []string
+	JoinToken string
+	// NodeLostGrace is how long a driver waits for a node out of reach before it ends the node's
+	// running sandboxes.
+	NodeLostGrace time.Duration
+	// DrainOnExit makes a node, told to stop, have its sandboxes paused before it exits (within
+	// DrainTimeout).
+	DrainOnExit       bool
+	DrainTimeout      time.Duration
 	Listen            string
 	DataDir           string
 	Domain            string
@@ -118,6 +125,9 @@ func BindServe(fs *pflag.FlagSet, c *Serve) {
 	fs.StringVar(&c.GossipListen, "gossip-listen", "0.0.0.0:7946", "--role driver/node: gossip address, TCP and UDP")
 	fs.StringVar(&c.GossipAdvertise, "gossip-advertise", "", "host:port other members reach this one's gossip at (default --gossip-listen when it names a host)")
 	fs.StringSliceVar(&c.Join, "join", nil, "--role node: the drivers' cluster endpoints, host:port (repeatable, or a DNS name that resolves to several)")
+	fs.DurationVar(&c.NodeLostGrace, "node-lost-grace", 10*time.Minute, "--role driver: how long a node may stay out of reach before its running sandboxes are ended (back sooner, they run on)")
+	fs.BoolVar(&c.DrainOnExit, "drain-on-exit", false, "--role node: on SIGTERM, have the drivers pause this node's sandboxes before exiting, so they resume elsewhere")
+	fs.DurationVar(&c.DrainTimeout, "drain-timeout", 5*time.Minute, "--role node: how long --drain-on-exit waits for the sandboxes to be paused")
 	fs.StringVar(&c.JoinToken, "join-token", "", "--role node: the token `vmon node join-token` printed on the driver's host; needed only for the first start")
 	BindDataDir(fs, &c.DataDir)
 	fs.StringVar(&c.Domain, "domain", "localhost", "domain sandboxes are addressed under: <port>-<sandboxID>.<domain>")
@@ -302,6 +312,9 @@ func (c *Serve) validateCluster() error {
 	}
 	if c.GossipAdvertise, err = advertised("--gossip-advertise", c.GossipAdvertise, c.GossipListen); err != nil {
 		return err
+	}
+	if c.NodeLostGrace < time.Second || c.DrainTimeout < time.Second {
+		return fmt.Errorf("--node-lost-grace and --drain-timeout must be at least 1s")
 	}
 	if c.Role == "node" && len(c.Join) == 0 {
 		return fmt.Errorf("--role node needs --join: the drivers' cluster endpoints (host:port)")

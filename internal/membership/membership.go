@@ -55,8 +55,9 @@ type Member struct {
 	// Gossip is the member's gossip address.
 	Gossip string
 	Meta   Meta
-	// Alive is false once the member failed or left (it stays listed until reaped).
-	Alive bool
+	// Alive is false once the member failed or left (it stays listed until reaped); Left says
+	// it left on purpose rather than failed.
+	Alive, Left bool
 }
 
 // Event kinds.
@@ -182,6 +183,7 @@ func (c *Cluster) deliver(self string, fn func(Member, EventKind)) {
 				kind = Left
 			}
 			m := memberOf(ev.Node, kind != Left)
+			m.Left = kind == Left && ev.Node.State == memberlist.StateLeft
 			c.mu.Lock()
 			if kind == Left {
 				delete(c.members, m.Name)
