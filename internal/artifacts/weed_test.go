@@ -19,7 +19,8 @@ import (
 
 // A real S3-compatible server for the S3 half of the suite: SeaweedFS's weed, built once per
 // machine by scripts/weed.sh, started on loopback ports with a signing identity, shared by the
-// package's tests (each test gets its own bucket) and stopped by TestMain.
+// package's tests (one bucket, each test under its own prefix, as nodes share a bucket) and
+// stopped by TestMain.
 
 const (
 	weedAccessKey = "vmontestaccess"
@@ -39,8 +40,10 @@ var weed struct {
 	srv  *weedServer
 	err  error // why there is no server
 	skip bool  // err means "not built here", not a failure
-	n    int   // buckets handed out
+	n    int   // prefixes handed out
 }
+
+const weedBucket = "vmon-test"
 
 func TestMain(m *testing.M) {
 	code := m.Run()
@@ -126,7 +129,9 @@ func startWeed(bin string) (*weedServer, error) {
 		"-filer.port="+p(4), "-filer.port.grpc="+p(5),
 		"-s3", "-s3.port="+p(6), "-s3.port.grpc="+p(7),
 		"-s3.config="+filepath.Join(dir, "s3.json"),
-		"-master.volumeSizeLimitMB=1024", "-volume.max=0",
+		// Small volumes, a fixed number of them: weed's default (as many as free disk holds,
+		// at 30 GiB each) runs out after a few buckets on a small disk and answers 500.
+		"-master.volumeSizeLimitMB=256", "-volume.max=100",
 	)
 	cmd.Dir = dir
 	cmd.Stdout, cmd.Stderr = log, log
@@ -161,7 +166,7 @@ func startWeed(bin string) (*weedServer, error) {
 func (s *weedServer) probe() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	b, err := openWeedBucket(ctx, s.endpoint, "vmon-probe", "")
+	b, err := openWeedBucket(ctx, s.endpoint, weedBucket, "")
 	if err != nil {
 		return err
 	}
@@ -216,24 +221,16 @@ func openWeedBucketAs(ctx context.Context, endpoint, bucket, prefix, accessKey, 
 	return OpenS3(ctx, u)
 }
 
-// newWeedBackend gives a test its own empty bucket on the shared server.
+// newWeedBackend gives a test its own empty prefix in the shared server's bucket.
 func newWeedBackend(t testing.TB) *S3Backend {
 	t.Helper()
 	endpoint := weedS3(t)
-	ctx := context.Background()
-	b, err := openWeedBucket(ctx, endpoint, newBucketName(), "store/v1")
+	weed.n++
+	b, err := openWeedBucket(context.Background(), endpoint, weedBucket, fmt.Sprintf("t%d/store", weed.n))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := b.createBucket(ctx); err != nil {
-		t.Fatal(err)
-	}
 	return b
-}
-
-func newBucketName() string {
-	weed.n++
-	return fmt.Sprintf("vmon-t%d-%d", os.Getpid(), weed.n)
 }
 
 // The server checks signatures: the wrong secret key is refused, as by a real bucket.
@@ -241,7 +238,8 @@ func TestS3RefusesBadSignature(t *testing.T) {
 	good := newWeedBackend(t)
 	ctx := context.Background()
 	must(t, good.Put(ctx, "x/y", []byte("z")))
-	bad, err := openWeedBucketAs(ctx, weedS3(t), good.bucket, "store/v1", weedAccessKey, "not-the-secret")
+	prefix := strings.TrimSuffix(strings.TrimPrefix(good.String(), "s3://"+good.bucket+"/"), "/")
+	bad, err := openWeedBucketAs(ctx, weedS3(t), good.bucket, prefix, weedAccessKey, "not-the-secret")
 	must(t, err)
 	if err := bad.Put(ctx, "x/w", []byte("z")); err == nil {
 		t.Fatal("a put signed with the wrong secret was accepted")
