@@ -22,8 +22,10 @@ lint:
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
 
 # Go unit and kernel/runtime integration tests (root: namespaces, overlayfs, runsc).
+# internal/artifacts goes last: its S3 tests need SeaweedFS's weed (scripts/weed.sh), which CI
+# builds in the background meanwhile.
 test-go: build
-	$(GO) test -count=1 -p 1 -timeout 20m ./...
+	$(GO) test -count=1 -p 1 -timeout 20m $$($(GO) list ./... | grep -v '/internal/artifacts$$') ./internal/artifacts
 
 # The fixture OCI registry the template tests pull from (loopback only).
 $(BIN)/vmon-test-registry: FORCE
