@@ -99,7 +99,7 @@ func serveNode(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 		return nodeapi.Status{Features: n.Features(), FreeMemoryMB: memAvailableMB(), FreeSlots: max(0, maxSandboxes-running),
 			FreeDiskMB: freeDiskMB(c.DataDir), Load: min(1, float64(running)/float64(maxSandboxes)), Templates: templates}
 	}
-	rpcPath, rpc := nodeapi.NewServer(capacityGate{Node: n, max: maxSandboxes}, status).Handler()
+	rpcPath, rpc := nodeapi.NewServer(capacityGate{Node: n, max: maxSandboxes, recovery: ns.recovery}, status).Handler()
 	mux := http.NewServeMux()
 	mux.Handle(rpcPath, rpc)
 	tunnels := nodeapi.TunnelHandler{Lookup: func(id string) (nodeapi.Tunnels, bool) {
@@ -333,6 +333,8 @@ func writeFileAtomic(path string, b []byte, mode os.FileMode) error {
 type capacityGate struct {
 	*node.Node
 	max int
+	// recovery is what the node found at its start; its list waits until that is settled.
+	recovery *node.Recovery
 }
 
 var (
@@ -340,8 +342,14 @@ var (
 	_ driver.Snapshotter = capacityGate{}
 )
 
-// ListSandboxes names what the node holds: the sandboxes handed out, and the paused ones.
-func (g capacityGate) ListSandboxes(context.Context) (nodeapi.Holdings, error) {
+// ListSandboxes names what the node holds: the sandboxes handed out, and the paused ones. Not
+// before the sandboxes found at the start are settled: one still being recovered is neither.
+func (g capacityGate) ListSandboxes(ctx context.Context) (nodeapi.Holdings, error) {
+	if g.recovery != nil {
+		if err := g.recovery.Wait(ctx); err != nil {
+			return nodeapi.Holdings{}, errdefs.Unavailable("the node is still recovering the sandboxes it found at its start")
+		}
+	}
 	paused, err := g.Paused()
 	if err != nil {
 		return nodeapi.Holdings{}, err

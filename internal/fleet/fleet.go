@@ -146,30 +146,42 @@ func (f *Fleet) out(ctx context.Context, m membership.Member) {
 	})
 }
 
-// back reconciles the records with what a node that (re)joined holds.
+// back reconciles the records with what a node that (re)joined holds, retrying while it cannot
+// say (it is still recovering what it found at its start) and as long as it stays in the cluster.
 func (f *Fleet) back(ctx context.Context, name string) {
-	c, ok := f.o.Router.Client(name)
-	if !ok {
-		return
-	}
-	l, ok := c.(interface {
-		ListSandboxes(ctx context.Context) (nodeapi.Holdings, error)
-	})
-	if !ok {
-		return
-	}
-	lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	h, err := l.ListSandboxes(lctx)
-	if err != nil {
-		// Its traffic stays failing: a node that cannot say what it holds is not served blind.
-		f.o.Log.Warn("a node that joined cannot list its sandboxes", "node", name, "err", err)
+	wait := time.Second
+	for {
+		c, ok := f.o.Router.Client(name)
+		if !ok {
+			return
+		}
+		l, ok := c.(interface {
+			ListSandboxes(ctx context.Context) (nodeapi.Holdings, error)
+		})
+		if !ok {
+			return
+		}
+		lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		h, err := l.ListSandboxes(lctx)
+		if err == nil {
+			destroy := func(ctx context.Context, id string) error { return c.DestroySandbox(ctx, id) }
+			if err := f.o.Sandboxes.NodeBack(lctx, name, h.Running, destroy); err != nil {
+				f.o.Log.Error("reconcile a node that is back", "node", name, "err", err)
+			}
+			cancel()
+			return
+		}
+		cancel()
+		// Its traffic stays failing meanwhile: a node that cannot say what it holds is not served
+		// blind.
+		f.o.Log.Warn("a node that joined cannot list its sandboxes yet", "node", name, "err", err)
 		f.o.Sandboxes.NodeOut(name)
-		return
-	}
-	destroy := func(ctx context.Context, id string) error { return c.DestroySandbox(ctx, id) }
-	if err := f.o.Sandboxes.NodeBack(lctx, name, h.Running, destroy); err != nil {
-		f.o.Log.Error("reconcile a node that is back", "node", name, "err", err)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 30*time.Second)
 	}
 }
 

@@ -11,6 +11,7 @@ import path from 'node:path';
 import { Sandbox } from 'e2b';
 import {
   VmonServer,
+  apiFetch,
   dataDir,
   handedOut,
   killQuietly,
@@ -48,6 +49,10 @@ describe('cluster: one driver, two nodes', () => {
   const nodes = [];
   const created = [];
   const sdk = () => driver.sdkOpts;
+  /** `vmon sandbox ls --json` and `vmon node ls --json` on the driver's data dir. */
+  const lsJSON = async (...args) => (await runVmon([...args, '--json', '--data-dir', driver.dataDir])).stdout
+    .split('\n').filter(Boolean).map((l) => JSON.parse(l));
+  const DOMAIN_POLICY = { allowOut: ['allowed.test'], denyOut: ['0.0.0.0/0'] };
   /** The node holding sandbox id, by what its data dir says. */
   const holder = (id) => nodes.find((n) => handedOut(n.dataDir, id))?.name;
 
@@ -76,7 +81,7 @@ describe('cluster: one driver, two nodes', () => {
     driver = new VmonServer({
       name: 'driver', dir: driverDir,
       args: ['--role', 'driver', '--name', 'driver', '--cluster-listen', `${DRIVER_IP}:3100`,
-        '--gossip-listen', `${DRIVER_IP}:7946`],
+        '--gossip-listen', `${DRIVER_IP}:7946`, '--node-lost-grace', '10m'],
     });
     await driver.start();
     for (const [i, n] of NODES.entries()) {
@@ -85,7 +90,9 @@ describe('cluster: one driver, two nodes', () => {
         wrap: ['nsenter', `--net=/run/netns/${netns[i]}`],
         // Two sandboxes each: the third create must find the other node.
         args: ['--role', 'node', '--name', n.name, '--gossip-listen', `${n.ip}:7946`, '--join', `${DRIVER_IP}:3100`,
-          '--join-token', token, '--max-sandboxes', '2', '--warm-pool', '0'],
+          '--join-token', token, '--max-sandboxes', '2', '--warm-pool', '0',
+          // node-b enforces no allowOut domains: it has no egress proxy.
+          ...(n.name === 'node-b' ? ['--egress-proxy-port', '0'] : [])],
       });
       nodes.push(node);
       await node.start();
@@ -161,6 +168,25 @@ describe('cluster: one driver, two nodes', () => {
     await waitFor(() => !holder(sbx.sandboxId), { what: 'the sandbox gone from its node' });
   });
 
+  ctest('placement by features: a domain policy only ever lands on the node that enforces domains', async () => {
+    const nodesListed = await waitFor(async () => {
+      const ns = await lsJSON('node', 'ls');
+      return ns.length === 2 && ns.every((n) => n.state === 'ready') ? ns : null;
+    }, { what: 'both nodes in `vmon node ls`' });
+    const byName = Object.fromEntries(nodesListed.map((n) => [n.name, n]));
+    assert.ok(byName['node-a'].features.includes('egress-domains'), JSON.stringify(byName['node-a']));
+    assert.ok(!byName['node-b'].features.includes('egress-domains'), JSON.stringify(byName['node-b']));
+    assert.equal(byName['node-a'].address, '10.99.0.2:3001');
+    for (let i = 0; i < 3; i++) {
+      const s = await Sandbox.create({ ...sdk(), metadata: { run: RUN }, network: DOMAIN_POLICY });
+      created.push(s);
+      assert.equal(holder(s.sandboxId), 'node-a');
+      const rows = await lsJSON('sandbox', 'ls');
+      assert.equal(rows.find((r) => r.sandboxId === s.sandboxId)?.node, 'node-a', JSON.stringify(rows));
+      await s.kill();
+    }
+  });
+
   ctest('a full node passes the create on; both nodes fill, then the cluster is full', async () => {
     const sbxs = [];
     for (let i = 0; i < 4; i++) {
@@ -188,6 +214,20 @@ describe('cluster: one driver, two nodes', () => {
       else await s.kill();
     }
     await a.kill9();
+    // Told, not hidden: within seconds its sandbox is listed unreachable, and traffic to it gets
+    // the edge's 502 at once.
+    await waitFor(async () => (await lsJSON('sandbox', 'ls')).find((r) => r.sandboxId === onA[0].sandboxId)?.state === 'unreachable',
+      { timeoutMs: 20_000, what: 'the sandbox of the killed node listed unreachable' });
+    const began = Date.now();
+    const edge = await fetch(`${driver.apiUrl}/health`, { headers: { 'E2b-Sandbox-Id': onA[0].sandboxId, 'E2b-Sandbox-Port': '49983' } });
+    assert.equal(edge.status, 502);
+    assert.equal((await edge.json()).sandboxId, onA[0].sandboxId);
+    assert.ok(Date.now() - began < 2000, `the 502 took ${Date.now() - began} ms`);
+    // The only node that enforces domains is gone: no node can take a domain policy.
+    const refused = await apiFetch(driver, '/sandboxes', { method: 'POST',
+      body: JSON.stringify({ templateID: 'base', network: DOMAIN_POLICY }) });
+    assert.equal(refused.status, 503, refused.text);
+    assert.match(refused.text, /sandbox_no_compatible_node/);
     for (let i = 0; i < 2; i++) {
       const s = await Sandbox.create({ ...sdk(), metadata: { run: RUN } });
       created.push(s);
@@ -202,6 +242,32 @@ describe('cluster: one driver, two nodes', () => {
     const s = onA[0];
     const r = await waitFor(async () => s.commands.run('echo still here'), { timeoutMs: 30_000, what: 'the sandbox on the restarted node' });
     assert.equal(r.stdout, 'still here\n');
+    await waitFor(async () => (await lsJSON('sandbox', 'ls')).find((x) => x.sandboxId === s.sandboxId)?.state === 'running',
+      { what: 'the sandbox listed running again' });
     assert.equal(await s.kill(), true);
+  });
+
+  ctest('a drained node gets nothing new; a drain with pause pauses its sandboxes', async () => {
+    await waitFor(async () => (await lsJSON('node', 'ls')).filter((n) => n.state === 'ready').length === 2,
+      { timeoutMs: 30_000, what: 'both nodes ready again' });
+    await runVmon(['node', 'drain', 'node-a', '--data-dir', driver.dataDir]);
+    await waitFor(async () => (await lsJSON('node', 'ls')).find((n) => n.name === 'node-a')?.state === 'draining',
+      { what: 'node-a listed draining' });
+    const onB = [];
+    for (let i = 0; i < 2; i++) {
+      const s = await Sandbox.create({ ...sdk(), metadata: { run: RUN } });
+      created.push(s);
+      onB.push(s);
+      assert.equal(holder(s.sandboxId), 'node-b');
+    }
+    await assert.rejects(Sandbox.create({ ...sdk(), metadata: { run: RUN } }), /full|draining|429/i);
+    await onB[0].commands.run('echo kept > /tmp/kept');
+    const { stdout } = await runVmon(['node', 'drain', 'node-b', '--pause', '--wait', '2m', '--data-dir', driver.dataDir], { timeoutMs: 150_000 });
+    assert.match(stdout, /drained/);
+    for (const s of onB) assert.equal((await Sandbox.getInfo(s.sandboxId, sdk())).state, 'paused');
+    for (const n of ['node-a', 'node-b']) await runVmon(['node', 'drain', n, '--undo', '--data-dir', driver.dataDir]);
+    // Resumed where its snapshot is, with its files.
+    const back = await Sandbox.connect(onB[0].sandboxId, sdk());
+    assert.equal((await back.commands.run('cat /tmp/kept')).stdout, 'kept\n');
   });
 });
