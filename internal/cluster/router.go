@@ -49,6 +49,7 @@ var (
 	_ driver.Snapshotter   = (*Router)(nil)
 	_ driver.MetricsNode   = (*Router)(nil)
 	_ driver.DeniedWatcher = (*Router)(nil)
+	_ driver.NodeFeatures  = (*Router)(nil)
 )
 
 // Router sends each call to the right node.
@@ -135,6 +136,17 @@ func (r *Router) Nodes() []NodeView {
 	}
 	slices.SortFunc(out, func(a, b NodeView) int { return cmpString(a.Name, b.Name) })
 	return out
+}
+
+// NodeFeatures are the features node name advertises.
+func (r *Router) NodeFeatures(name string) ([]string, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	m, ok := r.nodes[name]
+	if !ok {
+		return nil, false
+	}
+	return slices.Clone(m.meta.Features), true
 }
 
 // Client returns node name's client.

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -153,6 +154,16 @@ func TestPlacementByFeatureAndPastFullNodes(t *testing.T) {
 		if nodes[0].fake.Alive(sb.ID) {
 			t.Fatal("placed on the full node")
 		}
+	}
+	// A live update is checked against the sandbox's own node: elsewhere than node-a, domains
+	// cannot be enforced (400), though the cluster can enforce them.
+	plain, err := d.Create(ctx, driver.CreateRequest{Template: "base", Secure: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = d.UpdateNetwork(ctx, plain.ID, driver.NetworkUpdate{AllowOut: []string{"example.com"}, DenyOut: []string{"0.0.0.0/0"}})
+	if errdefs.KindOf(err) != errdefs.KindInvalidArgument || !strings.Contains(err.Error(), "egress-domains") {
+		t.Fatalf("a domain update for a sandbox on a node without domains: %v", err)
 	}
 	// With node-a gone no node enforces domains: 503 sandbox_no_compatible_node.
 	r.Remove("node-a")

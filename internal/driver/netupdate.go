@@ -57,9 +57,9 @@ func (d *Driver) UpdateNetwork(ctx context.Context, id string, c NetworkUpdate) 
 	if sb.State != store.StateRunning {
 		return errdefs.Conflict("sandbox %q is %s; only a running sandbox's network can be updated", id, sb.State)
 	}
-	if missing := d.missingFeatures(p); len(missing) > 0 {
+	if missing := d.missingFeaturesOn(sb.NodeID, p); len(missing) > 0 {
 		return errdefs.InvalidArgument("the sandbox's node cannot enforce this network policy: %s",
-			d.describeMissing(missing))
+			d.describeMissingOn(sb.NodeID, missing))
 	}
 	if err := d.checkSecrets(ctx, p); err != nil {
 		return err

@@ -144,15 +144,47 @@ func (d *Driver) features() []string {
 
 func (d *Driver) hasFeature(f string) bool { return slices.Contains(d.features(), f) }
 
-// missingFeatures lists what p needs that the node lacks.
-func (d *Driver) missingFeatures(p egress.Policy) []string {
+// NodeFeatures is the optional part of a Node that says what one node of several can do (a
+// cluster's router): a live update must be enforceable where the sandbox runs, not somewhere.
+type NodeFeatures interface {
+	NodeFeatures(name string) ([]string, bool)
+}
+
+// featuresOn is what node can do: the cluster's node's own features when known, else the
+// driver's.
+func (d *Driver) featuresOn(node string) []string {
+	if nf, ok := d.node.(NodeFeatures); ok && node != "" {
+		if fs, ok := nf.NodeFeatures(node); ok {
+			return fs
+		}
+	}
+	return d.features()
+}
+
+// missingFeaturesOn lists what p needs that node ("": any) lacks.
+func (d *Driver) missingFeaturesOn(node string, p egress.Policy) []string {
+	have := d.featuresOn(node)
 	var out []string
 	for _, f := range p.RequiredFeatures() {
-		if !d.hasFeature(f) {
+		if !slices.Contains(have, f) {
 			out = append(out, f)
 		}
 	}
 	return out
+}
+
+// describeMissingOn explains which parts of a policy need the missing features and what node
+// offers instead.
+func (d *Driver) describeMissingOn(node string, missing []string) string {
+	uses := make([]string, len(missing))
+	for i, f := range missing {
+		uses[i] = featureUse(f)
+	}
+	offers := "none"
+	if fs := d.featuresOn(node); len(fs) > 0 {
+		offers = strings.Join(fs, ", ")
+	}
+	return strings.Join(uses, "; ") + " (node features: " + offers + ")"
 }
 
 // featureUse says what in a policy needs a feature, for error messages.
@@ -167,20 +199,6 @@ func featureUse(f string) string {
 	}
 }
 
-// describeMissing explains which parts of a policy need the missing features and what the node
-// offers instead.
-func (d *Driver) describeMissing(missing []string) string {
-	uses := make([]string, len(missing))
-	for i, f := range missing {
-		uses[i] = featureUse(f)
-	}
-	offers := "none"
-	if fs := d.features(); len(fs) > 0 {
-		offers = strings.Join(fs, ", ")
-	}
-	return strings.Join(uses, "; ") + " (node features: " + offers + ")"
-}
-
 // checkPlacement refuses a create no node can serve (503 sandbox_no_compatible_node): a node that
 // cannot network sandboxes at all (seed "Network modes"), or one that lacks a feature the policy
 // needs (seed "Platform support").
@@ -188,9 +206,9 @@ func (d *Driver) checkPlacement(p egress.Policy) error {
 	if !d.hasFeature(FeatureNetTap) && !d.hasFeature(FeatureNetUser) {
 		return errdefs.WithCode(errdefs.Unavailable("%s", noNetworkMessage), NoCompatibleNodeErrorCode)
 	}
-	if missing := d.missingFeatures(p); len(missing) > 0 {
+	if missing := d.missingFeaturesOn("", p); len(missing) > 0 {
 		return errdefs.WithCode(errdefs.Unavailable("no node can enforce this network policy: %s",
-			d.describeMissing(missing)), NoCompatibleNodeErrorCode)
+			d.describeMissingOn("", missing)), NoCompatibleNodeErrorCode)
 	}
 	return nil
 }
