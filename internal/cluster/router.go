@@ -75,6 +75,8 @@ type member struct {
 	status nodeapi.NodeInfo
 	// statusAt is when status was last heard; zero: never (the node counts as unready).
 	statusAt time.Time
+	// heardAt is when the node last answered, or joined; a failure does not reset it.
+	heardAt time.Time
 }
 
 // NewRouter routes by locate (the node a sandbox's record names).
@@ -94,7 +96,7 @@ func (r *Router) Upsert(name string, meta membership.Meta, client NodeClient) {
 		}
 		return
 	}
-	r.nodes[name] = &member{client: client, meta: meta}
+	r.nodes[name] = &member{client: client, meta: meta, heardAt: time.Now()}
 }
 
 // Remove forgets a node (it left or failed); its sandboxes' calls fail as Unavailable.
@@ -123,7 +125,9 @@ type NodeView struct {
 	// StatusAt is when Status was heard; zero: the node has not answered since it joined or
 	// since it last failed to.
 	StatusAt time.Time
-	Drained  bool
+	// HeardAt is when the node last answered (or joined).
+	HeardAt time.Time
+	Drained bool
 }
 
 // Nodes lists the nodes, by name.
@@ -132,7 +136,8 @@ func (r *Router) Nodes() []NodeView {
 	defer r.mu.Unlock()
 	out := make([]NodeView, 0, len(r.nodes))
 	for name, m := range r.nodes {
-		out = append(out, NodeView{Name: name, Meta: m.meta, Status: m.status, StatusAt: m.statusAt, Drained: r.drained[name]})
+		out = append(out, NodeView{Name: name, Meta: m.meta, Status: m.status, StatusAt: m.statusAt, HeardAt: m.heardAt,
+			Drained: r.drained[name]})
 	}
 	slices.SortFunc(out, func(a, b NodeView) int { return cmpString(a.Name, b.Name) })
 	return out
@@ -197,7 +202,7 @@ func (r *Router) Refresh(ctx context.Context) {
 			m.statusAt = time.Time{}
 			continue
 		}
-		m.status, m.statusAt = results[i].info, now
+		m.status, m.statusAt, m.heardAt = results[i].info, now, now
 	}
 }
 

@@ -64,6 +64,9 @@ type Fleet struct {
 	gossip map[string]string
 	// pausing holds the nodes a drain with pause is emptying. +checklocks:mu
 	pausing map[string]bool
+	// unanswering holds the nodes gossip says are alive but that do not answer the driver (a
+	// partition between the two only): out of reach as if they had failed. +checklocks:mu
+	unanswering map[string]bool
 }
 
 // New returns a fleet over o.
@@ -78,7 +81,7 @@ func New(o Options) *Fleet {
 		o.Every = 2 * time.Second
 	}
 	return &Fleet{o: o, rpc: map[string]string{}, away: map[string]*time.Timer{}, gossip: map[string]string{},
-		pausing: map[string]bool{}}
+		pausing: map[string]bool{}, unanswering: map[string]bool{}}
 }
 
 // Event takes gossip's news of a member (membership.Options.OnEvent).
@@ -97,6 +100,7 @@ func (f *Fleet) Event(m membership.Member, kind membership.EventKind) {
 	f.rpc[m.Name], f.gossip[m.Name] = m.Meta.RPC, m.Gossip
 	timer, wasAway := f.away[m.Name]
 	delete(f.away, m.Name)
+	delete(f.unanswering, m.Name)
 	f.mu.Unlock()
 	var client cluster.NodeClient
 	if !same {
@@ -117,22 +121,30 @@ func (f *Fleet) Event(m membership.Member, kind membership.EventKind) {
 // out handles a node that failed or left: its traffic fails at once, and its running sandboxes
 // end if it is not back within the grace period.
 func (f *Fleet) out(ctx context.Context, m membership.Member) {
-	f.o.Sandboxes.NodeOut(m.Name)
 	f.o.Router.Remove(m.Name)
 	state := store.NodeLost
 	if m.Left {
 		state = store.NodeLeft
 	}
-	if err := f.o.Records.SetNodeState(ctx, m.Name, state, f.o.Now()); err != nil {
-		f.o.Log.Warn("record a node out of reach", "node", m.Name, "err", err)
+	f.mu.Lock()
+	delete(f.rpc, m.Name)
+	delete(f.unanswering, m.Name)
+	f.mu.Unlock()
+	f.markAway(ctx, m.Name, state)
+}
+
+// markAway puts a node out of reach: its traffic fails at once, and its running sandboxes end if
+// it is not back within the grace period.
+func (f *Fleet) markAway(ctx context.Context, name, state string) {
+	f.o.Sandboxes.NodeOut(name)
+	if err := f.o.Records.SetNodeState(ctx, name, state, f.o.Now()); err != nil {
+		f.o.Log.Warn("record a node out of reach", "node", name, "err", err)
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	delete(f.rpc, m.Name)
-	if _, ok := f.away[m.Name]; ok {
+	if _, ok := f.away[name]; ok {
 		return
 	}
-	name := m.Name
 	f.away[name] = time.AfterFunc(f.o.Grace, func() {
 		f.mu.Lock()
 		_, still := f.away[name]
@@ -214,6 +226,9 @@ func (f *Fleet) tick(ctx context.Context) {
 	}
 	now := f.o.Now()
 	for _, v := range f.o.Router.Nodes() {
+		if f.answering(ctx, v, now) {
+			continue
+		}
 		drain := drains[v.Name]
 		f.o.Router.SetDrained(v.Name, drain != store.DrainNone || v.Meta.State == membership.StateDraining)
 		state := store.NodeReady
@@ -237,6 +252,41 @@ func (f *Fleet) tick(ctx context.Context) {
 			f.pauseAll(ctx, v.Name)
 		}
 	}
+}
+
+// unanswered is how long a node gossip calls alive may fail to answer the driver before it counts
+// as out of reach.
+func (f *Fleet) unanswered() time.Duration { return 3 * f.o.Every }
+
+// answering follows a node's answers to the driver, and reports whether it is skipped for now: one
+// that stopped answering (a partition between it and the driver, which gossip through other
+// members does not see) is put out of reach; one that answers again is reconciled and back.
+func (f *Fleet) answering(ctx context.Context, v cluster.NodeView, now time.Time) (skip bool) {
+	f.mu.Lock()
+	was := f.unanswering[v.Name]
+	f.mu.Unlock()
+	switch {
+	case !was && now.Sub(v.HeardAt) > f.unanswered():
+		f.o.Log.Warn("node alive in gossip does not answer the driver", "node", v.Name, "since", v.HeardAt)
+		f.mu.Lock()
+		f.unanswering[v.Name] = true
+		f.mu.Unlock()
+		f.markAway(ctx, v.Name, store.NodeLost)
+		return true
+	case was && !v.StatusAt.IsZero():
+		f.mu.Lock()
+		delete(f.unanswering, v.Name)
+		timer, ok := f.away[v.Name]
+		delete(f.away, v.Name)
+		f.mu.Unlock()
+		if ok {
+			timer.Stop()
+		}
+		f.o.Log.Info("node answers the driver again", "node", v.Name)
+		go f.back(context.WithoutCancel(ctx), v.Name)
+		return false
+	}
+	return was
 }
 
 // pauseAll pauses the running sandboxes of a node being drained, one at a time, in the

@@ -81,7 +81,7 @@ describe('cluster: one driver, two nodes', () => {
     driver = new VmonServer({
       name: 'driver', dir: driverDir,
       args: ['--role', 'driver', '--name', 'driver', '--cluster-listen', `${DRIVER_IP}:3100`,
-        '--gossip-listen', `${DRIVER_IP}:7946`, '--node-lost-grace', '10m'],
+        '--gossip-listen', `${DRIVER_IP}:7946`, '--node-lost-grace', '15s'],
     });
     await driver.start();
     for (const [i, n] of NODES.entries()) {
@@ -269,5 +269,51 @@ describe('cluster: one driver, two nodes', () => {
     // Resumed where its snapshot is, with its files.
     const back = await Sandbox.connect(onB[0].sandboxId, sdk());
     assert.equal((await back.commands.run('cat /tmp/kept')).stdout, 'kept\n');
+    await back.kill();
+    await Sandbox.kill(onB[1].sandboxId, sdk());
+  });
+
+  ctest('a partition longer than the grace period: the record ends, and once healed the node runs nothing twice', async () => {
+    const b = nodes[1];
+    const nsB = netns[1];
+    // The drains just ended take effect at the driver's next look.
+    await waitFor(async () => (await lsJSON('node', 'ls')).filter((n) => n.state === 'ready').length === 2,
+      { what: 'both nodes ready' });
+    const s = await Sandbox.create({ ...sdk(), metadata: { run: RUN } });
+    created.push(s);
+    const onB = holder(s.sandboxId) === 'node-b';
+    const node = onB ? b : nodes[0];
+    const ns = onB ? nsB : netns[0];
+    const rules = [['INPUT', '-s'], ['OUTPUT', '-d']];
+    const iptables = (op) => {
+      for (const [chain, dir] of rules) {
+        execFileSync('nsenter', [`--net=/run/netns/${ns}`, 'iptables', op, chain, dir, DRIVER_IP, '-j', 'DROP']);
+      }
+    };
+    iptables('-I');
+    let healed = false;
+    try {
+      await waitFor(async () => (await lsJSON('sandbox', 'ls')).find((r) => r.sandboxId === s.sandboxId)?.state === 'unreachable',
+        { timeoutMs: 20_000, what: 'the partitioned sandbox listed unreachable' });
+      // Past the grace period (15 s) its record ends; the node, cut off, still runs it.
+      const ended = await waitFor(async () => {
+        const r = (await lsJSON('sandbox', 'ls', '--all')).find((x) => x.sandboxId === s.sandboxId);
+        return r?.state === 'killed' ? r : null;
+      }, { timeoutMs: 40_000, what: 'the record of the partitioned sandbox ended' });
+      assert.match(ended.reason, /its node was lost/);
+      assert.ok(handedOut(node.dataDir, s.sandboxId), 'the node stopped the sandbox on its own');
+      iptables('-D');
+      healed = true;
+      // Healed: the node rejoins, and what no record owns any more is destroyed there.
+      await waitFor(() => !handedOut(node.dataDir, s.sandboxId), { timeoutMs: 60_000, what: 'the stray destroyed on its node' });
+      await waitFor(async () => (await lsJSON('node', 'ls')).find((n) => n.name === node.name)?.state === 'ready',
+        { timeoutMs: 30_000, what: 'the node ready again' });
+      const again = await Sandbox.create({ ...sdk(), metadata: { run: RUN } });
+      created.push(again);
+      assert.equal((await again.commands.run('echo fine')).stdout, 'fine\n');
+      await again.kill();
+    } finally {
+      if (!healed) iptables('-D');
+    }
   });
 });
