@@ -184,3 +184,55 @@ func TestPlacementByFeatureAndPastFullNodes(t *testing.T) {
 		t.Fatalf("pause on a node that left: %v", err)
 	}
 }
+
+// BenchmarkCreateWith1000Recorded is a create through the driver and the router over three nodes
+// with 1,000 running sandboxes recorded (issue 20's placement decision time): the driver's and the
+// router's work plus one Connect call over loopback; the fake nodes boot nothing.
+func BenchmarkCreateWith1000Recorded(b *testing.B) {
+	ctx := context.Background()
+	st, err := store.Open(ctx, b.TempDir())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer st.Close()
+	t0 := time.Now().UTC()
+	if err := st.PutTemplate(ctx, store.Template{ID: "basetemplate00000001", Aliases: []string{"base"}, CPU: 2, MemoryMB: 512,
+		DiskMB: 2048, EnvdVersion: "0.6.13", Status: store.TemplateReady, CreatedAt: t0, UpdatedAt: t0}); err != nil {
+		b.Fatal(err)
+	}
+	r := NewRouter(func(ctx context.Context, id string) (string, error) {
+		sb, err := st.GetSandbox(ctx, id)
+		if err != nil {
+			return "", err
+		}
+		return sb.NodeID, nil
+	})
+	for _, name := range []string{"node-a", "node-b", "node-c"} {
+		mux := http.NewServeMux()
+		mux.Handle(nodeapi.NewServer(drivertest.NewPausingNode(), func() nodeapi.Status {
+			return nodeapi.Status{Features: []string{driver.FeatureNetTap}, FreeMemoryMB: 1 << 20, FreeDiskMB: 1 << 30, FreeSlots: 1 << 20, Load: 0.1}
+		}).Handler())
+		ts := httptest.NewServer(mux)
+		defer ts.Close()
+		r.Upsert(name, membership.Meta{Role: membership.RoleNode, State: membership.StateReady, Features: []string{driver.FeatureNetTap}},
+			nodeapi.NewClient(ts.Client(), ts.URL))
+	}
+	r.Refresh(ctx)
+	d, err := driver.New(driver.Options{Store: st, Node: r, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		FeaturesNow: r.Features, MaxSandboxes: 1 << 20, MaxTimeout: 48 * time.Hour, DefaultTimeout: 24 * time.Hour})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer d.Close()
+	for i := 0; i < 1000; i++ {
+		if _, err := d.Create(ctx, driver.CreateRequest{Template: "base", Secure: true}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if _, err := d.Create(ctx, driver.CreateRequest{Template: "base", Secure: true}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
