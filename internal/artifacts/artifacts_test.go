@@ -346,9 +346,9 @@ func TestRoundTrip(t *testing.T) {
 		ps, err := s.Push(ctx, "templates/base", src)
 		must(t, err)
 		// big and its copy share 6 chunks; disk.img has 3 data chunks (the written zeros are not stored).
-		// big and its copy share 6 chunks; deep.txt, tool, suid and ro/file have one each;
+		// big and its copy share 6 chunks; deep.txt, tool, suid and ro/file share a pack;
 		// disk.img has 3 data chunks (its written zeros are not stored, like its holes).
-		if ps.Chunks != 6+4+3 || ps.Uploaded != ps.Chunks+1 || cb.get("put chunks") != ps.Chunks {
+		if ps.Chunks != 6+1+3 || ps.Uploaded != ps.Chunks+1 || cb.get("put chunks") != ps.Chunks {
 			t.Errorf("push stats %+v, %d chunk puts", ps, cb.get("put chunks"))
 		}
 
@@ -389,6 +389,70 @@ func TestRoundTrip(t *testing.T) {
 			t.Errorf("pull of a missing ref: %v", err)
 		}
 	})
+}
+
+// Small files travel in packs: far fewer objects than files, and a changed file changes the
+// packs near it, not all of them.
+func TestPacks(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b Backend) {
+		ctx := context.Background()
+		src := filepath.Join(t.TempDir(), "src")
+		r := rand.New(rand.NewPCG(9, 9))
+		const files = 3000
+		for i := range files {
+			writeFile(t, filepath.Join(src, fmt.Sprintf("d%02d", i%30), fmt.Sprintf("f%04d", i)), randBytes(r, 1+r.IntN(2000)), 0o644)
+		}
+		cb := newCounting(b)
+		s := newTestStore(t, cb, 0)
+		ps, err := s.Push(ctx, "templates/small", src)
+		must(t, err)
+		// About 3 MB of files in packs of 16 to 64 KiB.
+		if ps.Files != files || ps.Chunks < 40 || ps.Chunks > 200 {
+			t.Fatalf("%d small files went into %d objects", ps.Files, ps.Chunks)
+		}
+		dst := filepath.Join(t.TempDir(), "dst")
+		_, err = newTestStore(t, b, 0).Pull(ctx, "templates/small", dst)
+		must(t, err)
+		sameContents(t, src, dst)
+
+		// One file grows: the packs before it stay, and those after it soon line up again.
+		writeFile(t, filepath.Join(src, "d07", "f1507"), randBytes(r, 2500), 0o644)
+		cb.reset()
+		ps2, err := s.Push(ctx, "templates/small", src)
+		must(t, err)
+		if n := cb.get("put chunks"); n < 1 || n > 4 {
+			t.Fatalf("after changing one file of %d, %d of %d packs were uploaded", files, n, ps2.Chunks)
+		} else {
+			t.Logf("after changing one file: %d of %d packs uploaded", n, ps2.Chunks)
+		}
+		dst2 := filepath.Join(t.TempDir(), "dst")
+		_, err = newTestStore(t, b, 0).Pull(ctx, "templates/small", dst2)
+		must(t, err)
+		sameContents(t, src, dst2)
+	})
+}
+
+func sameContents(t *testing.T, a, b string) {
+	t.Helper()
+	n := 0
+	must(t, filepath.WalkDir(a, func(p string, de fs.DirEntry, err error) error {
+		if err != nil || de.IsDir() {
+			return err
+		}
+		rel, _ := filepath.Rel(a, p)
+		da, err := os.ReadFile(p)
+		must(t, err)
+		db, err := os.ReadFile(filepath.Join(b, rel))
+		must(t, err)
+		if !bytes.Equal(da, db) {
+			t.Errorf("%s differs", rel)
+		}
+		n++
+		return nil
+	}))
+	if n == 0 {
+		t.Fatal("no files compared")
+	}
 }
 
 // corrupt flips one byte of a stored object, through the backend.
@@ -672,6 +736,7 @@ func TestGC(t *testing.T) {
 		srcA, srcB := t.TempDir(), t.TempDir()
 		writeFile(t, filepath.Join(srcA, "shared"), shared, 0o644)
 		writeFile(t, filepath.Join(srcA, "only-a"), randBytes(r, 3*testChunk), 0o644)
+		writeFile(t, filepath.Join(srcA, "small-a"), randBytes(r, 100), 0o644) // in a pack
 		writeFile(t, filepath.Join(srcB, "shared"), shared, 0o644)
 		writeFile(t, filepath.Join(srcB, "only-b"), randBytes(r, 4*testChunk), 0o644)
 		s := newTestStore(t, b, 0)
@@ -683,7 +748,7 @@ func TestGC(t *testing.T) {
 		// Nothing is unreferenced: nothing goes.
 		st, err := s.GC(ctx, -1)
 		must(t, err)
-		if st.DeletedChunks != 0 || st.Chunks != 9 || st.Refs != 2 {
+		if st.DeletedChunks != 0 || st.Chunks != 10 || st.Refs != 2 {
 			t.Fatalf("GC with both refs: %+v", st)
 		}
 		must(t, s.Delete(ctx, "paused/b"))
@@ -703,8 +768,8 @@ func TestGC(t *testing.T) {
 		}
 		left := 0
 		must(t, b.List(ctx, chunkPrefix, func(ObjectInfo) error { left++; return nil }))
-		if left != 5 {
-			t.Fatalf("%d chunks left, want a's 5", left)
+		if left != 6 {
+			t.Fatalf("%d chunks left, want a's 5 and its pack", left)
 		}
 		dst := filepath.Join(t.TempDir(), "a")
 		_, err = newTestStore(t, b, 0).Pull(ctx, "templates/a", dst)

@@ -129,6 +129,9 @@ func (s *Store) GC(ctx context.Context, grace time.Duration) (GCStats, error) {
 		}
 		reached[r.Manifest] = true
 		for _, e := range m.Entries {
+			if e.Pack != "" {
+				reached[e.Pack] = true
+			}
 			for _, d := range e.Chunks {
 				if d != "" {
 					reached[d] = true

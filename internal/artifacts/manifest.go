@@ -63,6 +63,17 @@ type Entry struct {
 	// Chunks are the digests of a file's ChunkSize pieces in order; "" is a piece of zeros, which
 	// is not stored and stays a hole when pulled.
 	Chunks []string `json:"chunks,omitempty"`
+	// Pack, for a small file instead of Chunks, is the digest of the stored object that holds
+	// it with other small files, at offset PackOff.
+	Pack    string `json:"pack,omitempty"`
+	PackOff int64  `json:"packOff,omitempty"`
+}
+
+// packable reports whether a file of this size travels in a pack with other small files: a
+// rootfs is mostly files of a few KiB, and one object per file would make a push or pull of it
+// tens of thousands of requests.
+func packable(size, chunkSize int64) bool {
+	return size > 0 && size <= min(64<<10, chunkSize/4)
 }
 
 func digestOf(b []byte) string {
@@ -275,6 +286,13 @@ func (m *Manifest) validate() error {
 		}
 		switch e.Type {
 		case TypeFile:
+			if e.Pack != "" {
+				if !validDigest(e.Pack) || len(e.Chunks) != 0 || !packable(e.Size, m.ChunkSize) ||
+					e.PackOff < 0 || e.PackOff+e.Size > m.ChunkSize {
+					return fmt.Errorf("entry %q: bad pack reference", e.Path)
+				}
+				break
+			}
 			if e.Size < 0 || len(e.Chunks) != chunkCount(e.Size, m.ChunkSize) {
 				return fmt.Errorf("entry %q: size %d with %d chunks", e.Path, e.Size, len(e.Chunks))
 			}
@@ -295,8 +313,8 @@ func (m *Manifest) validate() error {
 		default:
 			return fmt.Errorf("entry %q: unknown type %q", e.Path, e.Type)
 		}
-		if e.Type != TypeFile && len(e.Chunks) != 0 {
-			return fmt.Errorf("entry %q: a %s with chunks", e.Path, e.Type)
+		if e.Type != TypeFile && (len(e.Chunks) != 0 || e.Pack != "") {
+			return fmt.Errorf("entry %q: a %s with contents", e.Path, e.Type)
 		}
 	}
 	return nil

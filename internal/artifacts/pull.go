@@ -122,11 +122,14 @@ func (s *Store) release(dir string) {
 	delete(s.pulling, dir)
 }
 
-// loc is one place a chunk goes: a file and an offset.
+// loc is one place a stored object's bytes go: n bytes from offset src of the object (a pack)
+// or all of it (a chunk, src 0), to offset off of a file.
 type loc struct {
-	path string
-	off  int64
-	n    int64
+	path   string
+	off    int64
+	n      int64
+	src    int64
+	inPack bool
 }
 
 func (s *Store) pullInto(ctx context.Context, m *Manifest, root string) (PullStats, error) {
@@ -150,15 +153,20 @@ func (s *Store) pullInto(ctx context.Context, m *Manifest, root string) (PullSta
 			st.Files++
 			st.Bytes += e.Size
 			err = createSized(p, e.Size)
-			for j, d := range e.Chunks {
-				if d == "" {
-					continue
-				}
+			add := func(d string, l loc) {
 				if _, ok := want[d]; !ok {
 					order = append(order, d)
 				}
-				off := int64(j) * m.ChunkSize
-				want[d] = append(want[d], loc{p, off, min(m.ChunkSize, e.Size-off)})
+				want[d] = append(want[d], l)
+			}
+			if e.Pack != "" {
+				add(e.Pack, loc{path: p, n: e.Size, src: e.PackOff, inPack: true})
+			}
+			for j, d := range e.Chunks {
+				if d != "" {
+					off := int64(j) * m.ChunkSize
+					add(d, loc{path: p, off: off, n: min(m.ChunkSize, e.Size-off)})
+				}
 			}
 		case TypeHardlink:
 			err = os.Link(filepath.Join(root, filepath.FromSlash(e.Target)), p)
@@ -219,10 +227,10 @@ func (s *Store) pullInto(ctx context.Context, m *Manifest, root string) (PullSta
 			}
 			mu.Unlock()
 			for _, l := range want[d] {
-				if int64(len(data)) != l.n {
-					return fmt.Errorf("%w: chunk %s has %d bytes, %s needs %d", ErrCorrupt, d, len(data), l.path, l.n)
+				if l.inPack && l.src+l.n > int64(len(data)) || !l.inPack && int64(len(data)) != l.n {
+					return fmt.Errorf("%w: object %s has %d bytes, %s needs %d at %d", ErrCorrupt, d, len(data), l.path, l.n, l.src)
 				}
-				if err := writeSparse(l.path, data, l.off); err != nil {
+				if err := writeSparse(l.path, data[l.src:l.src+l.n], l.off); err != nil {
 					return err
 				}
 			}

@@ -2,6 +2,7 @@ package artifacts
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
@@ -46,9 +47,12 @@ func (s *Store) Push(ctx context.Context, ref, dir string) (PushStats, error) {
 	p := &pusher{s: s, root: dir, calls: map[string]*call{}, sources: map[string]source{}}
 	p.bufs.New = func() any { b := make([]byte, s.chunkSize); return &b }
 
-	g, gctx := errgroup.WithContext(ctx)
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	g, gctx := errgroup.WithContext(cctx)
 	g.SetLimit(s.concurrency)
 	var st PushStats
+	var packErr error
 	for i := range m.Entries {
 		e := &m.Entries[i]
 		if e.Type != TypeFile {
@@ -56,11 +60,25 @@ func (s *Store) Push(ctx context.Context, ref, dir string) (PushStats, error) {
 		}
 		st.Files++
 		st.Bytes += e.Size
+		if packable(e.Size, s.chunkSize) {
+			if packErr = p.pack(gctx, g, e); packErr != nil {
+				cancel()
+				break
+			}
+			continue
+		}
 		for j := range e.Chunks {
 			g.Go(func() error { return p.chunk(gctx, e, j) })
 		}
 	}
-	if err := g.Wait(); err != nil {
+	if packErr == nil {
+		p.flushPack(gctx, g)
+	}
+	err = g.Wait()
+	if packErr != nil {
+		err = packErr
+	}
+	if err != nil {
 		return PushStats{}, fmt.Errorf("artifacts: push %s from %s: %w", ref, dir, err)
 	}
 	if err := checkUnchanged(dir, m); err != nil {
@@ -103,6 +121,10 @@ type pusher struct {
 	root string
 	bufs sync.Pool
 
+	// The pack being filled with small files, in walk order.
+	packBuf     []byte
+	packMembers []*Entry
+
 	mu            sync.Mutex
 	calls         map[string]*call  // key -> the one upload of it in this push
 	sources       map[string]source // key -> where to read it again (reverify)
@@ -115,12 +137,58 @@ type call struct {
 	err  error
 }
 
-// source is where an object's bytes can be read again: a file range, or bytes in memory.
+// source is where an object's bytes can be read again: a file range, the files of a pack, or
+// bytes in memory.
 type source struct {
 	path   string
 	off, n int64
+	files  []string
 	digest string
 	data   []byte
+}
+
+// pack adds a small file to the current pack, and stores the pack once it is full or the file
+// ends it. Where a pack ends depends on the content of the file that ends it (and a minimum
+// size), not on a running total alone, so a file that changes or appears between two pushes of a
+// tree changes the packs around it and not every pack after it.
+func (p *pusher) pack(ctx context.Context, g *errgroup.Group, e *Entry) error {
+	path := filepath.Join(p.root, filepath.FromSlash(e.Path))
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	if int64(len(data)) != e.Size {
+		return fmt.Errorf("%s changed while it was pushed", path)
+	}
+	e.Chunks = nil
+	e.PackOff = int64(len(p.packBuf))
+	p.packBuf = append(p.packBuf, data...)
+	p.packMembers = append(p.packMembers, e)
+	cs := p.s.chunkSize
+	full := int64(len(p.packBuf))+min(64<<10, cs/4) > cs
+	if full || (int64(len(p.packBuf)) >= cs/4 && sha256.Sum256(data)[0] < 8) {
+		p.flushPack(ctx, g)
+	}
+	return nil
+}
+
+func (p *pusher) flushPack(ctx context.Context, g *errgroup.Group) {
+	if len(p.packMembers) == 0 {
+		return
+	}
+	buf, members := p.packBuf, p.packMembers
+	p.packBuf, p.packMembers = make([]byte, 0, len(buf)), nil
+	d := digestOf(buf)
+	files := make([]string, len(members))
+	for i, e := range members {
+		e.Pack = d
+		files[i] = filepath.Join(p.root, filepath.FromSlash(e.Path))
+	}
+	key := chunkKey(d)
+	p.mu.Lock()
+	p.sources[key] = source{files: files, n: int64(len(buf)), digest: d}
+	p.mu.Unlock()
+	g.Go(func() error { return p.ensure(ctx, key, buf) })
 }
 
 // chunk hashes chunk j of a file and makes sure the backend holds it.
@@ -217,7 +285,19 @@ func (p *pusher) reverify(ctx context.Context) error {
 			missing++
 			mu.Unlock()
 			data := src.data
-			if data == nil {
+			switch {
+			case src.files != nil:
+				for _, f := range src.files {
+					b, err := os.ReadFile(f)
+					if err != nil {
+						return err
+					}
+					data = append(data, b...)
+				}
+				if digestOf(data) != src.digest {
+					return fmt.Errorf("a file of %s changed while it was pushed", filepath.Dir(src.files[0]))
+				}
+			case data == nil:
 				bp := p.bufs.Get().(*[]byte)
 				defer p.bufs.Put(bp)
 				f, err := os.Open(src.path)
