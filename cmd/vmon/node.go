@@ -1,8 +1,11 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"path/filepath"
 	"strings"
 	"text/tabwriter"
@@ -40,34 +43,75 @@ func clusterAuthority(dataDir string, st *store.Store) (*join.Authority, error) 
 
 func nodeCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "node", Short: "the nodes of a cluster: tokens to join one, their list, drains"}
-	var dataDir string
+	var dataDir, apiURL, apiKey string
 	var ttl time.Duration
 	var uses int
 	token := &cobra.Command{
 		Use:   "join-token",
-		Short: "print a token a node joins the cluster with (run on the driver's host)",
+		Short: "print a token a node joins the cluster with (on the driver's host, or through its API with --api-url)",
 		Long: "Prints a join token: a node given it (vmon serve --role node --join-token TOKEN) proves it to the\n" +
 			"driver, checks the driver by the cluster CA the token pins, and gets its certificate for mutual TLS.\n" +
-			"Only the token's hash is kept; it is good for --uses joins within --ttl.",
+			"Only the token's hash is kept; it is good for --uses joins within --ttl. On the driver's host the token\n" +
+			"is made in its data dir; elsewhere, --api-url (and --api-key) ask a running driver for one.",
 		Args: cobra.NoArgs,
-		RunE: withStore(&dataDir, func(cmd *cobra.Command, st *store.Store, _ []string) error {
-			auth, err := clusterAuthority(dataDir, st)
-			if err != nil {
-				return err
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var tok string
+			if apiURL != "" {
+				t, err := remoteJoinToken(cmd, dataDir, apiURL, apiKey, ttl, uses)
+				if err != nil {
+					return err
+				}
+				tok = t
+			} else {
+				err := withStore(&dataDir, func(cmd *cobra.Command, st *store.Store, _ []string) error {
+					auth, err := clusterAuthority(dataDir, st)
+					if err != nil {
+						return err
+					}
+					t, err := auth.IssueToken(cmd.Context(), ttl, uses)
+					tok = t.String()
+					return err
+				})(cmd, nil)
+				if err != nil {
+					return err
+				}
 			}
-			t, err := auth.IssueToken(cmd.Context(), ttl, uses)
-			if err != nil {
-				return err
-			}
-			_, err = fmt.Fprintln(cmd.OutOrStdout(), t.String())
+			_, err := fmt.Fprintln(cmd.OutOrStdout(), tok)
 			return err
-		}),
+		},
 	}
 	config.BindDataDir(token.Flags(), &dataDir)
 	token.Flags().DurationVar(&ttl, "ttl", join.DefaultTTL, "how long the token can be used")
 	token.Flags().IntVar(&uses, "uses", 1, "how many nodes can join with it")
+	token.Flags().StringVar(&apiURL, "api-url", "", "a running driver's API, to ask it for a token from another host")
+	token.Flags().StringVar(&apiKey, "api-key", "", "API key for --api-url (default: <data-dir>/api-key)")
 	cmd.AddCommand(token, nodeLsCmd(), nodeDrainCmd())
 	return cmd
+}
+
+// remoteJoinToken asks the driver at apiURL for a token.
+func remoteJoinToken(cmd *cobra.Command, dataDir, apiURL, apiKey string, ttl time.Duration, uses int) (string, error) {
+	client, err := newAPIClient(dataDir, apiURL, apiKey, 30*time.Second)
+	if err != nil {
+		return "", err
+	}
+	body, _ := json.Marshal(joinTokenRequest{TTLSeconds: int64(ttl / time.Second), Uses: uses})
+	req, err := http.NewRequestWithContext(cmd.Context(), http.MethodPost, client.base+joinTokensPath, bytes.NewReader(body))
+	if err != nil {
+		return "", err
+	}
+	req.Header.Set("X-API-Key", client.key)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := client.send(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	var out joinTokenResponse
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 64<<10)).Decode(&out); err != nil {
+		return "", fmt.Errorf("the driver's answer: %w", err)
+	}
+	return out.Token, nil
 }
 
 // nodeRow is a node as `vmon node ls` shows it.

@@ -22,6 +22,7 @@ import (
 	"github.com/vibemon/vmon/internal/cluster"
 	"github.com/vibemon/vmon/internal/config"
 	"github.com/vibemon/vmon/internal/driver"
+	"github.com/vibemon/vmon/internal/errdefs"
 	"github.com/vibemon/vmon/internal/fleet"
 	"github.com/vibemon/vmon/internal/httpguard"
 	"github.com/vibemon/vmon/internal/ingress"
@@ -174,7 +175,8 @@ func serveDriver(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 	if c.TLSEnabled() {
 		domain = c.Domain
 	}
-	apiHandler, err := api.New(api.Options{Driver: d, Store: st, Logger: log.With("component", "api"), Domain: domain})
+	apiHandler, err := api.New(api.Options{Driver: d, Store: st, Logger: log.With("component", "api"), Domain: domain,
+		Routes: map[string]http.Handler{"POST " + joinTokensPath: joinTokensHandler(auth)}})
 	if err != nil {
 		return err
 	}
@@ -188,6 +190,51 @@ func serveDriver(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 		guarded.ServeHTTP(w, r)
 	})
 	return listenAndServe(ctx, c, handler, log, stdout, apiKey)
+}
+
+// joinTokensPath is the driver's API endpoint (an API key required) that issues join tokens, for
+// `vmon node join-token --api-url` away from the driver's host.
+const joinTokensPath = "/vmon/v1/cluster/join-tokens"
+
+// joinTokenRequest and joinTokenResponse are its body and answer.
+type joinTokenRequest struct {
+	TTLSeconds int64 `json:"ttlSeconds"`
+	Uses       int   `json:"uses"`
+}
+
+type joinTokenResponse struct {
+	Token string `json:"token"`
+}
+
+func joinTokensHandler(auth *join.Authority) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		req := joinTokenRequest{TTLSeconds: int64(join.DefaultTTL / time.Second), Uses: 1}
+		if err := json.NewDecoder(io.LimitReader(r.Body, 64<<10)).Decode(&req); err != nil && !errors.Is(err, io.EOF) {
+			writeAPIError(w, errdefs.InvalidArgument("invalid body: %v", err))
+			return
+		}
+		t, err := auth.IssueToken(r.Context(), time.Duration(req.TTLSeconds)*time.Second, req.Uses)
+		if err != nil {
+			writeAPIError(w, err)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		_ = json.NewEncoder(w).Encode(joinTokenResponse{Token: t.String()})
+	})
+}
+
+// writeAPIError answers err with E2B's error body.
+func writeAPIError(w http.ResponseWriter, err error) {
+	status := errdefs.HTTPStatus(err)
+	msg := "internal error"
+	var e *errdefs.Error
+	if errors.As(err, &e) {
+		msg = e.Msg
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(map[string]any{"code": status, "message": msg})
 }
 
 // certHosts are the names and addresses nodes may reach the driver's cluster endpoint at: the

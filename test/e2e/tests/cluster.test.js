@@ -9,6 +9,7 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { Sandbox } from 'e2b';
+import { MiB, hashStream, randomStream } from '../lib/data.js';
 import {
   VmonServer,
   apiFetch,
@@ -76,21 +77,25 @@ describe('cluster: one driver, two nodes', () => {
     });
     const driverDir = memberDir(root, 'driver');
     // The token is issued before the driver runs: it makes the cluster CA the driver then serves.
-    const token = (await runVmon(['node', 'join-token', '--data-dir', driverDir, '--uses', '2'])).stdout.trim();
-    assert.match(token, /^vmonjoin\./);
+    const tokens = [(await runVmon(['node', 'join-token', '--data-dir', driverDir])).stdout.trim()];
+    assert.match(tokens[0], /^vmonjoin\./);
     driver = new VmonServer({
       name: 'driver', dir: driverDir,
       args: ['--role', 'driver', '--name', 'driver', '--cluster-listen', `${DRIVER_IP}:3100`,
         '--gossip-listen', `${DRIVER_IP}:7946`, '--node-lost-grace', '15s'],
     });
     await driver.start();
+    // The second through the driver's API, as from another host (the key is the data dir's).
+    tokens.push((await runVmon(['node', 'join-token', '--api-url', driver.apiUrl, '--data-dir', driverDir])).stdout.trim());
+    assert.match(tokens[1], /^vmonjoin\./);
+    assert.notEqual(tokens[1], tokens[0]);
     for (const [i, n] of NODES.entries()) {
       const node = new VmonServer({
         name: n.name, role: 'node', dir: memberDir(root, n.name), host: n.ip, port: 3001,
         wrap: ['nsenter', `--net=/run/netns/${netns[i]}`],
         // Two sandboxes each: the third create must find the other node.
         args: ['--role', 'node', '--name', n.name, '--gossip-listen', `${n.ip}:7946`, '--join', `${DRIVER_IP}:3100`,
-          '--join-token', token, '--max-sandboxes', '2', '--warm-pool', '0',
+          '--join-token', tokens[i], '--max-sandboxes', '2', '--warm-pool', '0',
           // node-b enforces no allowOut domains: it has no egress proxy.
           ...(n.name === 'node-b' ? ['--egress-proxy-port', '0'] : [])],
       });
@@ -141,7 +146,7 @@ describe('cluster: one driver, two nodes', () => {
   const members = { logTail: () => [driver, ...nodes].filter(Boolean).map((s) => s.logTail(30)).join('\n') };
   const ctest = (name, fn) => test(name, withLogTail(members, fn));
 
-  ctest('a sandbox runs on a node, reached through the driver: streamed output, files, a guest server', async () => {
+  ctest('a sandbox runs on a node, reached through the driver: streamed output, 100 MiB both ways, file watch, a guest server', async () => {
     await waitFor(() => nodes.every((n) => n.tail.some((l) => /joined the cluster's gossip/.test(l))), {
       what: 'both nodes in the gossip',
     });
@@ -154,16 +159,32 @@ describe('cluster: one driver, two nodes', () => {
     const r = await sbx.commands.run('for i in 1 2 3; do echo line $i; sleep 0.2; done', { onStdout: (d) => chunks.push(d) });
     assert.equal(r.stdout, 'line 1\nline 2\nline 3\n');
     assert.ok(chunks.length >= 2, `output came in ${chunks.length} chunk(s), not streamed`);
-    const big = Buffer.alloc(8 << 20, 7);
-    await sbx.files.write('/tmp/big', big);
-    const back = await sbx.files.read('/tmp/big', { format: 'bytes' });
-    assert.equal(Buffer.compare(Buffer.from(back), big), 0);
-    await sbx.commands.run('python3 -m http.server 8000 --directory /tmp >/dev/null 2>&1', { background: true });
+    // 100 MiB up and down through driver and tunnel, streamed: the driver does not buffer it.
+    const SIZE = 100 * MiB;
+    const peakBefore = driver.peakRss();
+    const gen = randomStream(SIZE);
+    await sbx.files.write('/tmp/big', gen.stream);
+    const digest = gen.digest();
+    assert.deepEqual(await hashStream(await sbx.files.read('/tmp/big', { format: 'stream' })), { bytes: SIZE, sha256: digest });
+    const signed = await fetch(await sbx.downloadUrl('/tmp/big'));
+    assert.equal(signed.status, 200);
+    assert.deepEqual(await hashStream(signed.body), { bytes: SIZE, sha256: digest }, 'a signed URL through the driver');
+    const growth = driver.peakRss() - peakBefore;
+    assert.ok(growth < 64 * MiB, `the driver's peak RSS grew by ${(growth / MiB).toFixed(1)} MiB moving 100 MiB`);
+    // File watching: a stream the guest feeds for as long as it lasts.
+    const events = [];
+    const handle = await sbx.files.watchDir('/tmp', (e) => events.push(e), { timeoutMs: 0 });
+    await sbx.files.write('/tmp/watched.txt', 'w');
+    await waitFor(() => events.some((e) => e.name === 'watched.txt'), { what: 'a watch event through the driver' });
+    await handle.stop();
+    // A guest HTTP server through the driver's edge.
+    await sbx.files.write('/tmp/www/page.txt', 'served by the guest');
+    await sbx.commands.run('python3 -m http.server 8000 --directory /tmp/www >/dev/null 2>&1', { background: true });
     const res = await waitFor(async () => {
-      const r = await fetch(`${driver.apiUrl}/big`, { headers: { 'E2b-Sandbox-Id': sbx.sandboxId, 'E2b-Sandbox-Port': '8000' } });
+      const r = await fetch(`${driver.apiUrl}/page.txt`, { headers: { 'E2b-Sandbox-Id': sbx.sandboxId, 'E2b-Sandbox-Port': '8000' } });
       return r.status === 200 ? r : null;
     }, { what: 'the guest HTTP server through the driver' });
-    assert.equal((await res.arrayBuffer()).byteLength, big.length);
+    assert.equal(await res.text(), 'served by the guest');
     assert.equal(await sbx.kill(), true);
     await waitFor(() => !holder(sbx.sandboxId), { what: 'the sandbox gone from its node' });
   });
