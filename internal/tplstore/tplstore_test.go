@@ -1,0 +1,100 @@
+package tplstore
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/vibemon/vmon/internal/artifacts"
+	"github.com/vibemon/vmon/internal/errdefs"
+	"github.com/vibemon/vmon/internal/template"
+)
+
+// writeTemplate makes a rootfs template build in dataDir.
+func writeTemplate(t *testing.T, dataDir, id, build string, builtAt time.Time) {
+	t.Helper()
+	dir := template.Dir(dataDir, id)
+	rootfs := filepath.Join(dir, "rootfs-"+build)
+	if err := os.MkdirAll(filepath.Join(rootfs, "etc"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(rootfs, "etc", "os-release"), []byte("build "+build+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("etc/os-release", filepath.Join(rootfs, "release")); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := json.Marshal(template.Manifest{Format: 1, ID: id, BuildID: build, Rootfs: "rootfs-" + build, CPUs: 2, MemoryMB: 512,
+		DefaultUser: "user", BuiltAt: builtAt})
+	if err := os.WriteFile(filepath.Join(dir, "manifest.json"), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func newStore(t *testing.T) *artifacts.Store {
+	t.Helper()
+	b, err := artifacts.OpenDir(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := artifacts.New(artifacts.Options{Backend: b})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// A build published by one data dir is fetched whole into another, which then boots it; a newer
+// build replaces the older one as the data dir's own, the older staying for what runs on it.
+func TestPublishAndFetch(t *testing.T) {
+	ctx := context.Background()
+	store := newStore(t)
+	t0 := time.Date(2026, 12, 5, 9, 0, 0, 0, time.UTC)
+	a, b := t.TempDir(), t.TempDir()
+	writeTemplate(t, a, "base", "b1", t0)
+	pub := New(store, a, nil)
+	if err := pub.Publish(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := pub.Publish(ctx); err != nil {
+		t.Fatalf("publishing again: %v", err)
+	}
+	ms, err := New(store, t.TempDir(), nil).Manifests(ctx)
+	if err != nil || len(ms) != 1 || ms[0].ID != "base" || ms[0].BuildID != "b1" || ms[0].MemoryMB != 512 {
+		t.Fatalf("the store's templates: %+v %v", ms, err)
+	}
+	sub := New(store, b, nil)
+	m, err := sub.Fetch(ctx, "base", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := os.ReadFile(filepath.Join(m.RootfsDir(), "release")); err != nil || string(got) != "build b1\n" {
+		t.Fatalf("the fetched rootfs: %q %v", got, err)
+	}
+	if local, err := template.Load(b, "base"); err != nil || local.BuildID != "b1" {
+		t.Fatalf("the fetched build is not the data dir's own: %+v %v", local, err)
+	}
+
+	writeTemplate(t, a, "base", "b2", t0.Add(time.Hour))
+	if err := pub.Publish(ctx); err != nil {
+		t.Fatal(err)
+	}
+	m, err = sub.Fetch(ctx, "base", "b2")
+	if err != nil || m.BuildID != "b2" {
+		t.Fatalf("fetch of the newer build: %+v %v", m, err)
+	}
+	if _, err := os.Stat(filepath.Join(template.Dir(b, "base"), "rootfs-b1")); err != nil {
+		t.Fatalf("the older build's rootfs went: %v", err)
+	}
+	if m, err := sub.Fetch(ctx, "base", ""); err != nil || m.BuildID != "b2" {
+		t.Fatalf("the newest build: %+v %v", m, err)
+	}
+	for _, c := range [][2]string{{"nosuch", ""}, {"base", "b9"}} {
+		if _, err := sub.Fetch(ctx, c[0], c[1]); !errdefs.Is(err, errdefs.KindNotFound) {
+			t.Errorf("fetch %v: %v", c, err)
+		}
+	}
+}
