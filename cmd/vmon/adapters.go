@@ -9,6 +9,7 @@ import (
 
 	"github.com/vibemon/vmon/internal/build"
 	"github.com/vibemon/vmon/internal/netns"
+	"github.com/vibemon/vmon/internal/errdefs"
 	"github.com/vibemon/vmon/internal/node"
 	"github.com/vibemon/vmon/internal/rootfs"
 	"github.com/vibemon/vmon/internal/template"
@@ -67,10 +68,17 @@ func (netnsAdapter) Create(ctx context.Context, name string) (string, error) {
 func (netnsAdapter) Delete(ctx context.Context, name string) error { return netns.Delete(ctx, name) }
 func (netnsAdapter) List(ctx context.Context) ([]string, error)    { return netns.List(ctx) }
 
-type templateRoots struct{ dataDir string }
+type templateRoots struct {
+	dataDir string
+	// fetch, when set, brings a rootfs template build the data dir lacks from the cluster's store.
+	fetch func(ctx context.Context, id, buildID string) (template.Manifest, error)
+}
 
-func (t templateRoots) Image(_ context.Context, id, buildID string) (node.Image, error) {
+func (t templateRoots) Image(ctx context.Context, id, buildID string) (node.Image, error) {
 	m, err := template.LoadBuild(t.dataDir, id, buildID)
+	if t.fetch != nil && (errdefs.Is(err, errdefs.KindNotFound) || (err == nil && len(m.Layers) == 0 && buildID != "" && m.BuildID != buildID)) {
+		m, err = t.fetch(ctx, id, buildID)
+	}
 	if err != nil {
 		return node.Image{}, err
 	}

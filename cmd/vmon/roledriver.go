@@ -33,6 +33,7 @@ import (
 	"github.com/vibemon/vmon/internal/secrets"
 	"github.com/vibemon/vmon/internal/store"
 	"github.com/vibemon/vmon/internal/template"
+	"github.com/vibemon/vmon/internal/tplstore"
 )
 
 // refreshEvery is how often the driver asks every node for its room: placement uses what it last
@@ -65,13 +66,21 @@ func serveDriver(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	// Templates are recorded from the driver's data dir, as --role all does; the nodes hold the
-	// same builds (until templates travel through the shared store).
-	if _, err := template.Load(c.DataDir, "base"); err != nil {
-		return fmt.Errorf("the driver's data dir has no template base (%w): copy the nodes' templates directory into %s", err, filepath.Join(c.DataDir, "templates"))
-	}
-	if _, err := syncTemplates(ctx, st, c.DataDir, c.SandboxDiskMB); err != nil {
-		return err
+	// Templates are recorded from the cluster's store when there is one (nodes publish their
+	// builds there), else from the driver's data dir, as --role all does.
+	if c.Store != "" {
+		tpls, err := openTemplateStore(ctx, c, log)
+		if err != nil {
+			return err
+		}
+		go recordStoreTemplates(ctx, tpls, st, c.SandboxDiskMB, log)
+	} else {
+		if _, err := template.Load(c.DataDir, "base"); err != nil {
+			return fmt.Errorf("the driver's data dir has no template base (%w): run scripts/install.sh (it builds it), or give the cluster a --store", err)
+		}
+		if _, err := syncTemplates(ctx, st, c.DataDir, c.SandboxDiskMB); err != nil {
+			return err
+		}
 	}
 	auth, err := clusterAuthority(c.DataDir, st)
 	if err != nil {
@@ -190,6 +199,30 @@ func serveDriver(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 		guarded.ServeHTTP(w, r)
 	})
 	return listenAndServe(ctx, c, handler, log, stdout, apiKey)
+}
+
+// storeTemplatesEvery is how often a driver looks for template builds nodes published.
+const storeTemplatesEvery = 10 * time.Second
+
+// recordStoreTemplates records the newest build of each template in the store, at once and then
+// every storeTemplatesEvery, until ctx ends.
+func recordStoreTemplates(ctx context.Context, tpls *tplstore.Sync, st *store.Store, diskMB int, log *slog.Logger) {
+	t := time.NewTicker(storeTemplatesEvery)
+	defer t.Stop()
+	for {
+		ms, err := tpls.Manifests(ctx)
+		if err == nil {
+			err = registerTemplates(ctx, st, ms, diskMB)
+		}
+		if err != nil && ctx.Err() == nil {
+			log.Warn("recording the store's templates", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }
 
 // joinTokensPath is the driver's API endpoint (an API key required) that issues join tokens, for

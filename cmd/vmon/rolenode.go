@@ -18,6 +18,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/vibemon/vmon/internal/artifacts"
 	"github.com/vibemon/vmon/internal/config"
 	"github.com/vibemon/vmon/internal/driver"
 	"github.com/vibemon/vmon/internal/errdefs"
@@ -26,6 +27,8 @@ import (
 	"github.com/vibemon/vmon/internal/node"
 	"github.com/vibemon/vmon/internal/nodeapi"
 	"github.com/vibemon/vmon/internal/store"
+	"github.com/vibemon/vmon/internal/template"
+	"github.com/vibemon/vmon/internal/tplstore"
 )
 
 // clusterDir, under a node's data dir, keeps what it got when it joined.
@@ -69,12 +72,34 @@ func serveNode(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 		return err
 	}
 	defer st.Close()
-	ns, closeNode, err := startNodeStack(ctx, c, st, nil, log)
+	var fetch templateFetcher
+	var tpls *tplstore.Sync
+	if c.Store != "" {
+		if tpls, err = openTemplateStore(ctx, c, log); err != nil {
+			return err
+		}
+		fetch = tpls.Fetch
+		// A node that has no base takes the cluster's rather than building one of its own.
+		if _, err := template.Load(c.DataDir, template.BaseID); err != nil {
+			if _, ferr := tpls.Fetch(ctx, template.BaseID, ""); ferr != nil {
+				log.Info("no base template here or in the store; building one", "err", ferr)
+			}
+		}
+	}
+	ns, closeNode, err := startNodeStack(ctx, c, st, nil, fetch, log)
 	defer closeNode()
 	if err != nil {
 		return err
 	}
 	n := ns.n
+	if tpls != nil {
+		// In the background: the node serves meanwhile, and a build the store has is skipped.
+		go func() {
+			if err := tpls.Publish(ctx); err != nil {
+				log.Warn("publishing templates to the store", "err", err)
+			}
+		}()
+	}
 	// What a restart found goes on running; the drivers' records still name it.
 	ns.recovery.Run(func(r node.Recovered) {
 		log.Info("sandbox found at start", "sandbox", r.ID, "state", r.State)
@@ -90,11 +115,14 @@ func serveNode(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 	if maxSandboxes == 0 {
 		maxSandboxes = capacityFromMemory()
 	}
-	var templates []string
-	for _, m := range ns.manifests {
-		templates = append(templates, m.ID)
-	}
 	status := func() nodeapi.Status {
+		// Listed at each ask: builds fetched from the store since the start count.
+		var templates []string
+		if ms, err := template.List(c.DataDir); err == nil {
+			for _, m := range ms {
+				templates = append(templates, m.ID)
+			}
+		}
 		running := n.Running()
 		return nodeapi.Status{Features: n.Features(), FreeMemoryMB: memAvailableMB(), FreeSlots: max(0, maxSandboxes-running),
 			FreeDiskMB: freeDiskMB(c.DataDir), Load: min(1, float64(running)/float64(maxSandboxes)), Templates: templates}
@@ -181,6 +209,23 @@ func drainBeforeExit(cl *membership.Cluster, c *config.Serve, n *node.Node, log 
 		return
 	}
 	log.Info("drained")
+}
+
+// openTemplateStore opens --store for the templates of this data dir.
+func openTemplateStore(ctx context.Context, c *config.Serve, log *slog.Logger) (*tplstore.Sync, error) {
+	b, err := artifacts.OpenBackend(ctx, c.Store)
+	if err != nil {
+		return nil, fmt.Errorf("--store %s: %w", c.Store, err)
+	}
+	opts := artifacts.Options{Backend: b, Logger: log.With("component", "artifacts")}
+	if c.Role == "node" && c.StoreCacheMB > 0 {
+		opts.CacheDir, opts.CacheLimit = filepath.Join(c.DataDir, "store-cache"), c.StoreCacheMB<<20
+	}
+	s, err := artifacts.New(opts)
+	if err != nil {
+		return nil, fmt.Errorf("--store %s: %w", c.Store, err)
+	}
+	return tplstore.New(s, c.DataDir, log.With("component", "templates")), nil
 }
 
 // keepJoined joins the gossip through the drivers, and again whenever no driver is in sight (the

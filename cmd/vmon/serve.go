@@ -124,7 +124,7 @@ func serve(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 	if sandboxLogs != nil {
 		guest = guestLog{logs: sandboxLogs}
 	}
-	ns, closeNode, err := startNodeStack(ctx, c, st, guest, log)
+	ns, closeNode, err := startNodeStack(ctx, c, st, guest, nil, log)
 	defer closeNode()
 	if err != nil {
 		return err
@@ -265,6 +265,9 @@ func serve(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 	return listenAndServe(ctx, c, handler, log, stdout, apiKey)
 }
 
+// templateFetcher brings a template build the data dir lacks (from the cluster's store).
+type templateFetcher = func(ctx context.Context, id, buildID string) (template.Manifest, error)
+
 // nodeStack is a node and what it runs on, as `vmon serve` starts it for --role all and node.
 type nodeStack struct {
 	n           *node.Node
@@ -277,10 +280,11 @@ type nodeStack struct {
 }
 
 // startNodeStack builds the templates it lacks, then the runtime, the network, the volumes and
-// the node over them, and recovers what a restart left; guest, when set, keeps envd's events.
+// the node over them, and recovers what a restart left; guest, when set, keeps envd's events, and
+// fetch, when set, brings the template builds the data dir lacks.
 // The cleanup, never nil (an error leaves it something to stop too), stops what it started, in
 // reverse.
-func startNodeStack(ctx context.Context, c *config.Serve, st *store.Store, guest node.GuestLog, log *slog.Logger) (*nodeStack, func(), error) {
+func startNodeStack(ctx context.Context, c *config.Serve, st *store.Store, guest node.GuestLog, fetch templateFetcher, log *slog.Logger) (*nodeStack, func(), error) {
 	var cleanups []func()
 	closeAll := func() {
 		for i := len(cleanups) - 1; i >= 0; i-- {
@@ -338,7 +342,7 @@ func startNodeStack(ctx context.Context, c *config.Serve, st *store.Store, guest
 		DataDir:          c.DataDir,
 		Runtime:          rt,
 		RootFS:           rootfsAdapter{imageDir: filepath.Join(c.DataDir, "disk-images"), log: log.With("component", "rootfs")},
-		Templates:        templateRoots{dataDir: c.DataDir},
+		Templates:        templateRoots{dataDir: c.DataDir, fetch: fetch},
 		EnvdPath:         envdPath,
 		NetNSPrefix:      netnsPrefix(c.DataDir),
 		Warm:             warmSpecs(manifests, c.WarmPool, c.SandboxDiskMB),
@@ -833,6 +837,11 @@ func syncTemplates(ctx context.Context, st *store.Store, dataDir string, diskMB 
 	if err != nil {
 		return nil, fmt.Errorf("list templates: %w", err)
 	}
+	return ms, registerTemplates(ctx, st, ms, diskMB)
+}
+
+// registerTemplates records ms as ready templates.
+func registerTemplates(ctx context.Context, st *store.Store, ms []template.Manifest, diskMB int) error {
 	for _, m := range ms {
 		err := st.PutTemplate(ctx, store.Template{
 			ID: m.ID, Aliases: []string{m.ID}, BuildID: m.BuildID,
@@ -842,10 +851,10 @@ func syncTemplates(ctx context.Context, st *store.Store, dataDir string, diskMB 
 			CreatedAt: m.BuiltAt, UpdatedAt: m.BuiltAt,
 		})
 		if err != nil {
-			return nil, fmt.Errorf("register template %s: %w", m.ID, err)
+			return fmt.Errorf("register template %s: %w", m.ID, err)
 		}
 	}
-	return ms, nil
+	return nil
 }
 
 // installEnvd copies envd, with the code-execution service of code-interpreter-v1 when it is

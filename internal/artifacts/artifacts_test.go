@@ -726,6 +726,26 @@ func TestCachePinned(t *testing.T) {
 	if _, ok := c.get(dy, nil); ok || c.has(dy) {
 		t.Fatal("a damaged cache entry was served")
 	}
+
+	// Reopened, even with no room, it removes its own files and leaves anything else alone.
+	foreign := []string{"notes.txt", "ab/not-a-digest", "other/" + dy, dy[:2] + "x/" + dy}
+	for _, f := range foreign {
+		writeFile(t, filepath.Join(c.dir, f), []byte("not the cache's"), 0o644)
+	}
+	must(t, os.WriteFile(filepath.Join(c.dir, dy[:2], tmpPrefix+"123"), nil, 0o600))
+	c2, err := openCache(c.dir, 1, testLogger(t))
+	must(t, err)
+	if size, _ := c2.usage(); size != 0 {
+		t.Fatalf("reopened cache holds %d bytes over a limit of 1", size)
+	}
+	for _, f := range foreign {
+		if _, err := os.Stat(filepath.Join(c.dir, f)); err != nil {
+			t.Errorf("the cache removed %s: %v", f, err)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(c.dir, dy[:2], tmpPrefix+"123")); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("an interrupted write's file was left: %v", err)
+	}
 }
 
 func TestGC(t *testing.T) {

@@ -53,11 +53,21 @@ func openCache(dir string, limit int64, log *slog.Logger) (*cache, error) {
 			return err
 		}
 		if de.IsDir() {
+			// Only the cache's own fan-out directories: a cache pointed at the wrong place must
+			// not count, let alone evict, what it finds there.
+			if p != dir && (filepath.Dir(p) != dir || len(de.Name()) != 2) {
+				return fs.SkipDir
+			}
 			return nil
 		}
-		if strings.HasPrefix(de.Name(), tmpPrefix) || !validDigest(de.Name()) {
-			// A crash mid-write leaves a temporary file; anything else is not ours to keep either.
-			return os.Remove(p)
+		if filepath.Dir(p) == dir {
+			return nil
+		}
+		if strings.HasPrefix(de.Name(), tmpPrefix) {
+			return os.Remove(p) // a write that a crash interrupted
+		}
+		if !validDigest(de.Name()) || de.Name()[:2] != filepath.Base(filepath.Dir(p)) {
+			return nil
 		}
 		fi, err := de.Info()
 		if err != nil {

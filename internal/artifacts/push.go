@@ -40,6 +40,10 @@ func (s *Store) Push(ctx context.Context, ref, dir string) (PushStats, error) {
 	if err != nil {
 		return PushStats{}, fmt.Errorf("artifacts: push %s: %w", ref, err)
 	}
+	// A template's directory may be reached through a symlink; the tree is what it points at.
+	if dir, err = filepath.EvalSymlinks(dir); err != nil {
+		return PushStats{}, fmt.Errorf("artifacts: push %s: %w", ref, err)
+	}
 	m, err := scanTree(dir, s.chunkSize, s.log)
 	if err != nil {
 		return PushStats{}, fmt.Errorf("artifacts: push %s: %w", ref, err)

@@ -37,8 +37,12 @@ type Serve struct {
 	NodeLostGrace time.Duration
 	// DrainOnExit makes a node, told to stop, have its sandboxes paused before it exits (within
 	// DrainTimeout).
-	DrainOnExit       bool
-	DrainTimeout      time.Duration
+	DrainOnExit  bool
+	DrainTimeout time.Duration
+	// Store is the artifact store the cluster shares (a directory, or s3://bucket/prefix);
+	// StoreCacheMB bounds a node's local copies of its chunks.
+	Store             string
+	StoreCacheMB      int64
 	Listen            string
 	DataDir           string
 	Domain            string
@@ -128,6 +132,8 @@ func BindServe(fs *pflag.FlagSet, c *Serve) {
 	fs.DurationVar(&c.NodeLostGrace, "node-lost-grace", 10*time.Minute, "--role driver: how long a node may stay out of reach before its running sandboxes are ended (back sooner, they run on)")
 	fs.BoolVar(&c.DrainOnExit, "drain-on-exit", false, "--role node: on SIGTERM, have the drivers pause this node's sandboxes before exiting, so they resume elsewhere")
 	fs.DurationVar(&c.DrainTimeout, "drain-timeout", 5*time.Minute, "--role node: how long --drain-on-exit waits for the sandboxes to be paused")
+	fs.StringVar(&c.Store, "store", "", "--role driver/node: the artifact store the cluster shares for templates: a directory (a shared filesystem such as NFS) or s3://bucket/prefix (endpoint and keys the usual AWS way: AWS_ENDPOINT_URL_S3, AWS_ACCESS_KEY_ID, …); empty: each node keeps its own")
+	fs.Int64Var(&c.StoreCacheMB, "store-cache-mb", 10240, "--role node: size of the local cache of the store's chunks, in MiB (0: no cache)")
 	fs.StringVar(&c.JoinToken, "join-token", "", "--role node: the token `vmon node join-token` printed on the driver's host; needed only for the first start")
 	BindDataDir(fs, &c.DataDir)
 	fs.StringVar(&c.Domain, "domain", "localhost", "domain sandboxes are addressed under: <port>-<sandboxID>.<domain>")
