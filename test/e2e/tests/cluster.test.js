@@ -34,11 +34,14 @@ function ip(...args) {
   execFileSync('ip', args, { stdio: ['ignore', 'ignore', 'pipe'] });
 }
 
-/** A data dir holding the test data dir's base template (hard links: its layers are read-only). */
-function memberDir(root, name) {
+/**
+ * A member's data dir; with base, holding the test data dir's base template (hard links: its
+ * layers are read-only).
+ */
+function memberDir(root, name, base = false) {
   const dir = path.join(root, name);
   fs.mkdirSync(path.join(dir, 'templates'), { recursive: true });
-  execFileSync('cp', ['-al', path.join(dataDir(), 'templates', 'base'), path.join(dir, 'templates', 'base')]);
+  if (base) execFileSync('cp', ['-al', path.join(dataDir(), 'templates', 'base'), path.join(dir, 'templates', 'base')]);
   return dir;
 }
 
@@ -75,6 +78,10 @@ describe('cluster: one driver, two nodes', () => {
       ip('-n', netns[i], 'link', 'set', 'eth0', 'up');
       ip('-n', netns[i], 'link', 'set', 'lo', 'up');
     });
+    // The store the cluster shares, a directory here (a shared filesystem across machines): only
+    // node-a has a base template; it publishes it, the driver records it from there, and node-b,
+    // which never had one, fetches it.
+    const storeDir = path.join(root, 'store');
     const driverDir = memberDir(root, 'driver');
     // The token is issued before the driver runs: it makes the cluster CA the driver then serves.
     const tokens = [(await runVmon(['node', 'join-token', '--data-dir', driverDir])).stdout.trim()];
@@ -82,7 +89,7 @@ describe('cluster: one driver, two nodes', () => {
     driver = new VmonServer({
       name: 'driver', dir: driverDir,
       args: ['--role', 'driver', '--name', 'driver', '--cluster-listen', `${DRIVER_IP}:3100`,
-        '--gossip-listen', `${DRIVER_IP}:7946`, '--node-lost-grace', '15s'],
+        '--gossip-listen', `${DRIVER_IP}:7946`, '--node-lost-grace', '15s', '--store', storeDir],
     });
     await driver.start();
     // The second through the driver's API, as from another host (the key is the data dir's).
@@ -90,12 +97,17 @@ describe('cluster: one driver, two nodes', () => {
     assert.match(tokens[1], /^vmonjoin\./);
     assert.notEqual(tokens[1], tokens[0]);
     for (const [i, n] of NODES.entries()) {
+      if (n.name === 'node-b') {
+        const { buildId } = JSON.parse(fs.readFileSync(path.join(nodes[0].dataDir, 'templates', 'base', 'manifest.json'), 'utf8'));
+        await waitFor(() => fs.existsSync(path.join(storeDir, 'refs', 'templates', 'base', buildId, 'manifest.ref')),
+          { timeoutMs: 300_000, intervalMs: 500, what: "node-a's base template published to the store" });
+      }
       const node = new VmonServer({
-        name: n.name, role: 'node', dir: memberDir(root, n.name), host: n.ip, port: 3001,
+        name: n.name, role: 'node', dir: memberDir(root, n.name, n.name === 'node-a'), host: n.ip, port: 3001,
         wrap: ['nsenter', `--net=/run/netns/${netns[i]}`],
         // Two sandboxes each: the third create must find the other node.
         args: ['--role', 'node', '--name', n.name, '--gossip-listen', `${n.ip}:7946`, '--join', `${DRIVER_IP}:3100`,
-          '--join-token', tokens[i], '--max-sandboxes', '2', '--warm-pool', '0',
+          '--join-token', tokens[i], '--max-sandboxes', '2', '--warm-pool', '0', '--store', storeDir,
           // node-b enforces no allowOut domains: it has no egress proxy.
           ...(n.name === 'node-b' ? ['--egress-proxy-port', '0'] : [])],
       });
@@ -155,6 +167,9 @@ describe('cluster: one driver, two nodes', () => {
     });
     created.push(sbx);
     assert.ok(holder(sbx.sandboxId), 'no node holds the sandbox');
+    // node-b never had a base template: it fetched node-a's build from the store.
+    const build = (n) => JSON.parse(fs.readFileSync(path.join(n.dataDir, 'templates', 'base', 'manifest.json'), 'utf8')).buildId;
+    assert.equal(build(nodes[1]), build(nodes[0]));
     const chunks = [];
     const r = await sbx.commands.run('for i in 1 2 3; do echo line $i; sleep 0.2; done', { onStdout: (d) => chunks.push(d) });
     assert.equal(r.stdout, 'line 1\nline 2\nline 3\n');
