@@ -8,8 +8,8 @@ import (
 	"path/filepath"
 
 	"github.com/vibemon/vmon/internal/build"
-	"github.com/vibemon/vmon/internal/netns"
 	"github.com/vibemon/vmon/internal/errdefs"
+	"github.com/vibemon/vmon/internal/netns"
 	"github.com/vibemon/vmon/internal/node"
 	"github.com/vibemon/vmon/internal/rootfs"
 	"github.com/vibemon/vmon/internal/template"
