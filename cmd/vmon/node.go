@@ -159,13 +159,7 @@ func nodeLsCmd() *cobra.Command {
 					Load: n.Load, Sandboxes: count[n.Name], Templates: n.Templates, SeenAt: n.SeenAt, Since: n.Since}
 			}
 			if asJSON {
-				enc := json.NewEncoder(cmd.OutOrStdout())
-				for _, r := range rows {
-					if err := enc.Encode(r); err != nil {
-						return err
-					}
-				}
-				return nil
+				return writeJSONLines(cmd.OutOrStdout(), rows)
 			}
 			w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
 			fmt.Fprintln(w, "NAME\tADDRESS\tSTATE\tFEATURES\tFREE SLOTS\tFREE MEMORY\tFREE DISK\tLOAD\tSANDBOXES\tTEMPLATES\tSEEN")

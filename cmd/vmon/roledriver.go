@@ -49,19 +49,11 @@ func serveDriver(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 		return err
 	}
 	log = log.With("driver", c.Name)
-	if err := os.MkdirAll(c.DataDir, 0o700); err != nil {
-		return fmt.Errorf("create data dir: %w", err)
-	}
-	unlock, err := lockDataDir(ctx, c.DataDir, lockWait)
+	st, closeData, err := openDataDir(ctx, c)
 	if err != nil {
 		return err
 	}
-	defer unlock()
-	st, err := store.Open(ctx, c.DataDir)
-	if err != nil {
-		return err
-	}
-	defer st.Close()
+	defer closeData()
 	apiKey, err := ensureAdminKey(ctx, st, c.DataDir)
 	if err != nil {
 		return err

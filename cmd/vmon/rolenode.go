@@ -26,7 +26,6 @@ import (
 	"github.com/vibemon/vmon/internal/membership"
 	"github.com/vibemon/vmon/internal/node"
 	"github.com/vibemon/vmon/internal/nodeapi"
-	"github.com/vibemon/vmon/internal/store"
 	"github.com/vibemon/vmon/internal/template"
 	"github.com/vibemon/vmon/internal/tplstore"
 )
@@ -54,24 +53,16 @@ func serveNode(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 		return err
 	}
 	log = log.With("node", c.Name)
-	if err := os.MkdirAll(c.DataDir, 0o700); err != nil {
-		return fmt.Errorf("create data dir: %w", err)
-	}
-	unlock, err := lockDataDir(ctx, c.DataDir, lockWait)
+	// The node's own store holds only what its template scan finds, as --role all's does.
+	st, closeData, err := openDataDir(ctx, c)
 	if err != nil {
 		return err
 	}
-	defer unlock()
+	defer closeData()
 	creds, err := nodeCredentials(ctx, c, log)
 	if err != nil {
 		return err
 	}
-	// The node's own store holds only what its template scan finds, as --role all's does.
-	st, err := store.Open(ctx, c.DataDir)
-	if err != nil {
-		return err
-	}
-	defer st.Close()
 	var fetch templateFetcher
 	var tpls *tplstore.Sync
 	if c.Store != "" {

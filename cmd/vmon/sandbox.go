@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/url"
@@ -51,13 +52,7 @@ func sandboxCmd() *cobra.Command {
 				rows[i] = rowOf(sb, nodeOf)
 			}
 			if asJSON {
-				enc := json.NewEncoder(cmd.OutOrStdout())
-				for _, r := range rows {
-					if err := enc.Encode(r); err != nil {
-						return err
-					}
-				}
-				return nil
+				return writeJSONLines(cmd.OutOrStdout(), rows)
 			}
 			w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
 			fmt.Fprintln(w, "ID\tTEMPLATE\tSTATE\tNODE\tSTARTED\tENDED\tPAUSED DISK\tREASON")
@@ -189,6 +184,17 @@ func rowOf(sb store.Sandbox, nodes map[string]store.Node) sandboxRow {
 		}
 	}
 	return r
+}
+
+// writeJSONLines writes one JSON object per line, for scripts.
+func writeJSONLines[T any](w io.Writer, rows []T) error {
+	enc := json.NewEncoder(w)
+	for _, r := range rows {
+		if err := enc.Encode(r); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func dash(s string) string {

@@ -96,19 +96,11 @@ func serve(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if err := os.MkdirAll(c.DataDir, 0o700); err != nil {
-		return fmt.Errorf("create data dir: %w", err)
-	}
-	unlock, err := lockDataDir(ctx, c.DataDir, lockWait)
+	st, closeData, err := openDataDir(ctx, c)
 	if err != nil {
 		return err
 	}
-	defer unlock()
-	st, err := store.Open(ctx, c.DataDir)
-	if err != nil {
-		return err
-	}
-	defer st.Close()
+	defer closeData()
 	apiKey, err := ensureAdminKey(ctx, st, c.DataDir)
 	if err != nil {
 		return err
@@ -383,6 +375,24 @@ func startNodeStack(ctx context.Context, c *config.Serve, st *store.Store, guest
 	}
 	return &nodeStack{n: n, recovery: recovery, network: network, vols: vols, egressProxy: egressProxy,
 		envdPath: envdPath, manifests: manifests}, closeAll, nil
+}
+
+// openDataDir makes the data dir, takes its lock (one vmon serve per data dir) and opens its
+// store; the returned func closes the store and gives the lock back.
+func openDataDir(ctx context.Context, c *config.Serve) (*store.Store, func(), error) {
+	if err := os.MkdirAll(c.DataDir, 0o700); err != nil {
+		return nil, nil, fmt.Errorf("create data dir: %w", err)
+	}
+	unlock, err := lockDataDir(ctx, c.DataDir, lockWait)
+	if err != nil {
+		return nil, nil, err
+	}
+	st, err := store.Open(ctx, c.DataDir)
+	if err != nil {
+		unlock()
+		return nil, nil, err
+	}
+	return st, func() { st.Close(); unlock() }, nil
 }
 
 func listenAndServe(ctx context.Context, c *config.Serve, h http.Handler, log *slog.Logger, stdout io.Writer, apiKey string) error {
