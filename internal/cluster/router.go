@@ -289,22 +289,28 @@ func (r *Router) place(ctx context.Context, spec node.CreateSpec, boot func(Node
 
 // holder returns the client of the node holding sandbox id.
 func (r *Router) holder(ctx context.Context, id string) (NodeClient, error) {
+	_, c, err := r.holderName(ctx, id)
+	return c, err
+}
+
+// holderName returns the name and client of the node holding sandbox id.
+func (r *Router) holderName(ctx context.Context, id string) (string, NodeClient, error) {
 	r.mu.Lock()
 	name, ok := r.placed[id]
 	r.mu.Unlock()
 	if !ok {
 		var err error
 		if name, err = r.locate(ctx, id); err != nil {
-			return nil, err
+			return "", nil, err
 		}
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	m, ok := r.nodes[name]
 	if !ok || m.client == nil {
-		return nil, errdefs.Unavailable("the node holding sandbox %q (%s) is not in the cluster", id, name)
+		return name, nil, errdefs.Unavailable("the node holding sandbox %q (%s) is not in the cluster", id, name)
 	}
-	return m.client, nil
+	return name, m.client, nil
 }
 
 func (r *Router) forget(id string) {
@@ -362,14 +368,66 @@ func (r *Router) PauseSandbox(ctx context.Context, id string, memory bool) (node
 	return c.PauseSandbox(ctx, id, memory)
 }
 
-// ResumeSandbox resumes on the node that paused the sandbox: its snapshot is there until snapshots
-// live in a store all nodes share.
+// ResumeSandbox resumes on the node that paused the sandbox (its copy is there, warm) when that
+// node is in the cluster, not drained, and takes it; otherwise on any node placement picks, which
+// takes the paused sandbox from the store the nodes share (a node without one answers NotFound,
+// and the next is tried).
 func (r *Router) ResumeSandbox(ctx context.Context, spec node.CreateSpec, memory bool) (node.Info, error) {
-	c, err := r.holder(ctx, spec.ID)
-	if err != nil {
-		return node.Info{}, err
+	name, c, herr := r.holderName(ctx, spec.ID)
+	if herr != nil && errdefs.KindOf(herr) != errdefs.KindUnavailable {
+		return node.Info{}, herr
 	}
-	return c.ResumeSandbox(ctx, spec, memory)
+	onHolder := func() (node.Info, error) {
+		info, err := c.ResumeSandbox(ctx, spec, memory)
+		if err == nil {
+			info.Node = name
+			r.mu.Lock()
+			r.placed[spec.ID] = name
+			r.mu.Unlock()
+		}
+		return info, err
+	}
+	drained := herr == nil && r.isDrained(name)
+	var holderErr error
+	if herr == nil && !drained {
+		info, err := onHolder()
+		if err == nil {
+			return info, nil
+		}
+		if k := errdefs.KindOf(err); k != errdefs.KindResourceExhausted && k != errdefs.KindUnavailable {
+			return node.Info{}, err
+		}
+		holderErr = err
+	}
+	// Elsewhere, a node that has no copy (no shared store, or the pause has not reached it yet)
+	// answers NotFound: that must not read as a sandbox whose saved state is gone.
+	info, perr := r.place(ctx, spec, func(c NodeClient) (node.Info, error) {
+		info, err := c.ResumeSandbox(ctx, spec, memory)
+		if errdefs.Is(err, errdefs.KindNotFound) {
+			return info, errdefs.Wrap(errdefs.KindUnavailable, err, "no copy of paused sandbox %q on this node", spec.ID)
+		}
+		return info, err
+	})
+	if perr == nil {
+		return info, nil
+	}
+	if drained {
+		// Nobody else could take it: a drained node still resumes what only it holds.
+		if info, err := onHolder(); err == nil {
+			return info, nil
+		}
+	}
+	if errdefs.KindOf(holderErr) == errdefs.KindResourceExhausted {
+		return node.Info{}, perr
+	}
+	return node.Info{}, errdefs.Wrap(errdefs.KindUnavailable, perr,
+		"sandbox %q cannot be resumed now: the node that paused it cannot take it, and no other node has its saved state", spec.ID)
+}
+
+func (r *Router) isDrained(name string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.drained[name]
 }
 
 func (r *Router) DeletePaused(ctx context.Context, id string) error {

@@ -162,6 +162,13 @@ func (d *Driver) resumeLocked(ctx context.Context, sb Sandbox, t time.Duration, 
 		}
 		return Sandbox{}, errdefs.Wrap(errdefs.KindUnknown, err, "failed to resume sandbox %q; it is still paused", sb.ID)
 	}
+	if info.Node != "" && info.Node != sb.NodeID {
+		// Resumed on another node than the one that paused it: later calls go there.
+		sb.NodeID = info.Node
+		if err := d.store.SetSandboxNode(rctx, sb.ID, sb.NodeID); err != nil {
+			return Sandbox{}, err
+		}
+	}
 	end := d.now().Add(t)
 	if err := d.store.MarkResumed(rctx, sb.ID, end); err != nil {
 		return Sandbox{}, err
@@ -174,7 +181,8 @@ func (d *Driver) resumeLocked(ctx context.Context, sb Sandbox, t time.Duration, 
 	d.track(sb)
 	d.log.Info("sandbox resumed", "sandbox", sb.ID, "timeout", t, "prepared", prepared.Round(time.Millisecond),
 		"took", time.Since(began).Round(time.Millisecond))
-	d.sbLog(sb.ID, sandboxlog.LevelInfo, "sandbox resumed on node "+cmp.Or(d.opts.NodeID, "local"), "memory", strconv.FormatBool(keptMemory), "node", cmp.Or(d.opts.NodeID, "local"), "timeout", secs(t))
+	where := cmp.Or(sb.NodeID, "local")
+	d.sbLog(sb.ID, sandboxlog.LevelInfo, "sandbox resumed on node "+where, "memory", strconv.FormatBool(keptMemory), "node", where, "timeout", secs(t))
 	return sb, nil
 }
 

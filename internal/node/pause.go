@@ -146,6 +146,14 @@ func readBootRecord(dir string) (bootRecord, error) {
 // pausedDir is where a paused sandbox's snapshot lives.
 func (n *Node) pausedDir(id string) string { return filepath.Join(n.opts.DataDir, "paused", id) }
 
+// PausedDir is where the node keeps paused sandbox id: a cluster's store carries it from there to
+// another node's.
+func (n *Node) PausedDir(id string) string { return n.pausedDir(id) }
+
+// Settled waits until what a pause, resume or snapshot of sandbox id does in the background is
+// done: a paused sandbox's directory is then whole.
+func (n *Node) Settled(ctx context.Context, id string) error { return n.waitFinished(ctx, id) }
+
 // PauseInfo describes a paused sandbox.
 type PauseInfo struct {
 	// Memory says the sandbox's memory and processes were kept (else only its files).

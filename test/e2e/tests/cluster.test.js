@@ -48,6 +48,7 @@ function memberDir(root, name, base = false) {
 describe('cluster: one driver, two nodes', () => {
   const RUN = runId('cluster');
   const root = fs.mkdtempSync(path.join(os.tmpdir(), 'vmon-cluster-'));
+  const storeDir = path.join(root, 'store');
   const netns = NODES.map((n) => `vmcl-${process.pid}-${n.name}`);
   let driver;
   const nodes = [];
@@ -81,7 +82,6 @@ describe('cluster: one driver, two nodes', () => {
     // The store the cluster shares, a directory here (a shared filesystem across machines): only
     // node-a has a base template; it publishes it, the driver records it from there, and node-b,
     // which never had one, fetches it.
-    const storeDir = path.join(root, 'store');
     const driverDir = memberDir(root, 'driver');
     // The token is issued before the driver runs: it makes the cluster CA the driver then serves.
     const tokens = [(await runVmon(['node', 'join-token', '--data-dir', driverDir])).stdout.trim()];
@@ -283,7 +283,7 @@ describe('cluster: one driver, two nodes', () => {
     assert.equal(await s.kill(), true);
   });
 
-  ctest('a drained node gets nothing new; a drain with pause pauses its sandboxes', async () => {
+  ctest('a drained node gets nothing new; a drain with pause pauses its sandboxes, which resume on the other node, still counting', async () => {
     await waitFor(async () => (await lsJSON('node', 'ls')).filter((n) => n.state === 'ready').length === 2,
       { timeoutMs: 30_000, what: 'both nodes ready again' });
     await runVmon(['node', 'drain', 'node-a', '--data-dir', driver.dataDir]);
@@ -298,13 +298,28 @@ describe('cluster: one driver, two nodes', () => {
     }
     await assert.rejects(Sandbox.create({ ...sdk(), metadata: { run: RUN } }), /full|draining|429/i);
     await onB[0].commands.run('echo kept > /tmp/kept');
+    await onB[0].commands.run("sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done'", { background: true });
     const { stdout } = await runVmon(['node', 'drain', 'node-b', '--pause', '--wait', '2m', '--data-dir', driver.dataDir], { timeoutMs: 150_000 });
     assert.match(stdout, /drained/);
     for (const s of onB) assert.equal((await Sandbox.getInfo(s.sandboxId, sdk())).state, 'paused');
-    for (const n of ['node-a', 'node-b']) await runVmon(['node', 'drain', n, '--undo', '--data-dir', driver.dataDir]);
-    // Resumed where its snapshot is, with its files.
+    // node-b stays drained; node-a takes sandboxes again. The paused sandbox reaches the store in
+    // the background after its pause.
+    await runVmon(['node', 'drain', 'node-a', '--undo', '--data-dir', driver.dataDir]);
+    await waitFor(async () => (await lsJSON('node', 'ls')).find((n) => n.name === 'node-a')?.state === 'ready',
+      { what: 'node-a ready again' });
+    await waitFor(() => fs.existsSync(path.join(storeDir, 'refs', 'paused', `${onB[0].sandboxId}.ref`)),
+      { timeoutMs: 120_000, intervalMs: 500, what: 'the paused sandbox in the store' });
+    // Resumed on node-a, which never ran it: its memory (a loop still counting) and files came along.
     const back = await Sandbox.connect(onB[0].sandboxId, sdk());
+    assert.equal(holder(back.sandboxId), 'node-a');
     assert.equal((await back.commands.run('cat /tmp/kept')).stdout, 'kept\n');
+    const count = async () => Number((await back.commands.run('cat /tmp/count')).stdout);
+    const c1 = await count();
+    await new Promise((r) => setTimeout(r, 1000));
+    assert.ok((await count()) > c1, 'the background loop does not count after the resume elsewhere');
+    assert.equal((await lsJSON('sandbox', 'ls')).find((r) => r.sandboxId === back.sandboxId)?.node, 'node-a');
+    // node-b, undrained, holds no stale copy the record would disagree with.
+    await runVmon(['node', 'drain', 'node-b', '--undo', '--data-dir', driver.dataDir]);
     await back.kill();
     await Sandbox.kill(onB[1].sandboxId, sdk());
   });
