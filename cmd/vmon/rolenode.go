@@ -26,7 +26,7 @@ import (
 	"github.com/vibemon/vmon/internal/membership"
 	"github.com/vibemon/vmon/internal/node"
 	"github.com/vibemon/vmon/internal/nodeapi"
-	"github.com/vibemon/vmon/internal/snapshot"
+	"github.com/vibemon/vmon/internal/pausedstore"
 	"github.com/vibemon/vmon/internal/template"
 	"github.com/vibemon/vmon/internal/tplstore"
 )
@@ -121,9 +121,11 @@ func serveNode(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 		return nodeapi.Status{Features: n.Features(), FreeMemoryMB: memAvailableMB(), FreeSlots: max(0, maxSandboxes-running),
 			FreeDiskMB: freeDiskMB(c.DataDir), Load: min(1, float64(running)/float64(maxSandboxes)), Templates: templates}
 	}
-	gate := capacityGate{Node: n, max: maxSandboxes, recovery: ns.recovery, log: log}
+	gate := capacityGate{Node: n, max: maxSandboxes, recovery: ns.recovery}
 	if art != nil {
-		gate.paused = &pausedStore{store: art, tpls: tpls, ctx: ctx}
+		if gate.paused, err = pausedstore.New(n, art, tpls.Fetch, filepath.Join(c.DataDir, clusterDir), log.With("component", "paused")); err != nil {
+			return err
+		}
 	}
 	rpcPath, rpc := nodeapi.NewServer(gate, status).Handler()
 	mux := http.NewServeMux()
@@ -388,94 +390,35 @@ type capacityGate struct {
 	// recovery is what the node found at its start; its list waits until that is settled.
 	recovery *node.Recovery
 	// paused, with a cluster store, carries paused sandboxes between nodes.
-	paused *pausedStore
-	log    *slog.Logger
+	paused *pausedstore.Carrier
 }
 
-// pausedStore keeps paused sandboxes in the cluster's store (ref paused/<id>), so that one can
-// resume on any node.
-type pausedStore struct {
-	store *artifacts.Store
-	tpls  *tplstore.Sync
-	// ctx is the node's: a push outlives the pause call that started it.
-	ctx context.Context
-}
-
-func pausedRef(id string) string { return "paused/" + id }
-
-// PauseSandbox pauses, then, once the paused sandbox's files are whole, puts it in the store
-// (in the background: the pause is answered as soon as the sandbox is stopped and saved here).
+// PauseSandbox pauses; with a cluster store, the pause is done when the paused sandbox is there.
 func (g capacityGate) PauseSandbox(ctx context.Context, id string, memory bool) (node.PauseInfo, error) {
-	info, err := g.Node.PauseSandbox(ctx, id, memory)
-	if err != nil || g.paused == nil {
-		return info, err
+	if g.paused == nil {
+		return g.Node.PauseSandbox(ctx, id, memory)
 	}
-	go func() {
-		ctx := g.paused.ctx
-		if err := g.Settled(ctx, id); err != nil {
-			return
-		}
-		st, err := g.paused.store.Push(ctx, pausedRef(id), g.PausedDir(id))
-		if err != nil {
-			g.log.Error("putting a paused sandbox in the store; it resumes on this node only", "sandbox", id, "err", err)
-			return
-		}
-		g.log.Info("paused sandbox in the store", "sandbox", id, "bytes", st.Bytes, "uploaded", st.UploadedBytes, "took", st.Duration)
-	}()
-	return info, nil
+	return g.paused.PauseSandbox(ctx, id, memory)
 }
 
-// ResumeSandbox resumes a sandbox paused here, or one paused on another node, taken from the
-// store (with the template build it stacks on). Its copy in the store is spent once it runs.
+// ResumeSandbox resumes a sandbox paused here, or, with a cluster store, one paused on another
+// node.
 func (g capacityGate) ResumeSandbox(ctx context.Context, spec node.CreateSpec, memory bool) (node.Info, error) {
 	if err := g.full(); err != nil {
 		return node.Info{}, err
 	}
-	if g.paused != nil {
-		if err := g.paused.fetch(ctx, g.PausedDir(spec.ID), spec.ID); err != nil {
-			return node.Info{}, err
-		}
+	if g.paused == nil {
+		return g.Node.ResumeSandbox(ctx, spec, memory)
 	}
-	info, err := g.Node.ResumeSandbox(ctx, spec, memory)
-	if err == nil && g.paused != nil {
-		go func() {
-			if derr := g.paused.store.Delete(g.paused.ctx, pausedRef(spec.ID)); derr != nil && !errors.Is(derr, artifacts.ErrNotFound) {
-				g.log.Warn("removing a resumed sandbox from the store", "sandbox", spec.ID, "err", derr)
-			}
-		}()
-	}
-	return info, err
+	return g.paused.ResumeSandbox(ctx, spec, memory)
 }
 
-// fetch pulls paused sandbox id into dir unless the node has it.
-func (p *pausedStore) fetch(ctx context.Context, dir, id string) error {
-	if _, err := os.Stat(dir); err == nil {
-		return nil
-	}
-	if _, err := p.store.Pull(ctx, pausedRef(id), dir); errors.Is(err, artifacts.ErrNotFound) {
-		return errdefs.NotFound("paused sandbox %q is neither on this node nor in the store", id)
-	} else if err != nil {
-		return fmt.Errorf("fetch paused sandbox %s: %w", id, err)
-	}
-	meta, err := snapshot.Read(dir)
-	if err != nil {
-		return err
-	}
-	if _, err := p.tpls.Fetch(ctx, meta.TemplateID, meta.BuildID); err != nil && !errdefs.Is(err, errdefs.KindNotFound) {
-		return fmt.Errorf("template of paused sandbox %s: %w", id, err)
-	}
-	return nil
-}
-
-// DeletePaused deletes a paused sandbox here and from the store.
+// DeletePaused deletes a paused sandbox here, and its copy in the cluster store.
 func (g capacityGate) DeletePaused(ctx context.Context, id string) error {
-	err := g.Node.DeletePaused(ctx, id)
-	if g.paused != nil {
-		if derr := g.paused.store.Delete(ctx, pausedRef(id)); derr != nil && !errors.Is(derr, artifacts.ErrNotFound) {
-			return derr
-		}
+	if g.paused == nil {
+		return g.Node.DeletePaused(ctx, id)
 	}
-	return err
+	return g.paused.DeletePaused(ctx, id)
 }
 
 var (

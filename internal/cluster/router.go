@@ -409,6 +409,16 @@ func (r *Router) ResumeSandbox(ctx context.Context, spec node.CreateSpec, memory
 		return info, err
 	})
 	if perr == nil {
+		if c != nil && info.Node != name {
+			// The node that paused it keeps a stale copy: dropped (its copy in the store is
+			// removed only if still the one that node pushed). A node out of reach drops its
+			// own when it is back (the driver's reconciliation).
+			go func() {
+				dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+				defer cancel()
+				_ = c.DeletePaused(dctx, spec.ID)
+			}()
+		}
 		return info, nil
 	}
 	if drained {

@@ -16,6 +16,7 @@ import (
 	"github.com/vibemon/vmon/internal/egress"
 	"github.com/vibemon/vmon/internal/errdefs"
 	"github.com/vibemon/vmon/internal/membership"
+	"github.com/vibemon/vmon/internal/node"
 	"github.com/vibemon/vmon/internal/nodeapi"
 	"github.com/vibemon/vmon/internal/placement"
 	"github.com/vibemon/vmon/internal/store"
@@ -234,5 +235,78 @@ func BenchmarkCreateWith1000Recorded(b *testing.B) {
 		if _, err := d.Create(ctx, driver.CreateRequest{Template: "base", Secure: true}); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// A paused sandbox resumes on the node that paused it while that one takes it; on a drained or
+// departed holder, it resumes on a node that has its copy (nodes without one are passed over),
+// the record follows it, and the holder's stale copy is dropped. With no copy anywhere, the
+// resume fails as unavailable and the sandbox stays paused.
+func TestResumeElsewhere(t *testing.T) {
+	ctx := context.Background()
+	d, r, nodes := threeNodes(t)
+	byName := map[string]*testNode{}
+	for _, n := range nodes {
+		byName[n.name] = n
+	}
+	// Placement tries nodes in a random order: enough sandboxes that a node without the copy
+	// comes first for some.
+	var last string
+	var lastHolder *testNode
+	for range 8 {
+		sb, err := d.Create(ctx, driver.CreateRequest{Template: "base", Secure: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rec, _ := d.Get(ctx, sb.ID)
+		holder := byName[rec.NodeID]
+		var others []*testNode
+		for _, n := range nodes {
+			if n != holder {
+				others = append(others, n)
+			}
+		}
+		if err := d.Pause(ctx, sb.ID, true); err != nil {
+			t.Fatal(err)
+		}
+		// Another node with a copy does not take it from a holder that can.
+		others[1].fake.PutPaused(node.CreateSpec{ID: sb.ID}, true)
+		if _, err := d.Resume(ctx, sb.ID, nil); err != nil {
+			t.Fatal(err)
+		}
+		if rec, _ = d.Get(ctx, sb.ID); rec.NodeID != holder.name || !holder.fake.Alive(sb.ID) {
+			t.Fatalf("resumed on %s, want its holder %s", rec.NodeID, holder.name)
+		}
+		if err := d.Pause(ctx, sb.ID, true); err != nil {
+			t.Fatal(err)
+		}
+		r.SetDrained(holder.name, true)
+		if _, err := d.Resume(ctx, sb.ID, nil); err != nil {
+			t.Fatal(err)
+		}
+		r.SetDrained(holder.name, false)
+		if rec, _ = d.Get(ctx, sb.ID); rec.NodeID != others[1].name || !others[1].fake.Alive(sb.ID) {
+			t.Fatalf("resumed on %s, want %s, the node with its copy", rec.NodeID, others[1].name)
+		}
+		deadline := time.Now().Add(10 * time.Second)
+		for holder.fake.Paused(sb.ID) {
+			if time.Now().After(deadline) {
+				t.Fatal("the drained holder keeps its stale copy")
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		last, lastHolder = sb.ID, others[1]
+	}
+	// Its node departs with the only copy: the resume fails, and the record stays paused.
+	if err := d.Pause(ctx, last, true); err != nil {
+		t.Fatal(err)
+	}
+	r.Remove(lastHolder.name)
+	_, err := d.Resume(ctx, last, nil)
+	if errdefs.KindOf(err) != errdefs.KindUnavailable {
+		t.Fatalf("resume with no copy in reach: %v, want unavailable", err)
+	}
+	if rec, _ := d.Get(ctx, last); rec.State != store.StatePaused {
+		t.Fatalf("after a failed resume the record is %s", rec.State)
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/vibemon/vmon/internal/egress"
+	"github.com/vibemon/vmon/internal/keylock"
 	"github.com/vibemon/vmon/internal/node"
 	"github.com/vibemon/vmon/internal/secrets"
 	"github.com/vibemon/vmon/internal/store"
@@ -124,7 +125,7 @@ type Driver struct {
 	// createMu makes the capacity check and the insert of the reserving record one step.
 	createMu sync.Mutex
 	// locks serialise operations on one sandbox (kill, timeout changes, expiry).
-	locks keyedMutex
+	locks keylock.Map
 
 	mu sync.Mutex
 	// routes are the running sandboxes ingress may reach, kept in memory for the hot path.
@@ -213,40 +214,4 @@ func (d *Driver) MaxTimeout() time.Duration { return d.opts.MaxTimeout }
 // in-memory and stored times compare equal.
 func (d *Driver) now() time.Time {
 	return d.clock.Now().UTC().Truncate(time.Millisecond)
-}
-
-// keyedMutex is a set of mutexes created on demand, one per key, dropped when unused.
-type keyedMutex struct {
-	mu sync.Mutex
-	m  map[string]*keyedEntry // +checklocks:mu
-}
-
-type keyedEntry struct {
-	mu   sync.Mutex
-	refs int
-}
-
-// Lock locks key and returns its unlock function.
-func (k *keyedMutex) Lock(key string) (unlock func()) {
-	k.mu.Lock()
-	if k.m == nil {
-		k.m = map[string]*keyedEntry{}
-	}
-	e := k.m[key]
-	if e == nil {
-		e = &keyedEntry{}
-		k.m[key] = e
-	}
-	e.refs++
-	k.mu.Unlock()
-	e.mu.Lock()
-	return func() {
-		e.mu.Unlock()
-		k.mu.Lock()
-		e.refs--
-		if e.refs == 0 {
-			delete(k.m, key)
-		}
-		k.mu.Unlock()
-	}
 }

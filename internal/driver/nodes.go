@@ -39,45 +39,83 @@ func (d *Driver) NodeIsOut(node string) bool {
 	return d.out[node]
 }
 
+// Holdings are what a node says it holds: the sandboxes it runs and those it keeps paused.
+type Holdings struct {
+	Running, Paused []string
+}
+
+// Cleaner removes from a node what no record places there.
+type Cleaner interface {
+	DestroySandbox(ctx context.Context, id string) error
+	DeletePaused(ctx context.Context, id string) error
+}
+
 // NodeBack reconciles the records with what a node that was out of reach holds, then serves its
-// sandboxes again: a running record on it whose sandbox it no longer holds is ended, and a
-// sandbox it holds that no running record places there (killed meanwhile, ended by NodeLost, or
-// run by another node since) is destroyed there with destroy, so none runs twice.
-func (d *Driver) NodeBack(ctx context.Context, node string, running []string, destroy func(ctx context.Context, id string) error) error {
-	held := map[string]bool{}
-	for _, id := range running {
-		held[id] = true
+// sandboxes again:
+//   - a running record on it whose sandbox it no longer holds is ended;
+//   - a sandbox it runs that no running record places there (killed meanwhile, ended by
+//     NodeLost, or run by another node since) is destroyed there, so none runs twice;
+//   - a paused copy no paused record places there (the sandbox resumed elsewhere meanwhile, or
+//     was killed) is deleted there, so a stale copy is never resumed.
+func (d *Driver) NodeBack(ctx context.Context, node string, held Holdings, c Cleaner) error {
+	running := map[string]bool{}
+	for _, id := range held.Running {
+		running[id] = true
 	}
 	recs, err := d.store.ListSandboxes(ctx, store.SandboxQuery{States: []store.SandboxState{store.StateRunning}, NodeID: node})
 	if err != nil {
 		return fmt.Errorf("sandboxes of node %s: %w", node, err)
 	}
 	for _, sb := range recs {
-		if held[sb.ID] {
+		if running[sb.ID] {
 			continue
 		}
 		d.endOnNode(ctx, sb.ID, node, ReasonGoneFromNode)
 	}
-	var strays int
-	for _, id := range running {
-		sb, err := d.store.GetSandbox(ctx, id)
-		if err == nil && sb.State == store.StateRunning && sb.NodeID == node {
-			continue
-		}
-		if err != nil && !errdefs.Is(err, errdefs.KindNotFound) {
+	var strays, stale int
+	for _, id := range held.Running {
+		placed, err := d.placedOn(ctx, id, node, store.StateRunning, func() error { return c.DestroySandbox(ctx, id) })
+		if err != nil {
 			return err
 		}
-		if err := destroy(ctx, id); err != nil && !errdefs.Is(err, errdefs.KindNotFound) {
-			d.log.Warn("destroying a sandbox no running record places on its node", "sandbox", id, "node", node, "err", err)
-			continue
+		if !placed {
+			strays++
 		}
-		strays++
+	}
+	for _, id := range held.Paused {
+		placed, err := d.placedOn(ctx, id, node, store.StatePaused, func() error { return c.DeletePaused(ctx, id) })
+		if err != nil {
+			return err
+		}
+		if !placed {
+			stale++
+		}
 	}
 	d.mu.Lock()
 	delete(d.out, node)
 	d.mu.Unlock()
-	d.log.Info("node back", "node", node, "running", len(running), "strays destroyed", strays)
+	d.log.Info("node back", "node", node, "running", len(held.Running), "paused", len(held.Paused),
+		"strays destroyed", strays, "stale copies deleted", stale)
 	return nil
+}
+
+// placedOn reports whether sandbox id's record places it on node in state; if not, it removes it
+// from node with remove, under the sandbox's lock (a pause or resume of it in flight finishes
+// first, and its record then says where it is).
+func (d *Driver) placedOn(ctx context.Context, id, node string, state store.SandboxState, remove func() error) (bool, error) {
+	unlock := d.locks.Lock(id)
+	defer unlock()
+	sb, err := d.store.GetSandbox(ctx, id)
+	if err == nil && sb.State == state && sb.NodeID == node {
+		return true, nil
+	}
+	if err != nil && !errdefs.Is(err, errdefs.KindNotFound) {
+		return false, err
+	}
+	if err := remove(); err != nil && !errdefs.Is(err, errdefs.KindNotFound) {
+		d.log.Warn("removing a sandbox no record places on its node", "sandbox", id, "node", node, "state", state, "err", err)
+	}
+	return false, nil
 }
 
 // NodeLost ends the running records of a node that stayed out of reach: their sandboxes count as

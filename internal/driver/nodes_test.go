@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/vibemon/vmon/internal/driver/drivertest"
 	"github.com/vibemon/vmon/internal/errdefs"
 	"github.com/vibemon/vmon/internal/store"
 )
@@ -15,8 +16,15 @@ import (
 // sandboxes ended.
 func TestNodeOutBackAndLost(t *testing.T) {
 	ctx := context.Background()
-	e := newEnv(t, nil)
+	pn := drivertest.NewPausingNode()
+	e := newEnv(t, func(o *Options) { o.Node = pn })
 	kept, vanished, killedMeanwhile := e.create(t, CreateRequest{}), e.create(t, CreateRequest{}), e.create(t, CreateRequest{})
+	pausedHere, movedAway := e.create(t, CreateRequest{}), e.create(t, CreateRequest{})
+	for _, sb := range []Sandbox{pausedHere, movedAway} {
+		if err := e.d.Pause(ctx, sb.ID, true); err != nil {
+			t.Fatal(err)
+		}
+	}
 	node := kept.NodeID
 	if node == "" {
 		t.Fatal("records name no node")
@@ -28,19 +36,30 @@ func TestNodeOutBackAndLost(t *testing.T) {
 	if err := e.d.Kill(ctx, killedMeanwhile.ID); err != nil {
 		t.Fatalf("a kill while its node is away: %v", err)
 	}
-	if slices.Contains(e.node.Destroys(), killedMeanwhile.ID) {
+	if slices.Contains(pn.Destroys(), killedMeanwhile.ID) {
 		t.Fatal("the absent node was asked to destroy")
 	}
-	var destroyed []string
-	destroy := func(_ context.Context, id string) error { destroyed = append(destroyed, id); return nil }
-	if err := e.d.NodeBack(ctx, node, []string{kept.ID, killedMeanwhile.ID, "strayfromanother0001"}, destroy); err != nil {
+	// movedAway resumed on another node meanwhile: the copy here is stale.
+	if _, err := e.d.Resume(ctx, movedAway.ID, nil); err != nil {
 		t.Fatal(err)
 	}
-	want := []string{killedMeanwhile.ID, "strayfromanother0001"}
-	slices.Sort(destroyed)
-	slices.Sort(want)
-	if !slices.Equal(destroyed, want) {
-		t.Fatalf("destroyed on the node that came back: %v", destroyed)
+	if err := e.store.SetSandboxNode(ctx, movedAway.ID, "node2"); err != nil {
+		t.Fatal(err)
+	}
+	c := &cleaner{}
+	held := Holdings{Running: []string{kept.ID, killedMeanwhile.ID, "strayfromanother0001"},
+		Paused: []string{pausedHere.ID, movedAway.ID, "unrecordedcopy000001"}}
+	if err := e.d.NodeBack(ctx, node, held, c); err != nil {
+		t.Fatal(err)
+	}
+	for what, got := range map[string][]string{"destroyed": c.destroyed, "deleted paused": c.deleted} {
+		want := map[string][]string{"destroyed": {killedMeanwhile.ID, "strayfromanother0001"},
+			"deleted paused": {movedAway.ID, "unrecordedcopy000001"}}[what]
+		slices.Sort(got)
+		slices.Sort(want)
+		if !slices.Equal(got, want) {
+			t.Fatalf("%s on the node that came back: %v, want %v", what, got, want)
+		}
 	}
 	if rec, _ := e.store.GetSandbox(ctx, vanished.ID); rec.State != store.StateKilled || rec.KillReason != ReasonGoneFromNode {
 		t.Errorf("a sandbox the node no longer holds: %s %q", rec.State, rec.KillReason)
@@ -62,4 +81,16 @@ func TestNodeOutBackAndLost(t *testing.T) {
 	if ids, _ := e.d.RunningOn(ctx, node); len(ids) != 0 {
 		t.Errorf("still running on the lost node: %v", ids)
 	}
+}
+
+type cleaner struct{ destroyed, deleted []string }
+
+func (c *cleaner) DestroySandbox(_ context.Context, id string) error {
+	c.destroyed = append(c.destroyed, id)
+	return nil
+}
+
+func (c *cleaner) DeletePaused(_ context.Context, id string) error {
+	c.deleted = append(c.deleted, id)
+	return nil
 }

@@ -162,15 +162,12 @@ func (d *Driver) resumeLocked(ctx context.Context, sb Sandbox, t time.Duration, 
 		}
 		return Sandbox{}, errdefs.Wrap(errdefs.KindUnknown, err, "failed to resume sandbox %q; it is still paused", sb.ID)
 	}
-	if info.Node != "" && info.Node != sb.NodeID {
-		// Resumed on another node than the one that paused it: later calls go there.
+	if info.Node != "" {
+		// A cluster may resume it on another node than the one that paused it: later calls go there.
 		sb.NodeID = info.Node
-		if err := d.store.SetSandboxNode(rctx, sb.ID, sb.NodeID); err != nil {
-			return Sandbox{}, err
-		}
 	}
 	end := d.now().Add(t)
-	if err := d.store.MarkResumed(rctx, sb.ID, end); err != nil {
+	if err := d.store.MarkResumed(rctx, sb.ID, end, sb.NodeID); err != nil {
 		return Sandbox{}, err
 	}
 	sb.State, sb.EndAt = store.StateRunning, end

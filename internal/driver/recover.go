@@ -121,7 +121,7 @@ func (d *Driver) Recovered(ctx context.Context, r node.Recovered) {
 	case r.State == node.RecoveredRunning:
 		if sb.State == store.StatePaused {
 			end := d.now().Add(d.opts.DefaultTimeout)
-			if err := d.store.MarkResumed(ctx, sb.ID, end); err != nil {
+			if err := d.store.MarkResumed(ctx, sb.ID, end, sb.NodeID); err != nil {
 				d.log.Error("mark a recovered sandbox running", "sandbox", sb.ID, "err", err)
 				return
 			}

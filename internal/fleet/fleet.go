@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/vibemon/vmon/internal/cluster"
+	"github.com/vibemon/vmon/internal/driver"
 	"github.com/vibemon/vmon/internal/membership"
 	"github.com/vibemon/vmon/internal/nodeapi"
 	"github.com/vibemon/vmon/internal/store"
@@ -29,7 +30,7 @@ type Records interface {
 // Sandboxes is the driver's handling of a node's sandboxes (driver.Driver).
 type Sandboxes interface {
 	NodeOut(node string)
-	NodeBack(ctx context.Context, node string, running []string, destroy func(ctx context.Context, id string) error) error
+	NodeBack(ctx context.Context, node string, held driver.Holdings, c driver.Cleaner) error
 	NodeLost(ctx context.Context, node string) error
 	RunningOn(ctx context.Context, node string) ([]string, error)
 	Pause(ctx context.Context, id string, memory bool) error
@@ -176,8 +177,7 @@ func (f *Fleet) back(ctx context.Context, name string) {
 		lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		h, err := l.ListSandboxes(lctx)
 		if err == nil {
-			destroy := func(ctx context.Context, id string) error { return c.DestroySandbox(ctx, id) }
-			if err := f.o.Sandboxes.NodeBack(lctx, name, h.Running, destroy); err != nil {
+			if err := f.o.Sandboxes.NodeBack(lctx, name, driver.Holdings{Running: h.Running, Paused: h.Paused}, c); err != nil {
 				f.o.Log.Error("reconcile a node that is back", "node", name, "err", err)
 			}
 			cancel()

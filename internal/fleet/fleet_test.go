@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/vibemon/vmon/internal/cluster"
+	"github.com/vibemon/vmon/internal/driver"
 	"github.com/vibemon/vmon/internal/driver/drivertest"
 	"github.com/vibemon/vmon/internal/membership"
 	"github.com/vibemon/vmon/internal/nodeapi"
@@ -71,7 +72,8 @@ func (f *fake) ListNodes(context.Context) ([]store.Node, error) {
 
 func (f *fake) NodeOut(node string) { f.add("out " + node) }
 
-func (f *fake) NodeBack(_ context.Context, node string, running []string, _ func(context.Context, string) error) error {
+func (f *fake) NodeBack(_ context.Context, node string, held driver.Holdings, _ driver.Cleaner) error {
+	running := held.Running
 	f.add("back " + node + " " + running[0])
 	return nil
 }

@@ -169,10 +169,11 @@ func (s *Store) MarkPaused(ctx context.Context, id string, at time.Time, memory 
 WHERE id = ? AND state = 'running'`, toMillis(at), memory, bytes, id)
 }
 
-// MarkResumed moves a paused record back to running with a new end.
-func (s *Store) MarkResumed(ctx context.Context, id string, endAt time.Time) error {
-	return s.update(ctx, id, `UPDATE sandboxes SET state = 'running', end_at = ?, paused_at = NULL,
-	paused_memory = 0, paused_bytes = 0 WHERE id = ? AND state = 'paused'`, toMillis(endAt), id)
+// MarkResumed moves a paused record back to running with a new end, on nodeID (a sandbox of a
+// cluster may come back on another node than the one that paused it).
+func (s *Store) MarkResumed(ctx context.Context, id string, endAt time.Time, nodeID string) error {
+	return s.update(ctx, id, `UPDATE sandboxes SET state = 'running', end_at = ?, node_id = ?, paused_at = NULL,
+	paused_memory = 0, paused_bytes = 0 WHERE id = ? AND state = 'paused'`, toMillis(endAt), nodeID, id)
 }
 
 // MarkKilled marks a record killed. Killing an already killed record succeeds and keeps the first

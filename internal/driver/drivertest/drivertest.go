@@ -303,6 +303,9 @@ func (p *PausingNode) ResumeSandbox(_ context.Context, spec node.CreateSpec, mem
 	}
 	delete(p.paused, spec.ID)
 	p.Node.mu.Lock()
+	if p.Node.running == nil {
+		p.Node.running = map[string]node.CreateSpec{}
+	}
 	p.Node.running[spec.ID] = spec
 	p.Node.mu.Unlock()
 	return node.Info{ID: spec.ID, EnvdVersion: "0.6.13"}, nil
@@ -314,6 +317,14 @@ func (p *PausingNode) DeletePaused(_ context.Context, id string) error {
 	defer p.pmu.Unlock()
 	delete(p.paused, id)
 	return nil
+}
+
+// PutPaused gives the node a paused sandbox it did not pause, as a node of a cluster fetches one
+// from the store the nodes share.
+func (p *PausingNode) PutPaused(spec node.CreateSpec, memory bool) {
+	p.pmu.Lock()
+	defer p.pmu.Unlock()
+	p.paused[spec.ID], p.memory[spec.ID] = spec, memory
 }
 
 // Paused reports whether id is paused here; it fits driver.Recover.

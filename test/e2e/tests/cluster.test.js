@@ -58,6 +58,21 @@ describe('cluster: one driver, two nodes', () => {
   const lsJSON = async (...args) => (await runVmon([...args, '--json', '--data-dir', driver.dataDir])).stdout
     .split('\n').filter(Boolean).map((l) => JSON.parse(l));
   const DOMAIN_POLICY = { allowOut: ['allowed.test'], denyOut: ['0.0.0.0/0'] };
+  /** Where the store keeps paused sandbox id. */
+  const pausedRef = (id) => path.join(storeDir, 'refs', 'paused', `${id}.ref`);
+  /**
+   * A sandbox resumed on node `on`, which runs it now: files written before its pause, a
+   * background loop still counting, and the records agree.
+   */
+  const assertCameBack = async (sbx, on) => {
+    assert.equal(holder(sbx.sandboxId), on);
+    assert.equal((await sbx.commands.run('cat /tmp/kept')).stdout, 'kept\n');
+    const count = async () => Number((await sbx.commands.run('cat /tmp/count')).stdout);
+    const c1 = await count();
+    await new Promise((r) => setTimeout(r, 1000));
+    assert.ok((await count()) > c1, 'the background loop does not count after the resume');
+    assert.equal((await lsJSON('sandbox', 'ls')).find((r) => r.sandboxId === sbx.sandboxId)?.node, on);
+  };
   /** The node holding sandbox id, by what its data dir says. */
   const holder = (id) => nodes.find((n) => handedOut(n.dataDir, id))?.name;
 
@@ -302,26 +317,59 @@ describe('cluster: one driver, two nodes', () => {
     const { stdout } = await runVmon(['node', 'drain', 'node-b', '--pause', '--wait', '2m', '--data-dir', driver.dataDir], { timeoutMs: 150_000 });
     assert.match(stdout, /drained/);
     for (const s of onB) assert.equal((await Sandbox.getInfo(s.sandboxId, sdk())).state, 'paused');
-    // node-b stays drained; node-a takes sandboxes again. The paused sandbox reaches the store in
-    // the background after its pause.
+    // A pause is done when its sandbox is in the store.
+    for (const s of onB) assert.ok(fs.existsSync(pausedRef(s.sandboxId)), `${s.sandboxId} paused but not in the store`);
+    // node-b stays drained; node-a takes sandboxes again.
     await runVmon(['node', 'drain', 'node-a', '--undo', '--data-dir', driver.dataDir]);
     await waitFor(async () => (await lsJSON('node', 'ls')).find((n) => n.name === 'node-a')?.state === 'ready',
       { what: 'node-a ready again' });
-    await waitFor(() => fs.existsSync(path.join(storeDir, 'refs', 'paused', `${onB[0].sandboxId}.ref`)),
-      { timeoutMs: 120_000, intervalMs: 500, what: 'the paused sandbox in the store' });
     // Resumed on node-a, which never ran it: its memory (a loop still counting) and files came along.
     const back = await Sandbox.connect(onB[0].sandboxId, sdk());
-    assert.equal(holder(back.sandboxId), 'node-a');
-    assert.equal((await back.commands.run('cat /tmp/kept')).stdout, 'kept\n');
-    const count = async () => Number((await back.commands.run('cat /tmp/count')).stdout);
-    const c1 = await count();
-    await new Promise((r) => setTimeout(r, 1000));
-    assert.ok((await count()) > c1, 'the background loop does not count after the resume elsewhere');
-    assert.equal((await lsJSON('sandbox', 'ls')).find((r) => r.sandboxId === back.sandboxId)?.node, 'node-a');
-    // node-b, undrained, holds no stale copy the record would disagree with.
+    await assertCameBack(back, 'node-a');
+    // node-b drops its stale copy; the store's was spent by the resume.
+    await waitFor(() => !fs.existsSync(path.join(nodes[1].dataDir, 'paused', back.sandboxId)),
+      { what: "node-b's stale copy dropped" });
+    assert.ok(!fs.existsSync(pausedRef(back.sandboxId)), 'a resumed sandbox is still in the store');
     await runVmon(['node', 'drain', 'node-b', '--undo', '--data-dir', driver.dataDir]);
     await back.kill();
+    // Killing a sandbox paused on node-b removes it there and from the store.
     await Sandbox.kill(onB[1].sandboxId, sdk());
+    assert.ok(!fs.existsSync(pausedRef(onB[1].sandboxId)), 'a killed paused sandbox is still in the store');
+  });
+
+  ctest('a node stopped with --drain-on-exit pauses its sandboxes into the store; stopped, they resume on the other node', async () => {
+    const b = nodes[1];
+    const bothReady = () => waitFor(async () => (await lsJSON('node', 'ls')).filter((n) => n.state === 'ready').length === 2,
+      { timeoutMs: 30_000, what: 'both nodes ready' });
+    await b.stop({ cleanup: false });
+    b.extraArgs = [...b.extraArgs, '--drain-on-exit', '--drain-timeout', '2m'];
+    await b.start();
+    await bothReady();
+    // A sandbox on node-b: node-a takes nothing new meanwhile.
+    await runVmon(['node', 'drain', 'node-a', '--data-dir', driver.dataDir]);
+    await waitFor(async () => (await lsJSON('node', 'ls')).find((n) => n.name === 'node-a')?.state === 'draining',
+      { what: 'node-a listed draining' });
+    const s = await Sandbox.create({ ...sdk(), metadata: { run: RUN } });
+    created.push(s);
+    assert.equal(holder(s.sandboxId), 'node-b');
+    await runVmon(['node', 'drain', 'node-a', '--undo', '--data-dir', driver.dataDir]);
+    await s.commands.run('echo kept > /tmp/kept');
+    await s.commands.run("sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done'", { background: true });
+    await b.stop({ cleanup: false, graceMs: 150_000 });
+    assert.ok(b.tail.some((l) => /msg=drained/.test(l)), 'node-b did not drain before it exited');
+    assert.equal((await Sandbox.getInfo(s.sandboxId, sdk())).state, 'paused');
+    assert.ok(fs.existsSync(pausedRef(s.sandboxId)), 'paused but not in the store');
+    // node-b is gone: the sandbox comes back on node-a from the store.
+    const back = await Sandbox.connect(s.sandboxId, sdk());
+    await assertCameBack(back, 'node-a');
+    // node-b back (no drain on its next exit): it finds its copy stale and drops it.
+    b.extraArgs = b.extraArgs.slice(0, -3);
+    await b.start();
+    await waitFor(() => !fs.existsSync(path.join(b.dataDir, 'paused', s.sandboxId)),
+      { timeoutMs: 30_000, what: "node-b's stale copy dropped once it is back" });
+    await bothReady();
+    assert.equal((await back.commands.run('cat /tmp/kept')).stdout, 'kept\n');
+    await back.kill();
   });
 
   ctest('a partition longer than the grace period: the record ends, and once healed the node runs nothing twice', async () => {
