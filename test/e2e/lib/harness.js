@@ -153,13 +153,15 @@ function probe(url, { ca, host, timeoutMs = 2000 } = {}) {
  * `{ tls: true, port: 443, args: ['--tls', 'self-signed', '--domain', 'localhost'] }`.
  */
 export class VmonServer {
-  constructor({ name, args = [], port, tls = false, domain = 'localhost', headerTlsCA, wrap = [], dir, host, role } = {}) {
+  constructor({ name, args = [], port, tls = false, domain = 'localhost', headerTlsCA, wrap = [], dir, host, role, env = {} } = {}) {
     this.name = name || 'vmon';
     // A data dir of its own (default: VMON_TEST_DATA_DIR), the host it listens on (default
     // 127.0.0.1), and its role: a `node` serves no API, and is ready once it says it serves.
     this.ownDataDir = dir;
     this.host = host || '127.0.0.1';
     this.role = role;
+    // Variables added to its environment (e.g. the S3 store's endpoint and credentials).
+    this.env = env;
     // A command vmon runs under, e.g. setpriv dropping a capability: [cmd, ...its args].
     this.wrap = wrap;
     // With --tls-cert/--tls-key in header mode: the CA (PEM path) the client trusts for 127.0.0.1.
@@ -227,7 +229,7 @@ export class VmonServer {
     this.logStream.write(`# ${argv.join(' ')}\n`);
     this.tail.push(`[harness] start #${this.starts}: ${argv.join(' ')}`);
 
-    const proc = spawn(argv[0], argv.slice(1), { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env } });
+    const proc = spawn(argv[0], argv.slice(1), { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, ...this.env } });
     this.proc = proc;
     proc.stdout.on('data', (c) => this._record(c, 'stdout'));
     proc.stderr.on('data', (c) => this._record(c, 'stderr'));

@@ -1,172 +1,82 @@
-// A cluster on one machine: `vmon serve --role driver` in the test's network namespace and two
-// `vmon serve --role node`, each in a network namespace of its own, joined to the driver through a
-// bridge the test makes (10.99.0.0/24: only namespaces this test made are on it). The SDK talks
-// to the driver alone, unchanged.
+// A cluster on one machine (lib/cluster.js): `vmon serve --role driver` in the test's network
+// namespace and nodes (`vmon serve --role node`), each in a network namespace of its own, joined
+// to the driver through a bridge the test makes. The SDK talks to the driver alone, unchanged.
 import { describe, before, after, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { execFileSync, spawnSync } from 'node:child_process';
+import { execFileSync } from 'node:child_process';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { Sandbox } from 'e2b';
 import { MiB, hashStream, randomStream } from '../lib/data.js';
+import { DRIVER_IP, holderIn, lsJSON as clusterLs, startCluster, stopCluster } from '../lib/cluster.js';
 import {
-  VmonServer,
   apiFetch,
-  dataDir,
   handedOut,
   killQuietly,
   runVmon,
-  pgrep,
   runId,
   waitFor,
   withLogTail,
 } from '../lib/harness.js';
 
-const BRIDGE = 'vmcl0';
-const DRIVER_IP = '10.99.0.1';
-const NODES = [
-  { name: 'node-a', ip: '10.99.0.2' },
-  { name: 'node-b', ip: '10.99.0.3' },
-];
-
-function ip(...args) {
-  execFileSync('ip', args, { stdio: ['ignore', 'ignore', 'pipe'] });
-}
-
 /**
- * A member's data dir; with base, holding the test data dir's base template (hard links: its
- * layers are read-only).
+ * Sandbox sbx resumed on node `on` of cluster c, which runs it now: a file written before its
+ * pause (/tmp/kept), a background loop still counting (/tmp/count), and the records agree.
  */
-function memberDir(root, name, base = false) {
-  const dir = path.join(root, name);
-  fs.mkdirSync(path.join(dir, 'templates'), { recursive: true });
-  if (base) execFileSync('cp', ['-al', path.join(dataDir(), 'templates', 'base'), path.join(dir, 'templates', 'base')]);
-  return dir;
+async function assertCameBack(c, sbx, on) {
+  assert.equal(holderIn(c, sbx.sandboxId), on);
+  assert.equal((await sbx.commands.run('cat /tmp/kept')).stdout, 'kept\n');
+  const count = async () => Number((await sbx.commands.run('cat /tmp/count')).stdout);
+  const c1 = await count();
+  await new Promise((r) => setTimeout(r, 1000));
+  assert.ok((await count()) > c1, 'the background loop does not count after the resume');
+  assert.equal((await clusterLs(c, 'sandbox', 'ls')).find((r) => r.sandboxId === sbx.sandboxId)?.node, on);
 }
+
+/** Writes /tmp/kept and starts a loop counting in /tmp/count, for assertCameBack. */
+async function leaveTraces(sbx) {
+  await sbx.commands.run('echo kept > /tmp/kept');
+  await sbx.commands.run("sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done'", { background: true });
+}
+
+const NODES = [
+  // Two sandboxes each: the third create must find the other node.
+  { name: 'node-a', ip: '10.99.0.2', base: true, args: ['--max-sandboxes', '2'] },
+  // node-b never had a base template (it fetches node-a's from the store) and enforces no
+  // allowOut domains: it has no egress proxy.
+  { name: 'node-b', ip: '10.99.0.3', args: ['--max-sandboxes', '2', '--egress-proxy-port', '0'] },
+];
 
 describe('cluster: one driver, two nodes', () => {
   const RUN = runId('cluster');
   const root = fs.mkdtempSync(path.join(os.tmpdir(), 'vmon-cluster-'));
   const storeDir = path.join(root, 'store');
-  const netns = NODES.map((n) => `vmcl-${process.pid}-${n.name}`);
+  let cl;
   let driver;
   const nodes = [];
   const created = [];
   const sdk = () => driver.sdkOpts;
   /** `vmon sandbox ls --json` and `vmon node ls --json` on the driver's data dir. */
-  const lsJSON = async (...args) => (await runVmon([...args, '--json', '--data-dir', driver.dataDir])).stdout
-    .split('\n').filter(Boolean).map((l) => JSON.parse(l));
+  const lsJSON = (...args) => clusterLs(cl, ...args);
   const DOMAIN_POLICY = { allowOut: ['allowed.test'], denyOut: ['0.0.0.0/0'] };
   /** Where the store keeps paused sandbox id. */
   const pausedRef = (id) => path.join(storeDir, 'refs', 'paused', `${id}.ref`);
-  /**
-   * A sandbox resumed on node `on`, which runs it now: files written before its pause, a
-   * background loop still counting, and the records agree.
-   */
-  const assertCameBack = async (sbx, on) => {
-    assert.equal(holder(sbx.sandboxId), on);
-    assert.equal((await sbx.commands.run('cat /tmp/kept')).stdout, 'kept\n');
-    const count = async () => Number((await sbx.commands.run('cat /tmp/count')).stdout);
-    const c1 = await count();
-    await new Promise((r) => setTimeout(r, 1000));
-    assert.ok((await count()) > c1, 'the background loop does not count after the resume');
-    assert.equal((await lsJSON('sandbox', 'ls')).find((r) => r.sandboxId === sbx.sandboxId)?.node, on);
-  };
   /** The node holding sandbox id, by what its data dir says. */
-  const holder = (id) => nodes.find((n) => handedOut(n.dataDir, id))?.name;
+  const holder = (id) => holderIn(cl, id);
 
   before(async () => {
-    // A run killed before its teardown leaves its bridge behind.
-    try {
-      ip('link', 'del', BRIDGE);
-    } catch {
-      // none
-    }
-    ip('link', 'add', BRIDGE, 'type', 'bridge');
-    ip('addr', 'add', `${DRIVER_IP}/24`, 'dev', BRIDGE);
-    ip('link', 'set', BRIDGE, 'up');
-    NODES.forEach((n, i) => {
-      ip('netns', 'add', netns[i]);
-      ip('link', 'add', `vmcl-${i}`, 'type', 'veth', 'peer', 'name', 'eth0', 'netns', netns[i]);
-      ip('link', 'set', `vmcl-${i}`, 'master', BRIDGE, 'up');
-      ip('-n', netns[i], 'addr', 'add', `${n.ip}/24`, 'dev', 'eth0');
-      ip('-n', netns[i], 'link', 'set', 'eth0', 'up');
-      ip('-n', netns[i], 'link', 'set', 'lo', 'up');
-    });
-    // The store the cluster shares, a directory here (a shared filesystem across machines): only
-    // node-a has a base template; it publishes it, the driver records it from there, and node-b,
-    // which never had one, fetches it.
-    const driverDir = memberDir(root, 'driver');
-    // The token is issued before the driver runs: it makes the cluster CA the driver then serves.
-    const tokens = [(await runVmon(['node', 'join-token', '--data-dir', driverDir])).stdout.trim()];
-    assert.match(tokens[0], /^vmonjoin\./);
-    driver = new VmonServer({
-      name: 'driver', dir: driverDir,
-      args: ['--role', 'driver', '--name', 'driver', '--cluster-listen', `${DRIVER_IP}:3100`,
-        '--gossip-listen', `${DRIVER_IP}:7946`, '--node-lost-grace', '15s', '--store', storeDir],
-    });
-    await driver.start();
-    // The second through the driver's API, as from another host (the key is the data dir's).
-    tokens.push((await runVmon(['node', 'join-token', '--api-url', driver.apiUrl, '--data-dir', driverDir])).stdout.trim());
-    assert.match(tokens[1], /^vmonjoin\./);
-    assert.notEqual(tokens[1], tokens[0]);
-    for (const [i, n] of NODES.entries()) {
-      if (n.name === 'node-b') {
-        const { buildId } = JSON.parse(fs.readFileSync(path.join(nodes[0].dataDir, 'templates', 'base', 'manifest.json'), 'utf8'));
-        await waitFor(() => fs.existsSync(path.join(storeDir, 'refs', 'templates', 'base', buildId, 'manifest.ref')),
-          { timeoutMs: 300_000, intervalMs: 500, what: "node-a's base template published to the store" });
-      }
-      const node = new VmonServer({
-        name: n.name, role: 'node', dir: memberDir(root, n.name, n.name === 'node-a'), host: n.ip, port: 3001,
-        wrap: ['nsenter', `--net=/run/netns/${netns[i]}`],
-        // Two sandboxes each: the third create must find the other node.
-        args: ['--role', 'node', '--name', n.name, '--gossip-listen', `${n.ip}:7946`, '--join', `${DRIVER_IP}:3100`,
-          '--join-token', tokens[i], '--max-sandboxes', '2', '--warm-pool', '0', '--store', storeDir,
-          // node-b enforces no allowOut domains: it has no egress proxy.
-          ...(n.name === 'node-b' ? ['--egress-proxy-port', '0'] : [])],
-      });
-      nodes.push(node);
-      await node.start();
-    }
-    // Both nodes placeable: a create that needs both must not wait for gossip.
-    await waitFor(async () => {
-      const res = await fetch(`${driver.apiUrl}/health`);
-      return res.ok;
-    });
+    cl = await startCluster(root, { nodes: NODES, driverArgs: ['--node-lost-grace', '15s'] });
+    driver = cl.driver;
+    nodes.push(...cl.nodes);
   });
 
   after(async () => {
     // Sandboxes outlive their node's process: they go through the driver first, and whatever a
-    // failure left behind (runsc under these data dirs) is killed outright.
+    // failure left behind (runsc under these data dirs) is killed by stopCluster.
     if (driver?.apiKey) await killQuietly(sdk(), ...created).catch(() => {});
     await driver?.killAllSandboxes();
-    for (const n of nodes) await n.stop({ cleanup: false }).catch(() => {});
-    await driver?.stop().catch(() => {});
-    for (const pid of await pgrep(`${root}/`).catch(() => [])) {
-      try {
-        process.kill(pid, 'SIGKILL');
-      } catch {
-        // gone
-      }
-    }
-    for (const ns of netns) {
-      try {
-        ip('netns', 'del', ns);
-      } catch {
-        // not made
-      }
-    }
-    try {
-      ip('link', 'del', BRIDGE);
-    } catch {
-      // not made
-    }
-    // A node's mount namespace is pinned in its data dir and outlives it (as its sandboxes do).
-    for (const n of nodes) {
-      for (const m of ['mntns/mnt', 'mntns']) spawnSync('umount', ['-l', path.join(n.dataDir, m)]);
-    }
-    fs.rmSync(root, { recursive: true, force: true });
+    await stopCluster(cl);
   });
 
   // A failure shows every member's log tail.
@@ -312,8 +222,7 @@ describe('cluster: one driver, two nodes', () => {
       assert.equal(holder(s.sandboxId), 'node-b');
     }
     await assert.rejects(Sandbox.create({ ...sdk(), metadata: { run: RUN } }), /full|draining|429/i);
-    await onB[0].commands.run('echo kept > /tmp/kept');
-    await onB[0].commands.run("sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done'", { background: true });
+    await leaveTraces(onB[0]);
     const { stdout } = await runVmon(['node', 'drain', 'node-b', '--pause', '--wait', '2m', '--data-dir', driver.dataDir], { timeoutMs: 150_000 });
     assert.match(stdout, /drained/);
     for (const s of onB) assert.equal((await Sandbox.getInfo(s.sandboxId, sdk())).state, 'paused');
@@ -325,7 +234,7 @@ describe('cluster: one driver, two nodes', () => {
       { what: 'node-a ready again' });
     // Resumed on node-a, which never ran it: its memory (a loop still counting) and files came along.
     const back = await Sandbox.connect(onB[0].sandboxId, sdk());
-    await assertCameBack(back, 'node-a');
+    await assertCameBack(cl, back, 'node-a');
     // node-b drops its stale copy; the store's was spent by the resume.
     await waitFor(() => !fs.existsSync(path.join(nodes[1].dataDir, 'paused', back.sandboxId)),
       { what: "node-b's stale copy dropped" });
@@ -353,15 +262,14 @@ describe('cluster: one driver, two nodes', () => {
     created.push(s);
     assert.equal(holder(s.sandboxId), 'node-b');
     await runVmon(['node', 'drain', 'node-a', '--undo', '--data-dir', driver.dataDir]);
-    await s.commands.run('echo kept > /tmp/kept');
-    await s.commands.run("sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done'", { background: true });
+    await leaveTraces(s);
     await b.stop({ cleanup: false, graceMs: 150_000 });
     assert.ok(b.tail.some((l) => /msg=drained/.test(l)), 'node-b did not drain before it exited');
     assert.equal((await Sandbox.getInfo(s.sandboxId, sdk())).state, 'paused');
     assert.ok(fs.existsSync(pausedRef(s.sandboxId)), 'paused but not in the store');
     // node-b is gone: the sandbox comes back on node-a from the store.
     const back = await Sandbox.connect(s.sandboxId, sdk());
-    await assertCameBack(back, 'node-a');
+    await assertCameBack(cl, back, 'node-a');
     // node-b back (no drain on its next exit): it finds its copy stale and drops it.
     b.extraArgs = b.extraArgs.slice(0, -3);
     await b.start();
@@ -374,7 +282,7 @@ describe('cluster: one driver, two nodes', () => {
 
   ctest('a partition longer than the grace period: the record ends, and once healed the node runs nothing twice', async () => {
     const b = nodes[1];
-    const nsB = netns[1];
+    const nsB = cl.netns[1];
     // The drains just ended take effect at the driver's next look.
     await waitFor(async () => (await lsJSON('node', 'ls')).filter((n) => n.state === 'ready').length === 2,
       { what: 'both nodes ready' });
@@ -382,7 +290,7 @@ describe('cluster: one driver, two nodes', () => {
     created.push(s);
     const onB = holder(s.sandboxId) === 'node-b';
     const node = onB ? b : nodes[0];
-    const ns = onB ? nsB : netns[0];
+    const ns = onB ? nsB : cl.netns[0];
     const rules = [['INPUT', '-s'], ['OUTPUT', '-d']];
     const iptables = (op) => {
       for (const [chain, dir] of rules) {
@@ -414,5 +322,65 @@ describe('cluster: one driver, two nodes', () => {
     } finally {
       if (!healed) iptables('-D');
     }
+  });
+});
+
+describe('cluster on an S3 store: one driver, three nodes', () => {
+  const RUN = runId('cluster-s3');
+  const root = fs.mkdtempSync(path.join(os.tmpdir(), 'vmon-cluster-s3-'));
+  const NODES3 = [
+    { name: 'node-a', ip: '10.99.0.2', base: true, args: ['--max-sandboxes', '2'] },
+    { name: 'node-b', ip: '10.99.0.3', args: ['--max-sandboxes', '2'] },
+    { name: 'node-c', ip: '10.99.0.4', args: ['--max-sandboxes', '2'] },
+  ];
+  let cl;
+  const created = [];
+  const sdk = () => cl.driver.sdkOpts;
+
+  before(async () => {
+    cl = await startCluster(root, { nodes: NODES3, store: 's3' });
+  });
+
+  after(async () => {
+    if (cl?.driver?.apiKey) await killQuietly(sdk(), ...created).catch(() => {});
+    await cl?.driver?.killAllSandboxes();
+    await stopCluster(cl);
+  });
+
+  const members = { logTail: () => [cl?.driver, ...(cl?.nodes ?? [])].filter(Boolean).map((s) => s.logTail(30)).join('\n') +
+    (cl?.weed ? `\n--- weed ---\n${cl.weed.logTail()}` : '') };
+  const ctest = (name, fn) => test(name, withLogTail(members, fn));
+
+  ctest('creates spread over the three nodes; the two that never had base boot it from the S3 store', async () => {
+    await waitFor(async () => (await clusterLs(cl, 'node', 'ls')).filter((n) => n.state === 'ready').length === 3,
+      { timeoutMs: 60_000, what: 'three nodes ready' });
+    const sbxs = [];
+    for (let i = 0; i < 6; i++) {
+      const s = await Sandbox.create({ ...sdk(), metadata: { run: RUN } });
+      created.push(s);
+      sbxs.push(s);
+      assert.equal((await s.commands.run('echo up')).stdout, 'up\n');
+    }
+    const where = sbxs.map((s) => holderIn(cl, s.sandboxId)).sort();
+    assert.deepEqual(where, ['node-a', 'node-a', 'node-b', 'node-b', 'node-c', 'node-c'], `placed on ${where}`);
+    const build = (n) => JSON.parse(fs.readFileSync(path.join(n.dataDir, 'templates', 'base', 'manifest.json'), 'utf8')).buildId;
+    for (const n of cl.nodes.slice(1)) assert.equal(build(n), build(cl.nodes[0]), `${n.name}'s base`);
+    for (const s of sbxs) assert.equal(await s.kill(), true);
+  });
+
+  ctest('a sandbox paused on a drained node resumes on another through the S3 store', async () => {
+    const s = await Sandbox.create({ ...sdk(), metadata: { run: RUN } });
+    created.push(s);
+    const from = holderIn(cl, s.sandboxId);
+    await leaveTraces(s);
+    const { stdout } = await runVmon(['node', 'drain', from, '--pause', '--wait', '2m', '--data-dir', cl.driver.dataDir], { timeoutMs: 150_000 });
+    assert.match(stdout, /drained/);
+    assert.equal((await Sandbox.getInfo(s.sandboxId, sdk())).state, 'paused');
+    const back = await Sandbox.connect(s.sandboxId, sdk());
+    const to = holderIn(cl, back.sandboxId);
+    assert.ok(to && to !== from, `resumed on ${to}, paused on ${from}`);
+    await assertCameBack(cl, back, to);
+    await runVmon(['node', 'drain', from, '--undo', '--data-dir', cl.driver.dataDir]);
+    assert.equal(await back.kill(), true);
   });
 });

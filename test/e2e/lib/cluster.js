@@ -1,0 +1,195 @@
+// A vmon cluster on one machine for the tests: `vmon serve --role driver` in the test's network
+// namespace and nodes (`vmon serve --role node`), each in a network namespace of its own, joined
+// to the driver through a bridge the test makes (10.99.0.0/24: only namespaces the test made are
+// on it). The artifact store they share is a directory or a real S3 server (SeaweedFS's weed,
+// built by scripts/weed.sh) listening on the bridge.
+import assert from 'node:assert/strict';
+import { execFileSync, spawn, spawnSync } from 'node:child_process';
+import fs from 'node:fs';
+import net from 'node:net';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { VmonServer, dataDir, handedOut, pgrep, runVmon, waitFor } from './harness.js';
+
+export const BRIDGE = 'vmcl0';
+export const DRIVER_IP = '10.99.0.1';
+const S3_PORT = 8333;
+const REPO = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..', '..', '..');
+
+function ip(...args) {
+  execFileSync('ip', args, { stdio: ['ignore', 'ignore', 'pipe'] });
+}
+
+/**
+ * A member's data dir; with base, holding the test data dir's base template (hard links: its
+ * layers are read-only).
+ */
+function memberDir(root, name, base = false) {
+  const dir = path.join(root, name);
+  fs.mkdirSync(path.join(dir, 'templates'), { recursive: true });
+  if (base) execFileSync('cp', ['-al', path.join(dataDir(), 'templates', 'base'), path.join(dir, 'templates', 'base')]);
+  return dir;
+}
+
+/** Resolves once something accepts TCP connections on host:port. */
+async function listening(host, port, what) {
+  await waitFor(() => new Promise((resolve) => {
+    const s = net.connect({ host, port }, () => {
+      s.destroy();
+      resolve(true);
+    });
+    s.on('error', () => resolve(false));
+  }), { timeoutMs: 60_000, intervalMs: 250, what });
+}
+
+/**
+ * SeaweedFS's weed serving S3 on the bridge, with one bucket, and the environment vmon's S3
+ * client reads its endpoint and credentials from.
+ */
+async function startWeed(root) {
+  const bin = execFileSync('sh', [path.join(REPO, 'scripts', 'weed.sh'), ...(process.env.CI === 'true' ? [] : ['--cached'])],
+    { encoding: 'utf8' }).trim();
+  const dir = path.join(root, 'weed');
+  fs.mkdirSync(path.join(dir, 'data'), { recursive: true });
+  const keys = { accessKey: 'vmonclusteraccess', secretKey: 'vmonclustersecret0123456789' };
+  fs.writeFileSync(path.join(dir, 's3.json'), JSON.stringify({
+    identities: [{ name: 'vmon', credentials: [keys], actions: ['Admin', 'Read', 'Write', 'List', 'Tagging'] }],
+  }));
+  const log = fs.openSync(path.join(dir, 'weed.log'), 'a');
+  const proc = spawn(bin, ['server', `-dir=${path.join(dir, 'data')}`, `-ip=${DRIVER_IP}`, `-ip.bind=${DRIVER_IP}`,
+    '-s3', `-s3.port=${S3_PORT}`, `-s3.config=${path.join(dir, 's3.json')}`,
+    // Small volumes, a fixed number: weed's default (30 GiB each, as many as the disk holds)
+    // answers 500 on a small disk.
+    '-master.volumeSizeLimitMB=256', '-volume.max=100'], { cwd: dir, stdio: ['ignore', log, log], detached: true });
+  await listening(DRIVER_IP, S3_PORT, 'weed S3 listening');
+  const env = {
+    AWS_ENDPOINT_URL_S3: `http://${DRIVER_IP}:${S3_PORT}`,
+    AWS_ACCESS_KEY_ID: keys.accessKey,
+    AWS_SECRET_ACCESS_KEY: keys.secretKey,
+    AWS_REGION: 'us-east-1',
+  };
+  // The bucket, made through weed's own shell (the S3 API would need a signed request).
+  await waitFor(() => {
+    const r = spawnSync(bin, ['shell', `-master=${DRIVER_IP}:9333`], { input: 's3.bucket.create -name vmon-cluster\n', encoding: 'utf8' });
+    return r.status === 0 && !/error/i.test(r.stdout + r.stderr);
+  }, { timeoutMs: 60_000, intervalMs: 1000, what: 'the S3 bucket made' });
+  return { proc, env, spec: 's3://vmon-cluster/store', logTail: () => fs.readFileSync(path.join(dir, 'weed.log'), 'utf8').split('\n').slice(-20).join('\n') };
+}
+
+/**
+ * Starts a driver and `nodes` ({ name, ip, base, args }) on a store ('dir' or 's3'). Only nodes
+ * with `base` start with a base template: the first of them publishes it, and the others wait
+ * until it is in the store, then fetch it from there.
+ */
+export async function startCluster(root, { nodes: spec, store = 'dir', driverArgs = [] }) {
+  const c = { root, nodes: [], netns: spec.map((n) => `vmcl-${process.pid}-${n.name}`), driver: null, weed: null };
+  // A run killed before its teardown leaves its bridge behind.
+  try {
+    ip('link', 'del', BRIDGE);
+  } catch {
+    // none
+  }
+  ip('link', 'add', BRIDGE, 'type', 'bridge');
+  ip('addr', 'add', `${DRIVER_IP}/24`, 'dev', BRIDGE);
+  ip('link', 'set', BRIDGE, 'up');
+  spec.forEach((n, i) => {
+    ip('netns', 'add', c.netns[i]);
+    ip('link', 'add', `vmcl-${i}`, 'type', 'veth', 'peer', 'name', 'eth0', 'netns', c.netns[i]);
+    ip('link', 'set', `vmcl-${i}`, 'master', BRIDGE, 'up');
+    ip('-n', c.netns[i], 'addr', 'add', `${n.ip}/24`, 'dev', 'eth0');
+    ip('-n', c.netns[i], 'link', 'set', 'eth0', 'up');
+    ip('-n', c.netns[i], 'link', 'set', 'lo', 'up');
+  });
+  let storeSpec = path.join(root, 'store');
+  let env = {};
+  if (store === 's3') {
+    c.weed = await startWeed(root);
+    storeSpec = c.weed.spec;
+    env = c.weed.env;
+  }
+  c.store = storeSpec;
+  const driverDir = memberDir(root, 'driver');
+  // The token is issued before the driver runs: it makes the cluster CA the driver then serves.
+  const tokens = [(await runVmon(['node', 'join-token', '--data-dir', driverDir])).stdout.trim()];
+  assert.match(tokens[0], /^vmonjoin\./);
+  c.driver = new VmonServer({
+    name: 'driver', dir: driverDir, env,
+    args: ['--role', 'driver', '--name', 'driver', '--cluster-listen', `${DRIVER_IP}:3100`,
+      '--gossip-listen', `${DRIVER_IP}:7946`, '--store', storeSpec, ...driverArgs],
+  });
+  await c.driver.start();
+  // The others through the driver's API, as from another host (the key is the data dir's).
+  while (tokens.length < spec.length) {
+    tokens.push((await runVmon(['node', 'join-token', '--api-url', c.driver.apiUrl, '--data-dir', driverDir])).stdout.trim());
+    assert.match(tokens.at(-1), /^vmonjoin\./);
+  }
+  assert.equal(new Set(tokens).size, tokens.length, 'join tokens repeat');
+  let published = null;
+  for (const [i, n] of spec.entries()) {
+    if (!n.base && published) await published();
+    const node = new VmonServer({
+      name: n.name, role: 'node', dir: memberDir(root, n.name, n.base), host: n.ip, port: 3001, env,
+      wrap: ['nsenter', `--net=/run/netns/${c.netns[i]}`],
+      args: ['--role', 'node', '--name', n.name, '--gossip-listen', `${n.ip}:7946`, '--join', `${DRIVER_IP}:3100`,
+        '--join-token', tokens[i], '--warm-pool', '0', '--store', storeSpec, ...(n.args ?? [])],
+    });
+    c.nodes.push(node);
+    await node.start();
+    if (n.base && !published) {
+      // Its base build in the store: a manifest line in its log says so.
+      published = () => waitFor(() => node.tail.some((l) => /template published to the store.*template=base/.test(l)),
+        { timeoutMs: 300_000, intervalMs: 500, what: `${n.name}'s base template published to the store` });
+    }
+  }
+  await waitFor(async () => (await fetch(`${c.driver.apiUrl}/health`)).ok, { what: 'the driver healthy' });
+  return c;
+}
+
+/** Stops what startCluster started and removes it. */
+export async function stopCluster(c) {
+  if (!c) return;
+  for (const n of c.nodes) await n.stop({ cleanup: false }).catch(() => {});
+  await c.driver?.stop().catch(() => {});
+  for (const pid of await pgrep(`${c.root}/`).catch(() => [])) {
+    try {
+      process.kill(pid, 'SIGKILL');
+    } catch {
+      // gone
+    }
+  }
+  if (c.weed) {
+    try {
+      process.kill(-c.weed.proc.pid, 'SIGKILL');
+    } catch {
+      // gone
+    }
+  }
+  for (const ns of c.netns) {
+    try {
+      ip('netns', 'del', ns);
+    } catch {
+      // not made
+    }
+  }
+  try {
+    ip('link', 'del', BRIDGE);
+  } catch {
+    // not made
+  }
+  // A node's mount namespace is pinned in its data dir and outlives it (as its sandboxes do).
+  for (const n of c.nodes) {
+    for (const m of ['mntns/mnt', 'mntns']) spawnSync('umount', ['-l', path.join(n.dataDir, m)]);
+  }
+  fs.rmSync(c.root, { recursive: true, force: true });
+}
+
+/** The node of cluster c holding sandbox id, by what its data dir says. */
+export function holderIn(c, id) {
+  return c.nodes.find((n) => handedOut(n.dataDir, id))?.name;
+}
+
+/** `vmon <args> --json` on the driver's data dir, one object per line. */
+export async function lsJSON(c, ...args) {
+  return (await runVmon([...args, '--json', '--data-dir', c.driver.dataDir])).stdout
+    .split('\n').filter(Boolean).map((l) => JSON.parse(l));
+}
