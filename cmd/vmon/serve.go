@@ -41,6 +41,7 @@ import (
 	"github.com/vibemon/vmon/internal/ingress"
 	"github.com/vibemon/vmon/internal/limits"
 	"github.com/vibemon/vmon/internal/mountns"
+	"github.com/vibemon/vmon/internal/netclaim"
 	"github.com/vibemon/vmon/internal/netpool"
 	"github.com/vibemon/vmon/internal/node"
 	"github.com/vibemon/vmon/internal/oci"
@@ -282,6 +283,20 @@ func startNodeStack(ctx context.Context, c *config.Serve, st *store.Store, guest
 		for i := len(cleanups) - 1; i >= 0; i-- {
 			cleanups[i]()
 		}
+	}
+	// Nodes sharing this network namespace must not share links, chains, addresses or the
+	// refusal log: a second one with the same settings stops here, before it builds or touches
+	// anything.
+	if capability.Has(capability.NetAdmin) {
+		pool, err := netpool.ParsePrefix(c.NetPool)
+		if err != nil {
+			return nil, closeAll, fmt.Errorf("--net-pool: %w", err)
+		}
+		claims, err := netclaim.Claim(netclaim.DefaultDir, netclaim.Want{Scope: c.NetScope, Pool: pool, LogGroup: uint16(c.NFLogGroup)})
+		if err != nil {
+			return nil, closeAll, err
+		}
+		cleanups = append(cleanups, claims.Release)
 	}
 	if _, err := template.Load(c.DataDir, "base"); err != nil {
 		fmt.Fprintln(os.Stderr, "vmon: building template base (first start; cached afterwards)")
@@ -590,16 +605,9 @@ type networkSetup struct {
 	names *egressdns.Resolver // nil with --egress-dns off or without the proxy
 }
 
-// refusalLogGroup is the NFLOG group the node's firewall copies refused packets to;
-// egressDNSPort is where the filtering resolver listens (--egress-dns filter, the default).
-const (
-	refusalLogGroup = 5380
-	egressDNSPort   = 15353
-)
-
-// startEgressResolver starts the filtering resolver on every address at egressDNSPort; like the
-// proxy it only answers guests whose links redirected their DNS to it.
-func startEgressResolver(refusedTo *atomic.Pointer[node.Node], log *slog.Logger) (*egressdns.Resolver, func(), error) {
+// startEgressResolver starts the filtering resolver on every address at port; like the proxy it
+// only answers guests whose links redirected their DNS to it.
+func startEgressResolver(port int, refusedTo *atomic.Pointer[node.Node], log *slog.Logger) (*egressdns.Resolver, func(), error) {
 	res, err := egressdns.New(egressdns.Config{Log: log, OnRefuse: func(r egressdns.Refusal) {
 		if n := refusedTo.Load(); n != nil {
 			n.DNSRefused(r.Guest, r.Name, r.Type)
@@ -608,9 +616,9 @@ func startEgressResolver(refusedTo *atomic.Pointer[node.Node], log *slog.Logger)
 	if err != nil {
 		return nil, nil, err
 	}
-	stop, err := res.ListenAndServe(fmt.Sprintf("0.0.0.0:%d", egressDNSPort))
+	stop, err := res.ListenAndServe(fmt.Sprintf("0.0.0.0:%d", port))
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, fmt.Errorf("egress resolver: %w (choose another --egress-dns-port)", err)
 	}
 	return res, stop, nil
 }
@@ -643,7 +651,7 @@ func setupNetwork(ctx context.Context, c *config.Serve, log *slog.Logger, refuse
 	}
 	ns := &networkSetup{env: egress.NewEnv(internal), hub: denied.New(0, 0)}
 	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
-	var logGroup uint16 = refusalLogGroup
+	logGroup := uint16(c.NFLogGroup)
 	err = denied.Listen(bg, logGroup, log.With("component", "denied"), func(p denied.Packet) {
 		if n := refusedTo.Load(); n != nil {
 			n.KernelRefused(p)
@@ -666,7 +674,7 @@ func setupNetwork(ctx context.Context, c *config.Serve, log *slog.Logger, refuse
 	}
 	ns.proxy = proxy
 	cfg := netpool.Config{
-		Prefix: prefix, Target: c.ReadyLinks(), Kind: netpool.Veth, NetNSScope: dataDirScope(c.DataDir),
+		Prefix: prefix, Target: c.ReadyLinks(), Kind: netpool.Veth, NetNSScope: dataDirScope(c.DataDir), LinkPrefix: c.NetScope,
 		VMMUser: uid, VMMGroup: gid, Env: ns.env, Log: log.With("component", "netpool"),
 		ProxyPort: proxyPort, LogGroup: logGroup,
 	}
@@ -681,7 +689,7 @@ func setupNetwork(ctx context.Context, c *config.Serve, log *slog.Logger, refuse
 		if proxy == nil {
 			break
 		}
-		res, stopRes, err := startEgressResolver(refusedTo, log.With("component", "egressdns"))
+		res, stopRes, err := startEgressResolver(c.EgressDNSPort, refusedTo, log.With("component", "egressdns"))
 		if err != nil {
 			stopProxy()
 			stopBG()
@@ -689,7 +697,7 @@ func setupNetwork(ctx context.Context, c *config.Serve, log *slog.Logger, refuse
 		}
 		ns.names = res
 		cfg.Proxies = append(cfg.Proxies, res)
-		cfg.DNSPort = egressDNSPort
+		cfg.DNSPort = uint16(c.EgressDNSPort)
 		prevStop := stopProxy
 		stopProxy = func() { prevStop(); stopRes() }
 	default:

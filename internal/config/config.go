@@ -57,6 +57,9 @@ type Serve struct {
 	MaxSandboxTimeout time.Duration
 	Net               string
 	NetPool           string
+	NetScope          string
+	NFLogGroup        int
+	EgressDNSPort     int
 	EgressInternal    string
 	EgressProxyPort   int
 	EgressDNS         string
@@ -148,6 +151,9 @@ func BindServe(fs *pflag.FlagSet, c *Serve) {
 	fs.StringVar(&c.Net, "net", "auto", "sandbox networking: auto (tap if CAP_NET_ADMIN, else none), tap, or user")
 	fs.IntVar(&c.NetReadyLinks, "net-ready-links", -1, "sandbox links kept pre-created (-1: one per --boot-concurrency slot, at most 32; 0: none, creates build their link)")
 	fs.StringVar(&c.NetPool, "net-pool", "172.20.0.0/16", "IPv4 prefix (/8-/30) the per-sandbox /30 leases are carved from")
+	fs.StringVar(&c.NetScope, "net-scope", "vmon", "prefix (1-8 lower-case letters) of this node's sandbox links, iptables chains and pooled network namespaces: nodes sharing one network namespace need different scopes, --net-pool, --nflog-group, --egress-proxy-port and --egress-dns-port")
+	fs.IntVar(&c.NFLogGroup, "nflog-group", 5380, "NFLOG group the node's firewall copies refused packets to, for the sandbox logs (1-65535)")
+	fs.IntVar(&c.EgressDNSPort, "egress-dns-port", 15353, "port of the node's filtering resolver for sandboxes with allowOut domains (bound on every address)")
 	fs.StringVar(&c.EgressInternal, "egress-internal-allow", "", "comma-separated CIDRs exempted from the always-denied ranges on this node")
 	fs.StringVar(&c.EgressDNS, "egress-dns", "filter", "DNS of sandboxes whose policy has allowOut domains: filter (the node answers their DNS to any server but the allowOut CIDRs they name, resolves only names their domains cover, and asks upstream in a canonical form: lower-case name, no guest flags or EDNS options) or off (their DNS goes wherever the guest sends it: 8.8.8.8, which domains allow implicitly, resolves any name, a channel out of deny-all)")
 	fs.IntVar(&c.EgressProxyPort, "egress-proxy-port", 15380, "port of the node's transparent egress proxy, which enforces allowOut domains (bound on every address; only redirected guest flows are let in; 0 disables it and the egress-domains feature)")
@@ -256,6 +262,15 @@ func (c *Serve) Validate() error {
 	if err := validateNetPool(c.NetPool); err != nil {
 		return err
 	}
+	if !netScopeRe.MatchString(c.NetScope) {
+		return fmt.Errorf("--net-scope %q: want 1-8 lower-case letters", c.NetScope)
+	}
+	if c.NFLogGroup < 1 || c.NFLogGroup > 65535 {
+		return fmt.Errorf("--nflog-group %d: must be 1-65535", c.NFLogGroup)
+	}
+	if c.EgressDNSPort < 1 || c.EgressDNSPort > 65535 {
+		return fmt.Errorf("--egress-dns-port %d: must be 1-65535", c.EgressDNSPort)
+	}
 	if c.WarmPool < 0 || c.WarmPool > 32 {
 		return fmt.Errorf("--warm-pool must be between 0 and 32")
 	}
@@ -349,6 +364,10 @@ func advertised(flag, given, listen string) (string, error) {
 
 // TLSEnabled reports whether the listener serves HTTPS.
 func (c *Serve) TLSEnabled() bool { return c.TLS != "" || c.TLSCert != "" }
+
+// netScopeRe is what a link name prefix may be: link names are at most 15 bytes, and the index
+// follows the prefix.
+var netScopeRe = regexp.MustCompile(`^[a-z]{1,8}$`)
 
 // validateNetPool checks --net-pool: an IPv4 prefix between /8 and /30 with no host bits.
 func validateNetPool(s string) error {

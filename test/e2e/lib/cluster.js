@@ -81,8 +81,11 @@ async function startWeed(root) {
  * with `base` start with a base template: the first of them publishes it, and the others wait
  * until it is in the store, then fetch it from there.
  */
-export async function startCluster(root, { nodes: spec, store = 'dir', driverArgs = [] }) {
-  const c = { root, nodes: [], netns: spec.map((n) => `vmcl-${process.pid}-${n.name}`), driver: null, weed: null };
+export async function startCluster(root, { nodes: spec, store = 'dir', driverArgs = [], sharedNetns = false }) {
+  // With sharedNetns, every node runs in one network namespace, on the first node's address.
+  const nsNames = sharedNetns ? [`vmcl-${process.pid}-shared`] : spec.map((n) => `vmcl-${process.pid}-${n.name}`);
+  const c = { root, nodes: [], netns: nsNames, driver: null, weed: null };
+  c.nsOf = (i) => c.netns[sharedNetns ? 0 : i];
   // A run killed before its teardown leaves its bridge behind.
   try {
     ip('link', 'del', BRIDGE);
@@ -92,7 +95,8 @@ export async function startCluster(root, { nodes: spec, store = 'dir', driverArg
   ip('link', 'add', BRIDGE, 'type', 'bridge');
   ip('addr', 'add', `${DRIVER_IP}/24`, 'dev', BRIDGE);
   ip('link', 'set', BRIDGE, 'up');
-  spec.forEach((n, i) => {
+  c.netns.forEach((_, i) => {
+    const n = spec[i];
     ip('netns', 'add', c.netns[i]);
     ip('link', 'add', `vmcl-${i}`, 'type', 'veth', 'peer', 'name', 'eth0', 'netns', c.netns[i]);
     ip('link', 'set', `vmcl-${i}`, 'master', BRIDGE, 'up');
@@ -127,10 +131,11 @@ export async function startCluster(root, { nodes: spec, store = 'dir', driverArg
   let published = null;
   for (const [i, n] of spec.entries()) {
     if (!n.base && published) await published();
+    const host = sharedNetns ? spec[0].ip : n.ip;
     const node = new VmonServer({
-      name: n.name, role: 'node', dir: memberDir(root, n.name, n.base), host: n.ip, port: 3001, env,
-      wrap: ['nsenter', `--net=/run/netns/${c.netns[i]}`],
-      args: ['--role', 'node', '--name', n.name, '--gossip-listen', `${n.ip}:7946`, '--join', `${DRIVER_IP}:3100`,
+      name: n.name, role: 'node', dir: memberDir(root, n.name, n.base), host, port: n.port ?? 3001, env,
+      wrap: ['nsenter', `--net=/run/netns/${c.nsOf(i)}`],
+      args: ['--role', 'node', '--name', n.name, '--gossip-listen', `${host}:${n.gossipPort ?? 7946}`, '--join', `${DRIVER_IP}:3100`,
         '--join-token', tokens[i], '--warm-pool', '0', '--store', storeSpec, ...(n.args ?? [])],
     });
     c.nodes.push(node);

@@ -3,7 +3,7 @@
 // to the driver through a bridge the test makes. The SDK talks to the driver alone, unchanged.
 import { describe, before, after, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { execFileSync } from 'node:child_process';
+import { execFileSync, spawnSync } from 'node:child_process';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
@@ -382,5 +382,76 @@ describe('cluster on an S3 store: one driver, three nodes', () => {
     await assertCameBack(cl, back, to);
     await runVmon(['node', 'drain', from, '--undo', '--data-dir', cl.driver.dataDir]);
     assert.equal(await back.kill(), true);
+  });
+});
+
+describe('cluster: two nodes sharing one network namespace', () => {
+  const RUN = runId('cluster-shared');
+  const root = fs.mkdtempSync(path.join(os.tmpdir(), 'vmon-cluster-shared-'));
+  // node-b keeps clear of node-a: its own link and chain prefix, sandbox addresses, refusal log
+  // group and egress ports.
+  const B_NET = ['--net-scope', 'vmb', '--net-pool', '172.21.0.0/16', '--nflog-group', '5381',
+    '--egress-proxy-port', '15381', '--egress-dns-port', '15354'];
+  const NODES2 = [
+    { name: 'node-a', ip: '10.99.0.2', base: true, args: ['--max-sandboxes', '2'] },
+    { name: 'node-b', ip: '10.99.0.2', port: 3002, gossipPort: 7947, args: ['--max-sandboxes', '2', ...B_NET] },
+  ];
+  let cl;
+  const created = [];
+  const sdk = () => cl.driver.sdkOpts;
+  const links = () => execFileSync('ip', ['-n', cl.netns[0], '-o', 'link', 'show'], { encoding: 'utf8' });
+
+  before(async () => {
+    cl = await startCluster(root, { nodes: NODES2, sharedNetns: true });
+  });
+
+  after(async () => {
+    if (cl?.driver?.apiKey) await killQuietly(sdk(), ...created).catch(() => {});
+    await cl?.driver?.killAllSandboxes();
+    await stopCluster(cl);
+  });
+
+  const members = { logTail: () => [cl?.driver, ...(cl?.nodes ?? [])].filter(Boolean).map((s) => s.logTail(30)).join('\n') };
+  const ctest = (name, fn) => test(name, withLogTail(members, fn));
+
+  ctest('a third node with the first one\'s network settings stops at once, naming the flag to change', async () => {
+    const token = (await runVmon(['node', 'join-token', '--api-url', cl.driver.apiUrl, '--data-dir', cl.driver.dataDir])).stdout.trim();
+    const dir = path.join(root, 'node-c');
+    fs.mkdirSync(dir);
+    const r = spawnSync('nsenter', [`--net=/run/netns/${cl.netns[0]}`, process.env.VMON_BIN, 'serve', '--role', 'node',
+      '--name', 'node-c', '--data-dir', dir, '--listen', '10.99.0.2:3003', '--gossip-listen', '10.99.0.2:7948',
+      '--join', `${DRIVER_IP}:3100`, '--join-token', token, '--warm-pool', '0', '--egress-proxy-port', '15382',
+      '--egress-dns-port', '15355'], { encoding: 'utf8', timeout: 120_000 });
+    // Its mount namespace is pinned in its data dir, as a node's is.
+    for (const m of ['mntns/mnt', 'mntns']) spawnSync('umount', ['-l', path.join(dir, m)]);
+    assert.notEqual(r.status, 0, `node-c started beside node-a with its settings:\n${r.stderr}`);
+    assert.match(r.stderr, /another vmon node in this network namespace already uses the link and chain prefix "vmon".*--net-scope/);
+    assert.doesNotMatch(r.stderr, /building template|removing sandbox link/, 'node-c went on before it stopped');
+  });
+
+  ctest('both nodes run sandboxes side by side; one killed and restarted leaves the other\'s alone', async () => {
+    await waitFor(async () => (await clusterLs(cl, 'node', 'ls')).filter((n) => n.state === 'ready').length === 2,
+      { timeoutMs: 60_000, what: 'both nodes ready' });
+    const on = {};
+    while (!on['node-a'] || !on['node-b']) {
+      const s = await Sandbox.create({ ...sdk(), metadata: { run: RUN }, network: { denyOut: ['198.51.100.0/24'] } });
+      created.push(s);
+      const h = holderIn(cl, s.sandboxId);
+      if (on[h]) await s.kill();
+      else on[h] = s;
+    }
+    for (const s of Object.values(on)) assert.equal((await s.commands.run('echo up')).stdout, 'up\n');
+    assert.match(links(), /\bvmon\d+[@:]/, 'no link of node-a');
+    assert.match(links(), /\bvmb\d+[@:]/, 'no link of node-b');
+    const [a] = cl.nodes;
+    await a.kill9();
+    assert.equal((await on['node-b'].commands.run('echo alone')).stdout, 'alone\n');
+    await a.restart();
+    // node-a's recovery cleans up after itself only: node-b's sandbox and links are untouched.
+    const r = await waitFor(async () => on['node-a'].commands.run('echo back'), { timeoutMs: 60_000, what: 'node-a\'s sandbox after its restart' });
+    assert.equal(r.stdout, 'back\n');
+    assert.equal((await on['node-b'].commands.run('echo still')).stdout, 'still\n');
+    assert.match(links(), /\bvmb\d+[@:]/, "node-b's links gone after node-a's restart");
+    for (const s of Object.values(on)) assert.equal(await s.kill(), true);
   });
 });
