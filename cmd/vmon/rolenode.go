@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vibemon/vmon/internal/artifacts"
+	"github.com/vibemon/vmon/internal/atomicfile"
 	"github.com/vibemon/vmon/internal/config"
 	"github.com/vibemon/vmon/internal/driver"
 	"github.com/vibemon/vmon/internal/errdefs"
@@ -335,7 +336,7 @@ func nodeCredentials(ctx context.Context, c *config.Serve, log *slog.Logger) (jo
 		if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 			return join.Credentials{}, err
 		}
-		if err := writeFileAtomic(path, b, 0o600); err != nil {
+		if err := atomicfile.ReplaceDurably(path, b, 0o600); err != nil {
 			return join.Credentials{}, fmt.Errorf("keep the node's credentials: %w", err)
 		}
 		log.Info("joined the cluster", "driver", addr)
@@ -354,31 +355,6 @@ func certName(certPEM []byte) (string, error) {
 		return "", err
 	}
 	return cert.Subject.CommonName, nil
-}
-
-// writeFileAtomic writes path whole or not at all.
-func writeFileAtomic(path string, b []byte, mode os.FileMode) error {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+"-*")
-	if err != nil {
-		return err
-	}
-	_, err = f.Write(b)
-	if err == nil {
-		err = f.Chmod(mode)
-	}
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(f.Name(), path)
-	}
-	if err != nil {
-		_ = os.Remove(f.Name())
-	}
-	return err
 }
 
 // capacityGate refuses what would take the node past its sandbox limit, so that the driver

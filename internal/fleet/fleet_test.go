@@ -6,6 +6,7 @@ import (
 	"net/http/httptest"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -155,5 +156,61 @@ func TestOutBackLostAndDrain(t *testing.T) {
 		if v.Name == "node-a" && !v.Drained {
 			t.Fatal("the router still places on a drained node")
 		}
+	}
+}
+
+// A node gossip still calls alive that stops answering the driver (a partition between the two
+// only) is put out of reach after a few missed looks, and reconciled once it answers again.
+func TestUnansweringNode(t *testing.T) {
+	var cut atomic.Bool
+	mux := http.NewServeMux()
+	mux.Handle(nodeapi.NewServer(holdingNode{drivertest.NewPausingNode()}, func() nodeapi.Status {
+		return nodeapi.Status{Features: []string{"net-tap"}, FreeSlots: 5}
+	}).Handler())
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if cut.Load() {
+			// As a dropped packet would: no answer.
+			if hj, ok := w.(http.Hijacker); ok {
+				if c, _, err := hj.Hijack(); err == nil {
+					c.Close()
+					return
+				}
+			}
+		}
+		mux.ServeHTTP(w, r)
+	}))
+	defer ts.Close()
+	rec := &fake{states: map[string]string{}, drain: map[string]string{}}
+	router := cluster.NewRouter(func(context.Context, string) (string, error) { return "", nil })
+	f := New(Options{Router: router, Records: rec, Sandboxes: rec, Grace: time.Hour, Every: 20 * time.Millisecond,
+		Connect: func(string, string) cluster.NodeClient { return nodeapi.NewClient(ts.Client(), ts.URL) }})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go f.Run(ctx)
+	f.Event(membership.Member{Name: "node-a", Gossip: "10.0.0.2:7946", Alive: true,
+		Meta: membership.Meta{Role: membership.RoleNode, RPC: "10.0.0.2:3001", State: membership.StateReady}}, membership.Joined)
+	waitUntil(t, "the node reconciled", func() bool { return rec.seen("back node-a held") })
+	rec.mu.Lock()
+	rec.calls = nil
+	rec.mu.Unlock()
+
+	cut.Store(true)
+	waitUntil(t, "the unanswering node out of reach", func() bool {
+		rec.mu.Lock()
+		defer rec.mu.Unlock()
+		return slices.Contains(rec.calls, "out node-a") && rec.states["node-a"] == store.NodeLost
+	})
+	if rec.seen("back node-a held") {
+		t.Fatal("reconciled while it does not answer")
+	}
+	cut.Store(false)
+	waitUntil(t, "the node reconciled once it answers", func() bool { return rec.seen("back node-a held") })
+	waitUntil(t, "its record ready again", func() bool {
+		rec.mu.Lock()
+		defer rec.mu.Unlock()
+		return rec.states["node-a"] == store.NodeReady
+	})
+	if rec.seen("lost node-a") {
+		t.Fatal("a node away shorter than the grace period had its sandboxes ended")
 	}
 }

@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/vibemon/vmon/internal/atomicfile"
 	"github.com/vibemon/vmon/internal/rootfs"
 )
 
@@ -223,10 +224,4 @@ func privateBind(dir string) error {
 	return nil
 }
 
-func writeFileAtomic(path string, b []byte) error {
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
-}
+func writeFileAtomic(path string, b []byte) error { return atomicfile.Replace(path, b, 0o600) }

@@ -28,6 +28,7 @@ import (
 
 	"github.com/vibemon/vmon/internal/agent"
 	"github.com/vibemon/vmon/internal/agentproto"
+	"github.com/vibemon/vmon/internal/atomicfile"
 	"github.com/vibemon/vmon/internal/denied"
 	"github.com/vibemon/vmon/internal/egress"
 	"github.com/vibemon/vmon/internal/errdefs"
@@ -725,10 +726,6 @@ func (n *Node) Close(ctx context.Context) error {
 	return err
 }
 
-func writeFileAtomic(path string, data []byte) error {
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o600); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
-}
+// writeFileAtomic replaces a sandbox's state file whole; a restart rebuilds what a power cut
+// loses.
+func writeFileAtomic(path string, data []byte) error { return atomicfile.Replace(path, data, 0o600) }

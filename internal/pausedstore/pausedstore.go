@@ -23,6 +23,7 @@ import (
 	"strings"
 
 	"github.com/vibemon/vmon/internal/artifacts"
+	"github.com/vibemon/vmon/internal/atomicfile"
 	"github.com/vibemon/vmon/internal/errdefs"
 	"github.com/vibemon/vmon/internal/keylock"
 	"github.com/vibemon/vmon/internal/node"
@@ -228,11 +229,7 @@ func (c *Carrier) origin(id string) string {
 }
 
 func (c *Carrier) setOrigin(id, digest string) error {
-	tmp := filepath.Join(c.originDir, "."+id)
-	if err := os.WriteFile(tmp, []byte(digest+"\n"), 0o600); err != nil {
-		return err
-	}
-	return os.Rename(tmp, filepath.Join(c.originDir, id))
+	return atomicfile.Replace(filepath.Join(c.originDir, id), []byte(digest+"\n"), 0o600)
 }
 
 func (c *Carrier) forgetOrigin(id string) { _ = os.Remove(filepath.Join(c.originDir, id)) }
