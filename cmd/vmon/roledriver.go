@@ -137,9 +137,22 @@ func serveDriver(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 		// Each node refuses what it has no room for; the cluster's limit is theirs together.
 		maxSandboxes = 1 << 20
 	}
+	// A volume lives on the node that made it: its sandboxes are placed there, and its content
+	// is reached there.
+	vols := cluster.NewVolumes(router, func(ctx context.Context, id string) (string, error) {
+		v, err := st.GetVolume(ctx, id)
+		if err != nil {
+			return "", err
+		}
+		if v.NodeID == "" {
+			return "", errdefs.Unavailable("volume %q has no node on record", id)
+		}
+		return v.NodeID, nil
+	})
 	dopts := driver.Options{
 		Store:           st,
 		Node:            router,
+		Volumes:         vols,
 		Logger:          log.With("component", "driver"),
 		BootConcurrency: c.BootConcurrency,
 		MaxSandboxes:    maxSandboxes,
@@ -177,7 +190,7 @@ func serveDriver(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 		domain = c.Domain
 	}
 	apiHandler, err := api.New(api.Options{Driver: d, Store: st, Logger: log.With("component", "api"), Domain: domain,
-		Routes: map[string]http.Handler{"POST " + joinTokensPath: joinTokensHandler(auth)}})
+		Volumes: vols, Routes: map[string]http.Handler{"POST " + joinTokensPath: joinTokensHandler(auth)}})
 	if err != nil {
 		return err
 	}

@@ -128,7 +128,7 @@ func serveNode(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 			return err
 		}
 	}
-	rpcPath, rpc := nodeapi.NewServer(gate, status).Handler()
+	rpcPath, rpc := nodeapi.NewServer(gate, status).WithVolumes(ns.vols).Handler()
 	mux := http.NewServeMux()
 	mux.Handle(rpcPath, rpc)
 	tunnels := nodeapi.TunnelHandler{Lookup: func(id string) (nodeapi.Tunnels, bool) {

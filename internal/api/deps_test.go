@@ -26,7 +26,9 @@ func TestDependencies(t *testing.T) {
 		{"secrets", true, []string{"errdefs"}},
 		// sandboxlog is the per-sandbox log's files and queries, with its types for both edges.
 		{"sandboxlog", true, nil},
-		{"driver", false, []string{"store", "errdefs", "node", "egress", "secrets", "sandboxlog"}},
+		// keylock: per-key mutexes, a leaf of the standard library only.
+		{"keylock", true, nil},
+		{"driver", false, []string{"store", "errdefs", "node", "egress", "secrets", "sandboxlog", "keylock"}},
 		{"templates", false, []string{"store", "errdefs", "build", "template", "agentproto"}},
 		// volumes for its entry types only: the files come in through the VolumeFiles interface.
 		{"api", false, []string{"driver", "store", "errdefs", "templates", "volumes", "httpguard", "sandboxlog"}},

@@ -67,6 +67,8 @@ type Router struct {
 	rng *rand.Rand
 	// drained are the nodes operators drained: nothing new is placed on them. +checklocks:mu
 	drained map[string]bool
+	// volumeHome names the node a volume lives on (SetVolumeHome); nil: no volumes.
+	volumeHome func(ctx context.Context, id string) (string, error)
 }
 
 type member struct {
@@ -229,13 +231,13 @@ func (m *member) ready() bool {
 }
 
 // candidates orders the nodes for a sandbox needing features, memory and disk, booting template.
-func (r *Router) candidates(spec node.CreateSpec, features []string) ([]placement.Node, map[string]NodeClient, error) {
+func (r *Router) candidates(spec node.CreateSpec, features []string, pin string) ([]placement.Node, map[string]NodeClient, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	var ns []placement.Node
 	clients := map[string]NodeClient{}
 	for name, m := range r.nodes {
-		if m.meta.Role != membership.RoleNode {
+		if m.meta.Role != membership.RoleNode || (pin != "" && name != pin) {
 			continue
 		}
 		ns = append(ns, placement.Node{Name: name, Ready: m.ready() && !r.drained[name], Features: m.meta.Features,
@@ -262,7 +264,11 @@ func cmpString(a, b string) int {
 // place boots spec on the first node that takes it; boot is the call to make on a node.
 func (r *Router) place(ctx context.Context, spec node.CreateSpec, boot func(NodeClient) (node.Info, error)) (node.Info, error) {
 	features := spec.Egress.RequiredFeatures()
-	order, clients, err := r.candidates(spec, features)
+	pin, err := r.pinOf(ctx, spec)
+	if err != nil {
+		return node.Info{}, err
+	}
+	order, clients, err := r.candidates(spec, features, pin)
 	if err != nil {
 		return node.Info{}, err
 	}
@@ -285,6 +291,40 @@ func (r *Router) place(ctx context.Context, spec node.CreateSpec, boot func(Node
 	}
 	return node.Info{}, errdefs.WithCode(errdefs.Wrap(errdefs.KindResourceExhausted, lastErr,
 		"every node that can run this sandbox is full"), placement.Capacity)
+}
+
+// SetVolumeHome tells the router where volumes live: a sandbox that mounts one is placed on that
+// node, and resumes there only.
+func (r *Router) SetVolumeHome(home func(ctx context.Context, id string) (string, error)) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.volumeHome = home
+}
+
+// pinOf is the node spec's volumes live on ("" when it mounts none). Volumes on different nodes
+// cannot be mounted together.
+func (r *Router) pinOf(ctx context.Context, spec node.CreateSpec) (string, error) {
+	if len(spec.Volumes) == 0 {
+		return "", nil
+	}
+	r.mu.Lock()
+	home := r.volumeHome
+	r.mu.Unlock()
+	if home == nil {
+		return "", nil
+	}
+	pin := ""
+	for _, v := range spec.Volumes {
+		n, err := home(ctx, v.ID)
+		if err != nil {
+			return "", err
+		}
+		if pin != "" && n != pin {
+			return "", errdefs.InvalidArgument("the volumes mounted live on different nodes (%s, %s): a sandbox can mount volumes of one node only", pin, n)
+		}
+		pin = n
+	}
+	return pin, nil
 }
 
 // holder returns the client of the node holding sandbox id.
@@ -386,6 +426,15 @@ func (r *Router) ResumeSandbox(ctx context.Context, spec node.CreateSpec, memory
 			r.mu.Unlock()
 		}
 		return info, err
+	}
+	if pin, err := r.pinOf(ctx, spec); err != nil {
+		return node.Info{}, err
+	} else if pin != "" {
+		// Its volumes are on its node: it resumes there or not at all.
+		if herr != nil {
+			return node.Info{}, errdefs.Wrap(errdefs.KindUnavailable, herr, "sandbox %q mounts volumes of node %s, which is not in reach", spec.ID, pin)
+		}
+		return onHolder()
 	}
 	drained := herr == nil && r.isDrained(name)
 	var holderErr error

@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -308,5 +309,49 @@ func TestResumeElsewhere(t *testing.T) {
 	}
 	if rec, _ := d.Get(ctx, last); rec.State != store.StatePaused {
 		t.Fatalf("after a failed resume the record is %s", rec.State)
+	}
+}
+
+// A sandbox mounting a volume is placed on the volume's node only (full there: the capacity
+// error, though others have room), resumes only there, and volumes of two nodes cannot be
+// mounted together.
+func TestVolumesPinPlacement(t *testing.T) {
+	ctx := context.Background()
+	_, r, nodes := threeNodes(t)
+	homes := map[string]string{"vol-b": "node-b", "vol-c": "node-c"}
+	r.SetVolumeHome(func(_ context.Context, id string) (string, error) { return homes[id], nil })
+	spec := func(id string, vols ...string) node.CreateSpec {
+		s := node.CreateSpec{ID: id, TemplateID: "basetemplate00000001"}
+		for _, v := range vols {
+			s.Volumes = append(s.Volumes, node.VolumeMount{ID: v, Path: "/" + v})
+		}
+		return s
+	}
+	for i := range 6 {
+		info, err := r.CreateSandbox(ctx, spec(fmt.Sprintf("sbx%017d", i), "vol-b"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.Node != "node-b" {
+			t.Fatalf("a sandbox of vol-b placed on %s", info.Node)
+		}
+	}
+	if _, err := r.CreateSandbox(ctx, spec("sbxtwonodes000000001", "vol-b", "vol-c")); errdefs.KindOf(err) != errdefs.KindInvalidArgument {
+		t.Fatalf("volumes of two nodes: %v, want invalid argument", err)
+	}
+	nodes[1].slots = 0
+	r.Refresh(ctx)
+	if _, err := r.CreateSandbox(ctx, spec("sbxfull0000000000001", "vol-b")); errdefs.KindOf(err) != errdefs.KindResourceExhausted {
+		t.Fatalf("its node full: %v, want the capacity error", err)
+	}
+	// A paused one resumes on its volume's node even when that node is drained.
+	if _, err := nodes[1].fake.PauseSandbox(ctx, "sbx00000000000000000", true); err != nil {
+		t.Fatal(err)
+	}
+	nodes[0].fake.PutPaused(spec("sbx00000000000000000"), true)
+	r.SetDrained("node-b", true)
+	info, err := r.ResumeSandbox(ctx, spec("sbx00000000000000000", "vol-b"), true)
+	if err != nil || info.Node != "node-b" {
+		t.Fatalf("resume of a sandbox with a volume: on %q, %v; want node-b", info.Node, err)
 	}
 }

@@ -23,6 +23,12 @@ type VolumeDirs interface {
 	SizeBytes(id string) (int64, error)
 }
 
+// VolumePlacer is the optional part of VolumeDirs that spans nodes: a volume lives on the node it
+// was made on, which the driver records.
+type VolumePlacer interface {
+	CreateVolumeOn(ctx context.Context, id string, sizeMB int) (node string, err error)
+}
+
 // Volume is a volume record as the driver hands it out, with its size (0: no limit), which the
 // node's storage holds rather than the record.
 type Volume struct {
@@ -66,16 +72,20 @@ func (d *Driver) CreateVolume(ctx context.Context, name string, sizeMB int) (Vol
 	if err != nil {
 		return Volume{}, err
 	}
-	if err := dirs.Create(ctx, id, sizeMB); err != nil {
+	v := store.Volume{ID: id, Name: name, Token: token, CreatedAt: d.now()}
+	if p, ok := dirs.(VolumePlacer); ok {
+		if v.NodeID, err = p.CreateVolumeOn(ctx, id, sizeMB); err != nil {
+			return Volume{}, err
+		}
+	} else if err := dirs.Create(ctx, id, sizeMB); err != nil {
 		return Volume{}, err
 	}
-	v := store.Volume{ID: id, Name: name, Token: token, CreatedAt: d.now()}
 	if err := d.store.InsertVolume(ctx, v); err != nil {
 		_ = dirs.Delete(id)
 		return Volume{}, err
 	}
 	out := d.withSize(dirs, v)
-	d.log.Info("volume created", "volume", id, "name", name, "sizeMB", out.SizeMB)
+	d.log.Info("volume created", "volume", id, "name", name, "sizeMB", out.SizeMB, "node", v.NodeID)
 	return out, nil
 }
 

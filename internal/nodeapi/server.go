@@ -50,6 +50,8 @@ type Status struct {
 type Server struct {
 	n      driver.Node
 	status func() Status
+	// vols, when set, are the node's volumes (WithVolumes).
+	vols VolumeHost
 }
 
 var _ nodev1connect.NodeServiceHandler = (*Server)(nil)

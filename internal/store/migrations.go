@@ -173,4 +173,8 @@ CREATE TABLE nodes (
 	since          INTEGER NOT NULL
 );
 `,
+	// 9: the node a volume lives on (a cluster's; empty in one process).
+	`
+ALTER TABLE volumes ADD COLUMN node_id TEXT NOT NULL DEFAULT '';
+`,
 }

@@ -16,12 +16,14 @@ type Volume struct {
 	Name      string
 	Token     string
 	CreatedAt time.Time
+	// NodeID is the node the volume lives on, in a cluster (empty in one process).
+	NodeID string
 }
 
 // InsertVolume stores a new volume; a taken name is a Conflict.
 func (s *Store) InsertVolume(ctx context.Context, v Volume) error {
-	_, err := s.db.ExecContext(ctx, `INSERT INTO volumes (id, name, token, created_at) VALUES (?, ?, ?, ?)`,
-		v.ID, v.Name, v.Token, toMillis(v.CreatedAt))
+	_, err := s.db.ExecContext(ctx, `INSERT INTO volumes (id, name, token, created_at, node_id) VALUES (?, ?, ?, ?, ?)`,
+		v.ID, v.Name, v.Token, toMillis(v.CreatedAt), v.NodeID)
 	if err != nil {
 		if strings.Contains(err.Error(), "UNIQUE constraint failed") {
 			return errdefs.Conflict("a volume named %q already exists", v.Name)
@@ -35,8 +37,8 @@ func (s *Store) InsertVolume(ctx context.Context, v Volume) error {
 func (s *Store) GetVolume(ctx context.Context, ref string) (Volume, error) {
 	var v Volume
 	var created int64
-	err := s.db.QueryRowContext(ctx, `SELECT id, name, token, created_at FROM volumes WHERE id = ? OR name = ?`, ref, ref).
-		Scan(&v.ID, &v.Name, &v.Token, &created)
+	err := s.db.QueryRowContext(ctx, `SELECT id, name, token, created_at, node_id FROM volumes WHERE id = ? OR name = ?`, ref, ref).
+		Scan(&v.ID, &v.Name, &v.Token, &created, &v.NodeID)
 	if isNoRows(err) {
 		return Volume{}, errdefs.NotFound("volume %q not found", ref)
 	}
@@ -49,7 +51,7 @@ func (s *Store) GetVolume(ctx context.Context, ref string) (Volume, error) {
 
 // ListVolumes returns every volume, oldest first.
 func (s *Store) ListVolumes(ctx context.Context) ([]Volume, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT id, name, token, created_at FROM volumes ORDER BY created_at, id`)
+	rows, err := s.db.QueryContext(ctx, `SELECT id, name, token, created_at, node_id FROM volumes ORDER BY created_at, id`)
 	if err != nil {
 		return nil, fmt.Errorf("list volumes: %w", err)
 	}
@@ -58,7 +60,7 @@ func (s *Store) ListVolumes(ctx context.Context) ([]Volume, error) {
 	for rows.Next() {
 		var v Volume
 		var created int64
-		if err := rows.Scan(&v.ID, &v.Name, &v.Token, &created); err != nil {
+		if err := rows.Scan(&v.ID, &v.Name, &v.Token, &created, &v.NodeID); err != nil {
 			return nil, err
 		}
 		v.CreatedAt = fromMillis(created)

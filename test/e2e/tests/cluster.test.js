@@ -7,7 +7,7 @@ import { execFileSync, spawnSync } from 'node:child_process';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { Sandbox } from 'e2b';
+import { Sandbox, Volume } from 'e2b';
 import { MiB, hashStream, randomStream } from '../lib/data.js';
 import { DRIVER_IP, holderIn, lsJSON as clusterLs, startCluster, stopCluster } from '../lib/cluster.js';
 import {
@@ -278,6 +278,49 @@ describe('cluster: one driver, two nodes', () => {
     await bothReady();
     assert.equal((await back.commands.run('cat /tmp/kept')).stdout, 'kept\n');
     await back.kill();
+  });
+
+  ctest('a volume lives on the node that made it: its sandboxes run there, and its content API goes there through the driver', async () => {
+    await waitFor(async () => (await lsJSON('node', 'ls')).filter((n) => n.state === 'ready').length === 2,
+      { timeoutMs: 30_000, what: 'both nodes ready' });
+    const vopts = { apiUrl: driver.apiUrl };
+    const vol = await Volume.create(`${RUN}-vol`.replace(/[^a-z0-9-]/g, '-'), sdk());
+    try {
+      const up = await vol.writeFile('/from-api.txt', 'written through the driver', { ...vopts, force: true });
+      assert.equal(up.size, 26);
+      // Two sandboxes mounting it share it, on its node; with that node full (two each), a third
+      // gets the capacity error though the other node has room.
+      const users = [];
+      for (let i = 0; i < 2; i++) {
+        const s = await Sandbox.create({ ...sdk(), metadata: { run: RUN }, volumeMounts: { '/data': vol } });
+        created.push(s);
+        users.push(s);
+      }
+      const home = holderIn(cl, users[0].sandboxId);
+      assert.equal(holderIn(cl, users[1].sandboxId), home, 'two sandboxes of one volume on different nodes');
+      await assert.rejects(Sandbox.create({ ...sdk(), metadata: { run: RUN }, volumeMounts: { '/data': vol } }), /full|capacity|429/i);
+      const other = await Sandbox.create({ ...sdk(), metadata: { run: RUN } });
+      created.push(other);
+      assert.notEqual(holderIn(cl, other.sandboxId), home, 'a sandbox without the volume');
+      await other.kill();
+      assert.equal((await users[0].commands.run('cat /data/from-api.txt')).stdout, 'written through the driver');
+      await users[1].commands.run('head -c 5000000 /dev/urandom > /data/big && sha256sum /data/big | cut -d" " -f1 > /data/big.sum');
+      // Read back through the driver, streamed from the node.
+      const big = await vol.readFile('/big', { ...vopts, format: 'bytes' });
+      assert.equal(big.length, 5_000_000);
+      const sum = (await vol.readFile('/big.sum', vopts)).trim();
+      const { createHash } = await import('node:crypto');
+      assert.equal(createHash('sha256').update(big).digest('hex'), sum);
+      assert.ok((await vol.list('/', vopts)).some((e) => e.name === 'big'));
+      // A paused sandbox with a volume resumes on the volume's node only.
+      await users[0].pause();
+      const back = await Sandbox.connect(users[0].sandboxId, sdk());
+      assert.equal(holderIn(cl, back.sandboxId), home);
+      for (const s of users) await Sandbox.kill(s.sandboxId, sdk());
+    } finally {
+      await Volume.destroy(vol.volumeId, sdk()).catch(() => {});
+    }
+    await assert.rejects(Volume.getInfo(vol.volumeId, sdk()), /not found|404/i);
   });
 
   ctest('a partition longer than the grace period: the record ends, and once healed the node runs nothing twice', async () => {

@@ -27,6 +27,862 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type CreateVolumeRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// 0: the node's default.
+	SizeMb        int64 `protobuf:"varint,2,opt,name=size_mb,json=sizeMb,proto3" json:"size_mb,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateVolumeRequest) Reset() {
+	*x = CreateVolumeRequest{}
+	mi := &file_node_node_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateVolumeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateVolumeRequest) ProtoMessage() {}
+
+func (x *CreateVolumeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_node_node_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateVolumeRequest.ProtoReflect.Descriptor instead.
+func (*CreateVolumeRequest) Descriptor() ([]byte, []int) {
+	return file_node_node_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *CreateVolumeRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *CreateVolumeRequest) GetSizeMb() int64 {
+	if x != nil {
+		return x.SizeMb
+	}
+	return 0
+}
+
+type VolumeRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VolumeRequest) Reset() {
+	*x = VolumeRequest{}
+	mi := &file_node_node_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VolumeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VolumeRequest) ProtoMessage() {}
+
+func (x *VolumeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_node_node_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VolumeRequest.ProtoReflect.Descriptor instead.
+func (*VolumeRequest) Descriptor() ([]byte, []int) {
+	return file_node_node_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *VolumeRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+type DeleteVolumeResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteVolumeResponse) Reset() {
+	*x = DeleteVolumeResponse{}
+	mi := &file_node_node_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteVolumeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteVolumeResponse) ProtoMessage() {}
+
+func (x *DeleteVolumeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_node_node_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteVolumeResponse.ProtoReflect.Descriptor instead.
+func (*DeleteVolumeResponse) Descriptor() ([]byte, []int) {
+	return file_node_node_proto_rawDescGZIP(), []int{2}
+}
+
+type VolumeSize struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// 0: no limit (a volume made by an older vmon).
+	Bytes         int64 `protobuf:"varint,1,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VolumeSize) Reset() {
+	*x = VolumeSize{}
+	mi := &file_node_node_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VolumeSize) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VolumeSize) ProtoMessage() {}
+
+func (x *VolumeSize) ProtoReflect() protoreflect.Message {
+	mi := &file_node_node_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VolumeSize.ProtoReflect.Descriptor instead.
+func (*VolumeSize) Descriptor() ([]byte, []int) {
+	return file_node_node_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *VolumeSize) GetBytes() int64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+type VolumePathRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Path          string                 `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VolumePathRequest) Reset() {
+	*x = VolumePathRequest{}
+	mi := &file_node_node_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VolumePathRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VolumePathRequest) ProtoMessage() {}
+
+func (x *VolumePathRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_node_node_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VolumePathRequest.ProtoReflect.Descriptor instead.
+func (*VolumePathRequest) Descriptor() ([]byte, []int) {
+	return file_node_node_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *VolumePathRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *VolumePathRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+type VolumeListRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Path          string                 `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	Depth         int32                  `protobuf:"varint,3,opt,name=depth,proto3" json:"depth,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VolumeListRequest) Reset() {
+	*x = VolumeListRequest{}
+	mi := &file_node_node_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VolumeListRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VolumeListRequest) ProtoMessage() {}
+
+func (x *VolumeListRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_node_node_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VolumeListRequest.ProtoReflect.Descriptor instead.
+func (*VolumeListRequest) Descriptor() ([]byte, []int) {
+	return file_node_node_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *VolumeListRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *VolumeListRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *VolumeListRequest) GetDepth() int32 {
+	if x != nil {
+		return x.Depth
+	}
+	return 0
+}
+
+// VolumeAttrs are optional ownership and mode.
+type VolumeAttrs struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Uid           *uint32                `protobuf:"varint,1,opt,name=uid,proto3,oneof" json:"uid,omitempty"`
+	Gid           *uint32                `protobuf:"varint,2,opt,name=gid,proto3,oneof" json:"gid,omitempty"`
+	Mode          *uint32                `protobuf:"varint,3,opt,name=mode,proto3,oneof" json:"mode,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VolumeAttrs) Reset() {
+	*x = VolumeAttrs{}
+	mi := &file_node_node_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VolumeAttrs) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VolumeAttrs) ProtoMessage() {}
+
+func (x *VolumeAttrs) ProtoReflect() protoreflect.Message {
+	mi := &file_node_node_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VolumeAttrs.ProtoReflect.Descriptor instead.
+func (*VolumeAttrs) Descriptor() ([]byte, []int) {
+	return file_node_node_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *VolumeAttrs) GetUid() uint32 {
+	if x != nil && x.Uid != nil {
+		return *x.Uid
+	}
+	return 0
+}
+
+func (x *VolumeAttrs) GetGid() uint32 {
+	if x != nil && x.Gid != nil {
+		return *x.Gid
+	}
+	return 0
+}
+
+func (x *VolumeAttrs) GetMode() uint32 {
+	if x != nil && x.Mode != nil {
+		return *x.Mode
+	}
+	return 0
+}
+
+type VolumeMkdirRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Path          string                 `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	Attrs         *VolumeAttrs           `protobuf:"bytes,3,opt,name=attrs,proto3" json:"attrs,omitempty"`
+	Force         bool                   `protobuf:"varint,4,opt,name=force,proto3" json:"force,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VolumeMkdirRequest) Reset() {
+	*x = VolumeMkdirRequest{}
+	mi := &file_node_node_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VolumeMkdirRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VolumeMkdirRequest) ProtoMessage() {}
+
+func (x *VolumeMkdirRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_node_node_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VolumeMkdirRequest.ProtoReflect.Descriptor instead.
+func (*VolumeMkdirRequest) Descriptor() ([]byte, []int) {
+	return file_node_node_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *VolumeMkdirRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *VolumeMkdirRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *VolumeMkdirRequest) GetAttrs() *VolumeAttrs {
+	if x != nil {
+		return x.Attrs
+	}
+	return nil
+}
+
+func (x *VolumeMkdirRequest) GetForce() bool {
+	if x != nil {
+		return x.Force
+	}
+	return false
+}
+
+type VolumeChattrRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Path          string                 `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	Attrs         *VolumeAttrs           `protobuf:"bytes,3,opt,name=attrs,proto3" json:"attrs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VolumeChattrRequest) Reset() {
+	*x = VolumeChattrRequest{}
+	mi := &file_node_node_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VolumeChattrRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VolumeChattrRequest) ProtoMessage() {}
+
+func (x *VolumeChattrRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_node_node_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VolumeChattrRequest.ProtoReflect.Descriptor instead.
+func (*VolumeChattrRequest) Descriptor() ([]byte, []int) {
+	return file_node_node_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *VolumeChattrRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *VolumeChattrRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *VolumeChattrRequest) GetAttrs() *VolumeAttrs {
+	if x != nil {
+		return x.Attrs
+	}
+	return nil
+}
+
+type VolumeRemoveResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VolumeRemoveResponse) Reset() {
+	*x = VolumeRemoveResponse{}
+	mi := &file_node_node_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VolumeRemoveResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VolumeRemoveResponse) ProtoMessage() {}
+
+func (x *VolumeRemoveResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_node_node_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VolumeRemoveResponse.ProtoReflect.Descriptor instead.
+func (*VolumeRemoveResponse) Descriptor() ([]byte, []int) {
+	return file_node_node_proto_rawDescGZIP(), []int{9}
+}
+
+type VolumeEntry struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Path          string                 `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	Type          string                 `protobuf:"bytes,3,opt,name=type,proto3" json:"type,omitempty"`
+	Size          int64                  `protobuf:"varint,4,opt,name=size,proto3" json:"size,omitempty"`
+	Mode          uint32                 `protobuf:"varint,5,opt,name=mode,proto3" json:"mode,omitempty"`
+	Uid           uint32                 `protobuf:"varint,6,opt,name=uid,proto3" json:"uid,omitempty"`
+	Gid           uint32                 `protobuf:"varint,7,opt,name=gid,proto3" json:"gid,omitempty"`
+	Atime         *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=atime,proto3" json:"atime,omitempty"`
+	Mtime         *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=mtime,proto3" json:"mtime,omitempty"`
+	Ctime         *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=ctime,proto3" json:"ctime,omitempty"`
+	Target        string                 `protobuf:"bytes,11,opt,name=target,proto3" json:"target,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VolumeEntry) Reset() {
+	*x = VolumeEntry{}
+	mi := &file_node_node_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VolumeEntry) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VolumeEntry) ProtoMessage() {}
+
+func (x *VolumeEntry) ProtoReflect() protoreflect.Message {
+	mi := &file_node_node_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VolumeEntry.ProtoReflect.Descriptor instead.
+func (*VolumeEntry) Descriptor() ([]byte, []int) {
+	return file_node_node_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *VolumeEntry) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *VolumeEntry) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *VolumeEntry) GetType() string {
+	if x != nil {
+		return x.Type
+	}
+	return ""
+}
+
+func (x *VolumeEntry) GetSize() int64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *VolumeEntry) GetMode() uint32 {
+	if x != nil {
+		return x.Mode
+	}
+	return 0
+}
+
+func (x *VolumeEntry) GetUid() uint32 {
+	if x != nil {
+		return x.Uid
+	}
+	return 0
+}
+
+func (x *VolumeEntry) GetGid() uint32 {
+	if x != nil {
+		return x.Gid
+	}
+	return 0
+}
+
+func (x *VolumeEntry) GetAtime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Atime
+	}
+	return nil
+}
+
+func (x *VolumeEntry) GetMtime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Mtime
+	}
+	return nil
+}
+
+func (x *VolumeEntry) GetCtime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Ctime
+	}
+	return nil
+}
+
+func (x *VolumeEntry) GetTarget() string {
+	if x != nil {
+		return x.Target
+	}
+	return ""
+}
+
+type VolumeEntries struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Entries       []*VolumeEntry         `protobuf:"bytes,1,rep,name=entries,proto3" json:"entries,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VolumeEntries) Reset() {
+	*x = VolumeEntries{}
+	mi := &file_node_node_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VolumeEntries) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VolumeEntries) ProtoMessage() {}
+
+func (x *VolumeEntries) ProtoReflect() protoreflect.Message {
+	mi := &file_node_node_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VolumeEntries.ProtoReflect.Descriptor instead.
+func (*VolumeEntries) Descriptor() ([]byte, []int) {
+	return file_node_node_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *VolumeEntries) GetEntries() []*VolumeEntry {
+	if x != nil {
+		return x.Entries
+	}
+	return nil
+}
+
+type VolumeChunk struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Set in the first message only.
+	Size          int64  `protobuf:"varint,1,opt,name=size,proto3" json:"size,omitempty"`
+	Data          []byte `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VolumeChunk) Reset() {
+	*x = VolumeChunk{}
+	mi := &file_node_node_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VolumeChunk) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VolumeChunk) ProtoMessage() {}
+
+func (x *VolumeChunk) ProtoReflect() protoreflect.Message {
+	mi := &file_node_node_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VolumeChunk.ProtoReflect.Descriptor instead.
+func (*VolumeChunk) Descriptor() ([]byte, []int) {
+	return file_node_node_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *VolumeChunk) GetSize() int64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *VolumeChunk) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+type VolumeWriteRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Header        *VolumeWriteHeader     `protobuf:"bytes,1,opt,name=header,proto3" json:"header,omitempty"`
+	Data          []byte                 `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VolumeWriteRequest) Reset() {
+	*x = VolumeWriteRequest{}
+	mi := &file_node_node_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VolumeWriteRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VolumeWriteRequest) ProtoMessage() {}
+
+func (x *VolumeWriteRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_node_node_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VolumeWriteRequest.ProtoReflect.Descriptor instead.
+func (*VolumeWriteRequest) Descriptor() ([]byte, []int) {
+	return file_node_node_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *VolumeWriteRequest) GetHeader() *VolumeWriteHeader {
+	if x != nil {
+		return x.Header
+	}
+	return nil
+}
+
+func (x *VolumeWriteRequest) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+type VolumeWriteHeader struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Path          string                 `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	Attrs         *VolumeAttrs           `protobuf:"bytes,3,opt,name=attrs,proto3" json:"attrs,omitempty"`
+	Force         bool                   `protobuf:"varint,4,opt,name=force,proto3" json:"force,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VolumeWriteHeader) Reset() {
+	*x = VolumeWriteHeader{}
+	mi := &file_node_node_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VolumeWriteHeader) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VolumeWriteHeader) ProtoMessage() {}
+
+func (x *VolumeWriteHeader) ProtoReflect() protoreflect.Message {
+	mi := &file_node_node_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VolumeWriteHeader.ProtoReflect.Descriptor instead.
+func (*VolumeWriteHeader) Descriptor() ([]byte, []int) {
+	return file_node_node_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *VolumeWriteHeader) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *VolumeWriteHeader) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *VolumeWriteHeader) GetAttrs() *VolumeAttrs {
+	if x != nil {
+		return x.Attrs
+	}
+	return nil
+}
+
+func (x *VolumeWriteHeader) GetForce() bool {
+	if x != nil {
+		return x.Force
+	}
+	return false
+}
+
 type ListSandboxesRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -35,7 +891,7 @@ type ListSandboxesRequest struct {
 
 func (x *ListSandboxesRequest) Reset() {
 	*x = ListSandboxesRequest{}
-	mi := &file_node_node_proto_msgTypes[0]
+	mi := &file_node_node_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -47,7 +903,7 @@ func (x *ListSandboxesRequest) String() string {
 func (*ListSandboxesRequest) ProtoMessage() {}
 
 func (x *ListSandboxesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[0]
+	mi := &file_node_node_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -60,7 +916,7 @@ func (x *ListSandboxesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxesRequest.ProtoReflect.Descriptor instead.
 func (*ListSandboxesRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{0}
+	return file_node_node_proto_rawDescGZIP(), []int{15}
 }
 
 type ListSandboxesResponse struct {
@@ -74,7 +930,7 @@ type ListSandboxesResponse struct {
 
 func (x *ListSandboxesResponse) Reset() {
 	*x = ListSandboxesResponse{}
-	mi := &file_node_node_proto_msgTypes[1]
+	mi := &file_node_node_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -86,7 +942,7 @@ func (x *ListSandboxesResponse) String() string {
 func (*ListSandboxesResponse) ProtoMessage() {}
 
 func (x *ListSandboxesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[1]
+	mi := &file_node_node_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -99,7 +955,7 @@ func (x *ListSandboxesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxesResponse.ProtoReflect.Descriptor instead.
 func (*ListSandboxesResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{1}
+	return file_node_node_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ListSandboxesResponse) GetRunning() []string {
@@ -124,7 +980,7 @@ type InfoRequest struct {
 
 func (x *InfoRequest) Reset() {
 	*x = InfoRequest{}
-	mi := &file_node_node_proto_msgTypes[2]
+	mi := &file_node_node_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -136,7 +992,7 @@ func (x *InfoRequest) String() string {
 func (*InfoRequest) ProtoMessage() {}
 
 func (x *InfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[2]
+	mi := &file_node_node_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -149,7 +1005,7 @@ func (x *InfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoRequest.ProtoReflect.Descriptor instead.
 func (*InfoRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{2}
+	return file_node_node_proto_rawDescGZIP(), []int{17}
 }
 
 type InfoResponse struct {
@@ -172,7 +1028,7 @@ type InfoResponse struct {
 
 func (x *InfoResponse) Reset() {
 	*x = InfoResponse{}
-	mi := &file_node_node_proto_msgTypes[3]
+	mi := &file_node_node_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -184,7 +1040,7 @@ func (x *InfoResponse) String() string {
 func (*InfoResponse) ProtoMessage() {}
 
 func (x *InfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[3]
+	mi := &file_node_node_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -197,7 +1053,7 @@ func (x *InfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoResponse.ProtoReflect.Descriptor instead.
 func (*InfoResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{3}
+	return file_node_node_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *InfoResponse) GetFeatures() []string {
@@ -259,7 +1115,7 @@ type VolumeMount struct {
 
 func (x *VolumeMount) Reset() {
 	*x = VolumeMount{}
-	mi := &file_node_node_proto_msgTypes[4]
+	mi := &file_node_node_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -271,7 +1127,7 @@ func (x *VolumeMount) String() string {
 func (*VolumeMount) ProtoMessage() {}
 
 func (x *VolumeMount) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[4]
+	mi := &file_node_node_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -284,7 +1140,7 @@ func (x *VolumeMount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VolumeMount.ProtoReflect.Descriptor instead.
 func (*VolumeMount) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{4}
+	return file_node_node_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *VolumeMount) GetId() string {
@@ -323,7 +1179,7 @@ type CreateSpec struct {
 
 func (x *CreateSpec) Reset() {
 	*x = CreateSpec{}
-	mi := &file_node_node_proto_msgTypes[5]
+	mi := &file_node_node_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -335,7 +1191,7 @@ func (x *CreateSpec) String() string {
 func (*CreateSpec) ProtoMessage() {}
 
 func (x *CreateSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[5]
+	mi := &file_node_node_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -348,7 +1204,7 @@ func (x *CreateSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSpec.ProtoReflect.Descriptor instead.
 func (*CreateSpec) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{5}
+	return file_node_node_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *CreateSpec) GetId() string {
@@ -446,7 +1302,7 @@ type SandboxInfo struct {
 
 func (x *SandboxInfo) Reset() {
 	*x = SandboxInfo{}
-	mi := &file_node_node_proto_msgTypes[6]
+	mi := &file_node_node_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -458,7 +1314,7 @@ func (x *SandboxInfo) String() string {
 func (*SandboxInfo) ProtoMessage() {}
 
 func (x *SandboxInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[6]
+	mi := &file_node_node_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -471,7 +1327,7 @@ func (x *SandboxInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxInfo.ProtoReflect.Descriptor instead.
 func (*SandboxInfo) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{6}
+	return file_node_node_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *SandboxInfo) GetId() string {
@@ -504,7 +1360,7 @@ type CreateSandboxRequest struct {
 
 func (x *CreateSandboxRequest) Reset() {
 	*x = CreateSandboxRequest{}
-	mi := &file_node_node_proto_msgTypes[7]
+	mi := &file_node_node_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -516,7 +1372,7 @@ func (x *CreateSandboxRequest) String() string {
 func (*CreateSandboxRequest) ProtoMessage() {}
 
 func (x *CreateSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[7]
+	mi := &file_node_node_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -529,7 +1385,7 @@ func (x *CreateSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSandboxRequest.ProtoReflect.Descriptor instead.
 func (*CreateSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{7}
+	return file_node_node_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *CreateSandboxRequest) GetSpec() *CreateSpec {
@@ -548,7 +1404,7 @@ type DestroySandboxRequest struct {
 
 func (x *DestroySandboxRequest) Reset() {
 	*x = DestroySandboxRequest{}
-	mi := &file_node_node_proto_msgTypes[8]
+	mi := &file_node_node_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -560,7 +1416,7 @@ func (x *DestroySandboxRequest) String() string {
 func (*DestroySandboxRequest) ProtoMessage() {}
 
 func (x *DestroySandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[8]
+	mi := &file_node_node_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -573,7 +1429,7 @@ func (x *DestroySandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DestroySandboxRequest.ProtoReflect.Descriptor instead.
 func (*DestroySandboxRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{8}
+	return file_node_node_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *DestroySandboxRequest) GetId() string {
@@ -591,7 +1447,7 @@ type DestroySandboxResponse struct {
 
 func (x *DestroySandboxResponse) Reset() {
 	*x = DestroySandboxResponse{}
-	mi := &file_node_node_proto_msgTypes[9]
+	mi := &file_node_node_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -603,7 +1459,7 @@ func (x *DestroySandboxResponse) String() string {
 func (*DestroySandboxResponse) ProtoMessage() {}
 
 func (x *DestroySandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[9]
+	mi := &file_node_node_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -616,7 +1472,7 @@ func (x *DestroySandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DestroySandboxResponse.ProtoReflect.Descriptor instead.
 func (*DestroySandboxResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{9}
+	return file_node_node_proto_rawDescGZIP(), []int{24}
 }
 
 type UpdateEgressRequest struct {
@@ -629,7 +1485,7 @@ type UpdateEgressRequest struct {
 
 func (x *UpdateEgressRequest) Reset() {
 	*x = UpdateEgressRequest{}
-	mi := &file_node_node_proto_msgTypes[10]
+	mi := &file_node_node_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -641,7 +1497,7 @@ func (x *UpdateEgressRequest) String() string {
 func (*UpdateEgressRequest) ProtoMessage() {}
 
 func (x *UpdateEgressRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[10]
+	mi := &file_node_node_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -654,7 +1510,7 @@ func (x *UpdateEgressRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateEgressRequest.ProtoReflect.Descriptor instead.
 func (*UpdateEgressRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{10}
+	return file_node_node_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *UpdateEgressRequest) GetId() string {
@@ -679,7 +1535,7 @@ type UpdateEgressResponse struct {
 
 func (x *UpdateEgressResponse) Reset() {
 	*x = UpdateEgressResponse{}
-	mi := &file_node_node_proto_msgTypes[11]
+	mi := &file_node_node_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -691,7 +1547,7 @@ func (x *UpdateEgressResponse) String() string {
 func (*UpdateEgressResponse) ProtoMessage() {}
 
 func (x *UpdateEgressResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[11]
+	mi := &file_node_node_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -704,7 +1560,7 @@ func (x *UpdateEgressResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateEgressResponse.ProtoReflect.Descriptor instead.
 func (*UpdateEgressResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{11}
+	return file_node_node_proto_rawDescGZIP(), []int{26}
 }
 
 type PauseSandboxRequest struct {
@@ -717,7 +1573,7 @@ type PauseSandboxRequest struct {
 
 func (x *PauseSandboxRequest) Reset() {
 	*x = PauseSandboxRequest{}
-	mi := &file_node_node_proto_msgTypes[12]
+	mi := &file_node_node_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -729,7 +1585,7 @@ func (x *PauseSandboxRequest) String() string {
 func (*PauseSandboxRequest) ProtoMessage() {}
 
 func (x *PauseSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[12]
+	mi := &file_node_node_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -742,7 +1598,7 @@ func (x *PauseSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseSandboxRequest.ProtoReflect.Descriptor instead.
 func (*PauseSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{12}
+	return file_node_node_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *PauseSandboxRequest) GetId() string {
@@ -769,7 +1625,7 @@ type PauseInfo struct {
 
 func (x *PauseInfo) Reset() {
 	*x = PauseInfo{}
-	mi := &file_node_node_proto_msgTypes[13]
+	mi := &file_node_node_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -781,7 +1637,7 @@ func (x *PauseInfo) String() string {
 func (*PauseInfo) ProtoMessage() {}
 
 func (x *PauseInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[13]
+	mi := &file_node_node_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -794,7 +1650,7 @@ func (x *PauseInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseInfo.ProtoReflect.Descriptor instead.
 func (*PauseInfo) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{13}
+	return file_node_node_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *PauseInfo) GetMemory() bool {
@@ -821,7 +1677,7 @@ type ResumeSandboxRequest struct {
 
 func (x *ResumeSandboxRequest) Reset() {
 	*x = ResumeSandboxRequest{}
-	mi := &file_node_node_proto_msgTypes[14]
+	mi := &file_node_node_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -833,7 +1689,7 @@ func (x *ResumeSandboxRequest) String() string {
 func (*ResumeSandboxRequest) ProtoMessage() {}
 
 func (x *ResumeSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[14]
+	mi := &file_node_node_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -846,7 +1702,7 @@ func (x *ResumeSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeSandboxRequest.ProtoReflect.Descriptor instead.
 func (*ResumeSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{14}
+	return file_node_node_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ResumeSandboxRequest) GetSpec() *CreateSpec {
@@ -872,7 +1728,7 @@ type DeletePausedRequest struct {
 
 func (x *DeletePausedRequest) Reset() {
 	*x = DeletePausedRequest{}
-	mi := &file_node_node_proto_msgTypes[15]
+	mi := &file_node_node_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -884,7 +1740,7 @@ func (x *DeletePausedRequest) String() string {
 func (*DeletePausedRequest) ProtoMessage() {}
 
 func (x *DeletePausedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[15]
+	mi := &file_node_node_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -897,7 +1753,7 @@ func (x *DeletePausedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeletePausedRequest.ProtoReflect.Descriptor instead.
 func (*DeletePausedRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{15}
+	return file_node_node_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *DeletePausedRequest) GetId() string {
@@ -915,7 +1771,7 @@ type DeletePausedResponse struct {
 
 func (x *DeletePausedResponse) Reset() {
 	*x = DeletePausedResponse{}
-	mi := &file_node_node_proto_msgTypes[16]
+	mi := &file_node_node_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -927,7 +1783,7 @@ func (x *DeletePausedResponse) String() string {
 func (*DeletePausedResponse) ProtoMessage() {}
 
 func (x *DeletePausedResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[16]
+	mi := &file_node_node_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -940,7 +1796,7 @@ func (x *DeletePausedResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeletePausedResponse.ProtoReflect.Descriptor instead.
 func (*DeletePausedResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{16}
+	return file_node_node_proto_rawDescGZIP(), []int{31}
 }
 
 type SnapshotSandboxRequest struct {
@@ -953,7 +1809,7 @@ type SnapshotSandboxRequest struct {
 
 func (x *SnapshotSandboxRequest) Reset() {
 	*x = SnapshotSandboxRequest{}
-	mi := &file_node_node_proto_msgTypes[17]
+	mi := &file_node_node_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -965,7 +1821,7 @@ func (x *SnapshotSandboxRequest) String() string {
 func (*SnapshotSandboxRequest) ProtoMessage() {}
 
 func (x *SnapshotSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[17]
+	mi := &file_node_node_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -978,7 +1834,7 @@ func (x *SnapshotSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotSandboxRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{17}
+	return file_node_node_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *SnapshotSandboxRequest) GetId() string {
@@ -1007,7 +1863,7 @@ type CreateFromSnapshotRequest struct {
 
 func (x *CreateFromSnapshotRequest) Reset() {
 	*x = CreateFromSnapshotRequest{}
-	mi := &file_node_node_proto_msgTypes[18]
+	mi := &file_node_node_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1019,7 +1875,7 @@ func (x *CreateFromSnapshotRequest) String() string {
 func (*CreateFromSnapshotRequest) ProtoMessage() {}
 
 func (x *CreateFromSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[18]
+	mi := &file_node_node_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1032,7 +1888,7 @@ func (x *CreateFromSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateFromSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*CreateFromSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{18}
+	return file_node_node_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *CreateFromSnapshotRequest) GetSpec() *CreateSpec {
@@ -1065,7 +1921,7 @@ type DeleteSnapshotRequest struct {
 
 func (x *DeleteSnapshotRequest) Reset() {
 	*x = DeleteSnapshotRequest{}
-	mi := &file_node_node_proto_msgTypes[19]
+	mi := &file_node_node_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1077,7 +1933,7 @@ func (x *DeleteSnapshotRequest) String() string {
 func (*DeleteSnapshotRequest) ProtoMessage() {}
 
 func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[19]
+	mi := &file_node_node_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1090,7 +1946,7 @@ func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{19}
+	return file_node_node_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *DeleteSnapshotRequest) GetSnapshotId() string {
@@ -1108,7 +1964,7 @@ type DeleteSnapshotResponse struct {
 
 func (x *DeleteSnapshotResponse) Reset() {
 	*x = DeleteSnapshotResponse{}
-	mi := &file_node_node_proto_msgTypes[20]
+	mi := &file_node_node_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1120,7 +1976,7 @@ func (x *DeleteSnapshotResponse) String() string {
 func (*DeleteSnapshotResponse) ProtoMessage() {}
 
 func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[20]
+	mi := &file_node_node_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1133,7 +1989,7 @@ func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{20}
+	return file_node_node_proto_rawDescGZIP(), []int{35}
 }
 
 type SandboxMetricsRequest struct {
@@ -1145,7 +2001,7 @@ type SandboxMetricsRequest struct {
 
 func (x *SandboxMetricsRequest) Reset() {
 	*x = SandboxMetricsRequest{}
-	mi := &file_node_node_proto_msgTypes[21]
+	mi := &file_node_node_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1157,7 +2013,7 @@ func (x *SandboxMetricsRequest) String() string {
 func (*SandboxMetricsRequest) ProtoMessage() {}
 
 func (x *SandboxMetricsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[21]
+	mi := &file_node_node_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1170,7 +2026,7 @@ func (x *SandboxMetricsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxMetricsRequest.ProtoReflect.Descriptor instead.
 func (*SandboxMetricsRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{21}
+	return file_node_node_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *SandboxMetricsRequest) GetId() string {
@@ -1196,7 +2052,7 @@ type Metrics struct {
 
 func (x *Metrics) Reset() {
 	*x = Metrics{}
-	mi := &file_node_node_proto_msgTypes[22]
+	mi := &file_node_node_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1208,7 +2064,7 @@ func (x *Metrics) String() string {
 func (*Metrics) ProtoMessage() {}
 
 func (x *Metrics) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[22]
+	mi := &file_node_node_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1221,7 +2077,7 @@ func (x *Metrics) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Metrics.ProtoReflect.Descriptor instead.
 func (*Metrics) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{22}
+	return file_node_node_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *Metrics) GetTimestamp() *timestamppb.Timestamp {
@@ -1289,7 +2145,7 @@ type WatchDeniedRequest struct {
 
 func (x *WatchDeniedRequest) Reset() {
 	*x = WatchDeniedRequest{}
-	mi := &file_node_node_proto_msgTypes[23]
+	mi := &file_node_node_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1301,7 +2157,7 @@ func (x *WatchDeniedRequest) String() string {
 func (*WatchDeniedRequest) ProtoMessage() {}
 
 func (x *WatchDeniedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[23]
+	mi := &file_node_node_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1314,7 +2170,7 @@ func (x *WatchDeniedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchDeniedRequest.ProtoReflect.Descriptor instead.
 func (*WatchDeniedRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{23}
+	return file_node_node_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *WatchDeniedRequest) GetId() string {
@@ -1336,7 +2192,7 @@ type WatchDeniedResponse struct {
 
 func (x *WatchDeniedResponse) Reset() {
 	*x = WatchDeniedResponse{}
-	mi := &file_node_node_proto_msgTypes[24]
+	mi := &file_node_node_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1348,7 +2204,7 @@ func (x *WatchDeniedResponse) String() string {
 func (*WatchDeniedResponse) ProtoMessage() {}
 
 func (x *WatchDeniedResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[24]
+	mi := &file_node_node_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1361,7 +2217,7 @@ func (x *WatchDeniedResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchDeniedResponse.ProtoReflect.Descriptor instead.
 func (*WatchDeniedResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{24}
+	return file_node_node_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *WatchDeniedResponse) GetRecent() []*DeniedEvent {
@@ -1396,7 +2252,7 @@ type DeniedEvent struct {
 
 func (x *DeniedEvent) Reset() {
 	*x = DeniedEvent{}
-	mi := &file_node_node_proto_msgTypes[25]
+	mi := &file_node_node_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1408,7 +2264,7 @@ func (x *DeniedEvent) String() string {
 func (*DeniedEvent) ProtoMessage() {}
 
 func (x *DeniedEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[25]
+	mi := &file_node_node_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1421,7 +2277,7 @@ func (x *DeniedEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeniedEvent.ProtoReflect.Descriptor instead.
 func (*DeniedEvent) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{25}
+	return file_node_node_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *DeniedEvent) GetTime() *timestamppb.Timestamp {
@@ -1498,7 +2354,66 @@ var File_node_node_proto protoreflect.FileDescriptor
 
 const file_node_node_proto_rawDesc = "" +
 	"\n" +
-	"\x0fnode/node.proto\x12\fvmon.node.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x16\n" +
+	"\x0fnode/node.proto\x12\fvmon.node.v1\x1a\x1fgoogle/protobuf/timestamp.proto\">\n" +
+	"\x13CreateVolumeRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x17\n" +
+	"\asize_mb\x18\x02 \x01(\x03R\x06sizeMb\"\x1f\n" +
+	"\rVolumeRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"\x16\n" +
+	"\x14DeleteVolumeResponse\"\"\n" +
+	"\n" +
+	"VolumeSize\x12\x14\n" +
+	"\x05bytes\x18\x01 \x01(\x03R\x05bytes\"7\n" +
+	"\x11VolumePathRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\"M\n" +
+	"\x11VolumeListRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\x12\x14\n" +
+	"\x05depth\x18\x03 \x01(\x05R\x05depth\"m\n" +
+	"\vVolumeAttrs\x12\x15\n" +
+	"\x03uid\x18\x01 \x01(\rH\x00R\x03uid\x88\x01\x01\x12\x15\n" +
+	"\x03gid\x18\x02 \x01(\rH\x01R\x03gid\x88\x01\x01\x12\x17\n" +
+	"\x04mode\x18\x03 \x01(\rH\x02R\x04mode\x88\x01\x01B\x06\n" +
+	"\x04_uidB\x06\n" +
+	"\x04_gidB\a\n" +
+	"\x05_mode\"\x7f\n" +
+	"\x12VolumeMkdirRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\x12/\n" +
+	"\x05attrs\x18\x03 \x01(\v2\x19.vmon.node.v1.VolumeAttrsR\x05attrs\x12\x14\n" +
+	"\x05force\x18\x04 \x01(\bR\x05force\"j\n" +
+	"\x13VolumeChattrRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\x12/\n" +
+	"\x05attrs\x18\x03 \x01(\v2\x19.vmon.node.v1.VolumeAttrsR\x05attrs\"\x16\n" +
+	"\x14VolumeRemoveResponse\"\xc3\x02\n" +
+	"\vVolumeEntry\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\x12\x12\n" +
+	"\x04type\x18\x03 \x01(\tR\x04type\x12\x12\n" +
+	"\x04size\x18\x04 \x01(\x03R\x04size\x12\x12\n" +
+	"\x04mode\x18\x05 \x01(\rR\x04mode\x12\x10\n" +
+	"\x03uid\x18\x06 \x01(\rR\x03uid\x12\x10\n" +
+	"\x03gid\x18\a \x01(\rR\x03gid\x120\n" +
+	"\x05atime\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\x05atime\x120\n" +
+	"\x05mtime\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\x05mtime\x120\n" +
+	"\x05ctime\x18\n" +
+	" \x01(\v2\x1a.google.protobuf.TimestampR\x05ctime\x12\x16\n" +
+	"\x06target\x18\v \x01(\tR\x06target\"D\n" +
+	"\rVolumeEntries\x123\n" +
+	"\aentries\x18\x01 \x03(\v2\x19.vmon.node.v1.VolumeEntryR\aentries\"5\n" +
+	"\vVolumeChunk\x12\x12\n" +
+	"\x04size\x18\x01 \x01(\x03R\x04size\x12\x12\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\"a\n" +
+	"\x12VolumeWriteRequest\x127\n" +
+	"\x06header\x18\x01 \x01(\v2\x1f.vmon.node.v1.VolumeWriteHeaderR\x06header\x12\x12\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\"~\n" +
+	"\x11VolumeWriteHeader\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\x12/\n" +
+	"\x05attrs\x18\x03 \x01(\v2\x19.vmon.node.v1.VolumeAttrsR\x05attrs\x12\x14\n" +
+	"\x05force\x18\x04 \x01(\bR\x05force\"\x16\n" +
 	"\x14ListSandboxesRequest\"I\n" +
 	"\x15ListSandboxesResponse\x12\x18\n" +
 	"\arunning\x18\x01 \x03(\tR\arunning\x12\x16\n" +
@@ -1605,7 +2520,7 @@ const file_node_node_proto_rawDesc = "" +
 	"\x04rule\x18\b \x01(\tR\x04rule\x12\x14\n" +
 	"\x05count\x18\t \x01(\x03R\x05count\x12\x18\n" +
 	"\arepeats\x18\n" +
-	" \x01(\bR\arepeats2\xca\b\n" +
+	" \x01(\bR\arepeats2\xcf\x0e\n" +
 	"\vNodeService\x12=\n" +
 	"\x04Info\x12\x19.vmon.node.v1.InfoRequest\x1a\x1a.vmon.node.v1.InfoResponse\x12N\n" +
 	"\rCreateSandbox\x12\".vmon.node.v1.CreateSandboxRequest\x1a\x19.vmon.node.v1.SandboxInfo\x12[\n" +
@@ -1619,7 +2534,20 @@ const file_node_node_proto_rawDesc = "" +
 	"\x0eDeleteSnapshot\x12#.vmon.node.v1.DeleteSnapshotRequest\x1a$.vmon.node.v1.DeleteSnapshotResponse\x12L\n" +
 	"\x0eSandboxMetrics\x12#.vmon.node.v1.SandboxMetricsRequest\x1a\x15.vmon.node.v1.Metrics\x12T\n" +
 	"\vWatchDenied\x12 .vmon.node.v1.WatchDeniedRequest\x1a!.vmon.node.v1.WatchDeniedResponse0\x01\x12X\n" +
-	"\rListSandboxes\x12\".vmon.node.v1.ListSandboxesRequest\x1a#.vmon.node.v1.ListSandboxesResponseB:Z8github.com/vibemon/vmon/internal/nodeapi/gen/node;nodev1b\x06proto3"
+	"\rListSandboxes\x12\".vmon.node.v1.ListSandboxesRequest\x1a#.vmon.node.v1.ListSandboxesResponse\x12K\n" +
+	"\fCreateVolume\x12!.vmon.node.v1.CreateVolumeRequest\x1a\x18.vmon.node.v1.VolumeSize\x12O\n" +
+	"\fDeleteVolume\x12\x1b.vmon.node.v1.VolumeRequest\x1a\".vmon.node.v1.DeleteVolumeResponse\x12F\n" +
+	"\rGetVolumeSize\x12\x1b.vmon.node.v1.VolumeRequest\x1a\x18.vmon.node.v1.VolumeSize\x12H\n" +
+	"\n" +
+	"VolumeStat\x12\x1f.vmon.node.v1.VolumePathRequest\x1a\x19.vmon.node.v1.VolumeEntry\x12J\n" +
+	"\n" +
+	"VolumeList\x12\x1f.vmon.node.v1.VolumeListRequest\x1a\x1b.vmon.node.v1.VolumeEntries\x12J\n" +
+	"\vVolumeMkdir\x12 .vmon.node.v1.VolumeMkdirRequest\x1a\x19.vmon.node.v1.VolumeEntry\x12L\n" +
+	"\fVolumeChattr\x12!.vmon.node.v1.VolumeChattrRequest\x1a\x19.vmon.node.v1.VolumeEntry\x12S\n" +
+	"\fVolumeRemove\x12\x1f.vmon.node.v1.VolumePathRequest\x1a\".vmon.node.v1.VolumeRemoveResponse\x12J\n" +
+	"\n" +
+	"VolumeRead\x12\x1f.vmon.node.v1.VolumePathRequest\x1a\x19.vmon.node.v1.VolumeChunk0\x01\x12L\n" +
+	"\vVolumeWrite\x12 .vmon.node.v1.VolumeWriteRequest\x1a\x19.vmon.node.v1.VolumeEntry(\x01B:Z8github.com/vibemon/vmon/internal/nodeapi/gen/node;nodev1b\x06proto3"
 
 var (
 	file_node_node_proto_rawDescOnce sync.Once
@@ -1633,79 +2561,122 @@ func file_node_node_proto_rawDescGZIP() []byte {
 	return file_node_node_proto_rawDescData
 }
 
-var file_node_node_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
+var file_node_node_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
 var file_node_node_proto_goTypes = []any{
-	(*ListSandboxesRequest)(nil),      // 0: vmon.node.v1.ListSandboxesRequest
-	(*ListSandboxesResponse)(nil),     // 1: vmon.node.v1.ListSandboxesResponse
-	(*InfoRequest)(nil),               // 2: vmon.node.v1.InfoRequest
-	(*InfoResponse)(nil),              // 3: vmon.node.v1.InfoResponse
-	(*VolumeMount)(nil),               // 4: vmon.node.v1.VolumeMount
-	(*CreateSpec)(nil),                // 5: vmon.node.v1.CreateSpec
-	(*SandboxInfo)(nil),               // 6: vmon.node.v1.SandboxInfo
-	(*CreateSandboxRequest)(nil),      // 7: vmon.node.v1.CreateSandboxRequest
-	(*DestroySandboxRequest)(nil),     // 8: vmon.node.v1.DestroySandboxRequest
-	(*DestroySandboxResponse)(nil),    // 9: vmon.node.v1.DestroySandboxResponse
-	(*UpdateEgressRequest)(nil),       // 10: vmon.node.v1.UpdateEgressRequest
-	(*UpdateEgressResponse)(nil),      // 11: vmon.node.v1.UpdateEgressResponse
-	(*PauseSandboxRequest)(nil),       // 12: vmon.node.v1.PauseSandboxRequest
-	(*PauseInfo)(nil),                 // 13: vmon.node.v1.PauseInfo
-	(*ResumeSandboxRequest)(nil),      // 14: vmon.node.v1.ResumeSandboxRequest
-	(*DeletePausedRequest)(nil),       // 15: vmon.node.v1.DeletePausedRequest
-	(*DeletePausedResponse)(nil),      // 16: vmon.node.v1.DeletePausedResponse
-	(*SnapshotSandboxRequest)(nil),    // 17: vmon.node.v1.SnapshotSandboxRequest
-	(*CreateFromSnapshotRequest)(nil), // 18: vmon.node.v1.CreateFromSnapshotRequest
-	(*DeleteSnapshotRequest)(nil),     // 19: vmon.node.v1.DeleteSnapshotRequest
-	(*DeleteSnapshotResponse)(nil),    // 20: vmon.node.v1.DeleteSnapshotResponse
-	(*SandboxMetricsRequest)(nil),     // 21: vmon.node.v1.SandboxMetricsRequest
-	(*Metrics)(nil),                   // 22: vmon.node.v1.Metrics
-	(*WatchDeniedRequest)(nil),        // 23: vmon.node.v1.WatchDeniedRequest
-	(*WatchDeniedResponse)(nil),       // 24: vmon.node.v1.WatchDeniedResponse
-	(*DeniedEvent)(nil),               // 25: vmon.node.v1.DeniedEvent
-	nil,                               // 26: vmon.node.v1.CreateSpec.EnvVarsEntry
-	(*timestamppb.Timestamp)(nil),     // 27: google.protobuf.Timestamp
+	(*CreateVolumeRequest)(nil),       // 0: vmon.node.v1.CreateVolumeRequest
+	(*VolumeRequest)(nil),             // 1: vmon.node.v1.VolumeRequest
+	(*DeleteVolumeResponse)(nil),      // 2: vmon.node.v1.DeleteVolumeResponse
+	(*VolumeSize)(nil),                // 3: vmon.node.v1.VolumeSize
+	(*VolumePathRequest)(nil),         // 4: vmon.node.v1.VolumePathRequest
+	(*VolumeListRequest)(nil),         // 5: vmon.node.v1.VolumeListRequest
+	(*VolumeAttrs)(nil),               // 6: vmon.node.v1.VolumeAttrs
+	(*VolumeMkdirRequest)(nil),        // 7: vmon.node.v1.VolumeMkdirRequest
+	(*VolumeChattrRequest)(nil),       // 8: vmon.node.v1.VolumeChattrRequest
+	(*VolumeRemoveResponse)(nil),      // 9: vmon.node.v1.VolumeRemoveResponse
+	(*VolumeEntry)(nil),               // 10: vmon.node.v1.VolumeEntry
+	(*VolumeEntries)(nil),             // 11: vmon.node.v1.VolumeEntries
+	(*VolumeChunk)(nil),               // 12: vmon.node.v1.VolumeChunk
+	(*VolumeWriteRequest)(nil),        // 13: vmon.node.v1.VolumeWriteRequest
+	(*VolumeWriteHeader)(nil),         // 14: vmon.node.v1.VolumeWriteHeader
+	(*ListSandboxesRequest)(nil),      // 15: vmon.node.v1.ListSandboxesRequest
+	(*ListSandboxesResponse)(nil),     // 16: vmon.node.v1.ListSandboxesResponse
+	(*InfoRequest)(nil),               // 17: vmon.node.v1.InfoRequest
+	(*InfoResponse)(nil),              // 18: vmon.node.v1.InfoResponse
+	(*VolumeMount)(nil),               // 19: vmon.node.v1.VolumeMount
+	(*CreateSpec)(nil),                // 20: vmon.node.v1.CreateSpec
+	(*SandboxInfo)(nil),               // 21: vmon.node.v1.SandboxInfo
+	(*CreateSandboxRequest)(nil),      // 22: vmon.node.v1.CreateSandboxRequest
+	(*DestroySandboxRequest)(nil),     // 23: vmon.node.v1.DestroySandboxRequest
+	(*DestroySandboxResponse)(nil),    // 24: vmon.node.v1.DestroySandboxResponse
+	(*UpdateEgressRequest)(nil),       // 25: vmon.node.v1.UpdateEgressRequest
+	(*UpdateEgressResponse)(nil),      // 26: vmon.node.v1.UpdateEgressResponse
+	(*PauseSandboxRequest)(nil),       // 27: vmon.node.v1.PauseSandboxRequest
+	(*PauseInfo)(nil),                 // 28: vmon.node.v1.PauseInfo
+	(*ResumeSandboxRequest)(nil),      // 29: vmon.node.v1.ResumeSandboxRequest
+	(*DeletePausedRequest)(nil),       // 30: vmon.node.v1.DeletePausedRequest
+	(*DeletePausedResponse)(nil),      // 31: vmon.node.v1.DeletePausedResponse
+	(*SnapshotSandboxRequest)(nil),    // 32: vmon.node.v1.SnapshotSandboxRequest
+	(*CreateFromSnapshotRequest)(nil), // 33: vmon.node.v1.CreateFromSnapshotRequest
+	(*DeleteSnapshotRequest)(nil),     // 34: vmon.node.v1.DeleteSnapshotRequest
+	(*DeleteSnapshotResponse)(nil),    // 35: vmon.node.v1.DeleteSnapshotResponse
+	(*SandboxMetricsRequest)(nil),     // 36: vmon.node.v1.SandboxMetricsRequest
+	(*Metrics)(nil),                   // 37: vmon.node.v1.Metrics
+	(*WatchDeniedRequest)(nil),        // 38: vmon.node.v1.WatchDeniedRequest
+	(*WatchDeniedResponse)(nil),       // 39: vmon.node.v1.WatchDeniedResponse
+	(*DeniedEvent)(nil),               // 40: vmon.node.v1.DeniedEvent
+	nil,                               // 41: vmon.node.v1.CreateSpec.EnvVarsEntry
+	(*timestamppb.Timestamp)(nil),     // 42: google.protobuf.Timestamp
 }
 var file_node_node_proto_depIdxs = []int32{
-	26, // 0: vmon.node.v1.CreateSpec.env_vars:type_name -> vmon.node.v1.CreateSpec.EnvVarsEntry
-	4,  // 1: vmon.node.v1.CreateSpec.volumes:type_name -> vmon.node.v1.VolumeMount
-	27, // 2: vmon.node.v1.SandboxInfo.started_at:type_name -> google.protobuf.Timestamp
-	5,  // 3: vmon.node.v1.CreateSandboxRequest.spec:type_name -> vmon.node.v1.CreateSpec
-	5,  // 4: vmon.node.v1.ResumeSandboxRequest.spec:type_name -> vmon.node.v1.CreateSpec
-	5,  // 5: vmon.node.v1.CreateFromSnapshotRequest.spec:type_name -> vmon.node.v1.CreateSpec
-	27, // 6: vmon.node.v1.Metrics.timestamp:type_name -> google.protobuf.Timestamp
-	25, // 7: vmon.node.v1.WatchDeniedResponse.recent:type_name -> vmon.node.v1.DeniedEvent
-	25, // 8: vmon.node.v1.WatchDeniedResponse.event:type_name -> vmon.node.v1.DeniedEvent
-	27, // 9: vmon.node.v1.DeniedEvent.time:type_name -> google.protobuf.Timestamp
-	2,  // 10: vmon.node.v1.NodeService.Info:input_type -> vmon.node.v1.InfoRequest
-	7,  // 11: vmon.node.v1.NodeService.CreateSandbox:input_type -> vmon.node.v1.CreateSandboxRequest
-	8,  // 12: vmon.node.v1.NodeService.DestroySandbox:input_type -> vmon.node.v1.DestroySandboxRequest
-	10, // 13: vmon.node.v1.NodeService.UpdateEgress:input_type -> vmon.node.v1.UpdateEgressRequest
-	12, // 14: vmon.node.v1.NodeService.PauseSandbox:input_type -> vmon.node.v1.PauseSandboxRequest
-	14, // 15: vmon.node.v1.NodeService.ResumeSandbox:input_type -> vmon.node.v1.ResumeSandboxRequest
-	15, // 16: vmon.node.v1.NodeService.DeletePaused:input_type -> vmon.node.v1.DeletePausedRequest
-	17, // 17: vmon.node.v1.NodeService.SnapshotSandbox:input_type -> vmon.node.v1.SnapshotSandboxRequest
-	18, // 18: vmon.node.v1.NodeService.CreateFromSnapshot:input_type -> vmon.node.v1.CreateFromSnapshotRequest
-	19, // 19: vmon.node.v1.NodeService.DeleteSnapshot:input_type -> vmon.node.v1.DeleteSnapshotRequest
-	21, // 20: vmon.node.v1.NodeService.SandboxMetrics:input_type -> vmon.node.v1.SandboxMetricsRequest
-	23, // 21: vmon.node.v1.NodeService.WatchDenied:input_type -> vmon.node.v1.WatchDeniedRequest
-	0,  // 22: vmon.node.v1.NodeService.ListSandboxes:input_type -> vmon.node.v1.ListSandboxesRequest
-	3,  // 23: vmon.node.v1.NodeService.Info:output_type -> vmon.node.v1.InfoResponse
-	6,  // 24: vmon.node.v1.NodeService.CreateSandbox:output_type -> vmon.node.v1.SandboxInfo
-	9,  // 25: vmon.node.v1.NodeService.DestroySandbox:output_type -> vmon.node.v1.DestroySandboxResponse
-	11, // 26: vmon.node.v1.NodeService.UpdateEgress:output_type -> vmon.node.v1.UpdateEgressResponse
-	13, // 27: vmon.node.v1.NodeService.PauseSandbox:output_type -> vmon.node.v1.PauseInfo
-	6,  // 28: vmon.node.v1.NodeService.ResumeSandbox:output_type -> vmon.node.v1.SandboxInfo
-	16, // 29: vmon.node.v1.NodeService.DeletePaused:output_type -> vmon.node.v1.DeletePausedResponse
-	13, // 30: vmon.node.v1.NodeService.SnapshotSandbox:output_type -> vmon.node.v1.PauseInfo
-	6,  // 31: vmon.node.v1.NodeService.CreateFromSnapshot:output_type -> vmon.node.v1.SandboxInfo
-	20, // 32: vmon.node.v1.NodeService.DeleteSnapshot:output_type -> vmon.node.v1.DeleteSnapshotResponse
-	22, // 33: vmon.node.v1.NodeService.SandboxMetrics:output_type -> vmon.node.v1.Metrics
-	24, // 34: vmon.node.v1.NodeService.WatchDenied:output_type -> vmon.node.v1.WatchDeniedResponse
-	1,  // 35: vmon.node.v1.NodeService.ListSandboxes:output_type -> vmon.node.v1.ListSandboxesResponse
-	23, // [23:36] is the sub-list for method output_type
-	10, // [10:23] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	6,  // 0: vmon.node.v1.VolumeMkdirRequest.attrs:type_name -> vmon.node.v1.VolumeAttrs
+	6,  // 1: vmon.node.v1.VolumeChattrRequest.attrs:type_name -> vmon.node.v1.VolumeAttrs
+	42, // 2: vmon.node.v1.VolumeEntry.atime:type_name -> google.protobuf.Timestamp
+	42, // 3: vmon.node.v1.VolumeEntry.mtime:type_name -> google.protobuf.Timestamp
+	42, // 4: vmon.node.v1.VolumeEntry.ctime:type_name -> google.protobuf.Timestamp
+	10, // 5: vmon.node.v1.VolumeEntries.entries:type_name -> vmon.node.v1.VolumeEntry
+	14, // 6: vmon.node.v1.VolumeWriteRequest.header:type_name -> vmon.node.v1.VolumeWriteHeader
+	6,  // 7: vmon.node.v1.VolumeWriteHeader.attrs:type_name -> vmon.node.v1.VolumeAttrs
+	41, // 8: vmon.node.v1.CreateSpec.env_vars:type_name -> vmon.node.v1.CreateSpec.EnvVarsEntry
+	19, // 9: vmon.node.v1.CreateSpec.volumes:type_name -> vmon.node.v1.VolumeMount
+	42, // 10: vmon.node.v1.SandboxInfo.started_at:type_name -> google.protobuf.Timestamp
+	20, // 11: vmon.node.v1.CreateSandboxRequest.spec:type_name -> vmon.node.v1.CreateSpec
+	20, // 12: vmon.node.v1.ResumeSandboxRequest.spec:type_name -> vmon.node.v1.CreateSpec
+	20, // 13: vmon.node.v1.CreateFromSnapshotRequest.spec:type_name -> vmon.node.v1.CreateSpec
+	42, // 14: vmon.node.v1.Metrics.timestamp:type_name -> google.protobuf.Timestamp
+	40, // 15: vmon.node.v1.WatchDeniedResponse.recent:type_name -> vmon.node.v1.DeniedEvent
+	40, // 16: vmon.node.v1.WatchDeniedResponse.event:type_name -> vmon.node.v1.DeniedEvent
+	42, // 17: vmon.node.v1.DeniedEvent.time:type_name -> google.protobuf.Timestamp
+	17, // 18: vmon.node.v1.NodeService.Info:input_type -> vmon.node.v1.InfoRequest
+	22, // 19: vmon.node.v1.NodeService.CreateSandbox:input_type -> vmon.node.v1.CreateSandboxRequest
+	23, // 20: vmon.node.v1.NodeService.DestroySandbox:input_type -> vmon.node.v1.DestroySandboxRequest
+	25, // 21: vmon.node.v1.NodeService.UpdateEgress:input_type -> vmon.node.v1.UpdateEgressRequest
+	27, // 22: vmon.node.v1.NodeService.PauseSandbox:input_type -> vmon.node.v1.PauseSandboxRequest
+	29, // 23: vmon.node.v1.NodeService.ResumeSandbox:input_type -> vmon.node.v1.ResumeSandboxRequest
+	30, // 24: vmon.node.v1.NodeService.DeletePaused:input_type -> vmon.node.v1.DeletePausedRequest
+	32, // 25: vmon.node.v1.NodeService.SnapshotSandbox:input_type -> vmon.node.v1.SnapshotSandboxRequest
+	33, // 26: vmon.node.v1.NodeService.CreateFromSnapshot:input_type -> vmon.node.v1.CreateFromSnapshotRequest
+	34, // 27: vmon.node.v1.NodeService.DeleteSnapshot:input_type -> vmon.node.v1.DeleteSnapshotRequest
+	36, // 28: vmon.node.v1.NodeService.SandboxMetrics:input_type -> vmon.node.v1.SandboxMetricsRequest
+	38, // 29: vmon.node.v1.NodeService.WatchDenied:input_type -> vmon.node.v1.WatchDeniedRequest
+	15, // 30: vmon.node.v1.NodeService.ListSandboxes:input_type -> vmon.node.v1.ListSandboxesRequest
+	0,  // 31: vmon.node.v1.NodeService.CreateVolume:input_type -> vmon.node.v1.CreateVolumeRequest
+	1,  // 32: vmon.node.v1.NodeService.DeleteVolume:input_type -> vmon.node.v1.VolumeRequest
+	1,  // 33: vmon.node.v1.NodeService.GetVolumeSize:input_type -> vmon.node.v1.VolumeRequest
+	4,  // 34: vmon.node.v1.NodeService.VolumeStat:input_type -> vmon.node.v1.VolumePathRequest
+	5,  // 35: vmon.node.v1.NodeService.VolumeList:input_type -> vmon.node.v1.VolumeListRequest
+	7,  // 36: vmon.node.v1.NodeService.VolumeMkdir:input_type -> vmon.node.v1.VolumeMkdirRequest
+	8,  // 37: vmon.node.v1.NodeService.VolumeChattr:input_type -> vmon.node.v1.VolumeChattrRequest
+	4,  // 38: vmon.node.v1.NodeService.VolumeRemove:input_type -> vmon.node.v1.VolumePathRequest
+	4,  // 39: vmon.node.v1.NodeService.VolumeRead:input_type -> vmon.node.v1.VolumePathRequest
+	13, // 40: vmon.node.v1.NodeService.VolumeWrite:input_type -> vmon.node.v1.VolumeWriteRequest
+	18, // 41: vmon.node.v1.NodeService.Info:output_type -> vmon.node.v1.InfoResponse
+	21, // 42: vmon.node.v1.NodeService.CreateSandbox:output_type -> vmon.node.v1.SandboxInfo
+	24, // 43: vmon.node.v1.NodeService.DestroySandbox:output_type -> vmon.node.v1.DestroySandboxResponse
+	26, // 44: vmon.node.v1.NodeService.UpdateEgress:output_type -> vmon.node.v1.UpdateEgressResponse
+	28, // 45: vmon.node.v1.NodeService.PauseSandbox:output_type -> vmon.node.v1.PauseInfo
+	21, // 46: vmon.node.v1.NodeService.ResumeSandbox:output_type -> vmon.node.v1.SandboxInfo
+	31, // 47: vmon.node.v1.NodeService.DeletePaused:output_type -> vmon.node.v1.DeletePausedResponse
+	28, // 48: vmon.node.v1.NodeService.SnapshotSandbox:output_type -> vmon.node.v1.PauseInfo
+	21, // 49: vmon.node.v1.NodeService.CreateFromSnapshot:output_type -> vmon.node.v1.SandboxInfo
+	35, // 50: vmon.node.v1.NodeService.DeleteSnapshot:output_type -> vmon.node.v1.DeleteSnapshotResponse
+	37, // 51: vmon.node.v1.NodeService.SandboxMetrics:output_type -> vmon.node.v1.Metrics
+	39, // 52: vmon.node.v1.NodeService.WatchDenied:output_type -> vmon.node.v1.WatchDeniedResponse
+	16, // 53: vmon.node.v1.NodeService.ListSandboxes:output_type -> vmon.node.v1.ListSandboxesResponse
+	3,  // 54: vmon.node.v1.NodeService.CreateVolume:output_type -> vmon.node.v1.VolumeSize
+	2,  // 55: vmon.node.v1.NodeService.DeleteVolume:output_type -> vmon.node.v1.DeleteVolumeResponse
+	3,  // 56: vmon.node.v1.NodeService.GetVolumeSize:output_type -> vmon.node.v1.VolumeSize
+	10, // 57: vmon.node.v1.NodeService.VolumeStat:output_type -> vmon.node.v1.VolumeEntry
+	11, // 58: vmon.node.v1.NodeService.VolumeList:output_type -> vmon.node.v1.VolumeEntries
+	10, // 59: vmon.node.v1.NodeService.VolumeMkdir:output_type -> vmon.node.v1.VolumeEntry
+	10, // 60: vmon.node.v1.NodeService.VolumeChattr:output_type -> vmon.node.v1.VolumeEntry
+	9,  // 61: vmon.node.v1.NodeService.VolumeRemove:output_type -> vmon.node.v1.VolumeRemoveResponse
+	12, // 62: vmon.node.v1.NodeService.VolumeRead:output_type -> vmon.node.v1.VolumeChunk
+	10, // 63: vmon.node.v1.NodeService.VolumeWrite:output_type -> vmon.node.v1.VolumeEntry
+	41, // [41:64] is the sub-list for method output_type
+	18, // [18:41] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_node_node_proto_init() }
@@ -1713,13 +2684,14 @@ func file_node_node_proto_init() {
 	if File_node_node_proto != nil {
 		return
 	}
+	file_node_node_proto_msgTypes[6].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_node_node_proto_rawDesc), len(file_node_node_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   27,
+			NumMessages:   42,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -75,6 +75,31 @@ const (
 	// NodeServiceListSandboxesProcedure is the fully-qualified name of the NodeService's ListSandboxes
 	// RPC.
 	NodeServiceListSandboxesProcedure = "/vmon.node.v1.NodeService/ListSandboxes"
+	// NodeServiceCreateVolumeProcedure is the fully-qualified name of the NodeService's CreateVolume
+	// RPC.
+	NodeServiceCreateVolumeProcedure = "/vmon.node.v1.NodeService/CreateVolume"
+	// NodeServiceDeleteVolumeProcedure is the fully-qualified name of the NodeService's DeleteVolume
+	// RPC.
+	NodeServiceDeleteVolumeProcedure = "/vmon.node.v1.NodeService/DeleteVolume"
+	// NodeServiceGetVolumeSizeProcedure is the fully-qualified name of the NodeService's GetVolumeSize
+	// RPC.
+	NodeServiceGetVolumeSizeProcedure = "/vmon.node.v1.NodeService/GetVolumeSize"
+	// NodeServiceVolumeStatProcedure is the fully-qualified name of the NodeService's VolumeStat RPC.
+	NodeServiceVolumeStatProcedure = "/vmon.node.v1.NodeService/VolumeStat"
+	// NodeServiceVolumeListProcedure is the fully-qualified name of the NodeService's VolumeList RPC.
+	NodeServiceVolumeListProcedure = "/vmon.node.v1.NodeService/VolumeList"
+	// NodeServiceVolumeMkdirProcedure is the fully-qualified name of the NodeService's VolumeMkdir RPC.
+	NodeServiceVolumeMkdirProcedure = "/vmon.node.v1.NodeService/VolumeMkdir"
+	// NodeServiceVolumeChattrProcedure is the fully-qualified name of the NodeService's VolumeChattr
+	// RPC.
+	NodeServiceVolumeChattrProcedure = "/vmon.node.v1.NodeService/VolumeChattr"
+	// NodeServiceVolumeRemoveProcedure is the fully-qualified name of the NodeService's VolumeRemove
+	// RPC.
+	NodeServiceVolumeRemoveProcedure = "/vmon.node.v1.NodeService/VolumeRemove"
+	// NodeServiceVolumeReadProcedure is the fully-qualified name of the NodeService's VolumeRead RPC.
+	NodeServiceVolumeReadProcedure = "/vmon.node.v1.NodeService/VolumeRead"
+	// NodeServiceVolumeWriteProcedure is the fully-qualified name of the NodeService's VolumeWrite RPC.
+	NodeServiceVolumeWriteProcedure = "/vmon.node.v1.NodeService/VolumeWrite"
 )
 
 // NodeServiceClient is a client for the vmon.node.v1.NodeService service.
@@ -100,6 +125,20 @@ type NodeServiceClient interface {
 	// ListSandboxes names what the node holds, for the driver to reconcile its records with after
 	// the node was out of reach.
 	ListSandboxes(context.Context, *connect.Request[node.ListSandboxesRequest]) (*connect.Response[node.ListSandboxesResponse], error)
+	// A volume lives on the node that made it; its sandboxes run there, and the driver's volume
+	// content API reaches it through these.
+	CreateVolume(context.Context, *connect.Request[node.CreateVolumeRequest]) (*connect.Response[node.VolumeSize], error)
+	DeleteVolume(context.Context, *connect.Request[node.VolumeRequest]) (*connect.Response[node.DeleteVolumeResponse], error)
+	GetVolumeSize(context.Context, *connect.Request[node.VolumeRequest]) (*connect.Response[node.VolumeSize], error)
+	VolumeStat(context.Context, *connect.Request[node.VolumePathRequest]) (*connect.Response[node.VolumeEntry], error)
+	VolumeList(context.Context, *connect.Request[node.VolumeListRequest]) (*connect.Response[node.VolumeEntries], error)
+	VolumeMkdir(context.Context, *connect.Request[node.VolumeMkdirRequest]) (*connect.Response[node.VolumeEntry], error)
+	VolumeChattr(context.Context, *connect.Request[node.VolumeChattrRequest]) (*connect.Response[node.VolumeEntry], error)
+	VolumeRemove(context.Context, *connect.Request[node.VolumePathRequest]) (*connect.Response[node.VolumeRemoveResponse], error)
+	// VolumeRead sends the file's size first (a message without data), then its bytes in chunks.
+	VolumeRead(context.Context, *connect.Request[node.VolumePathRequest]) (*connect.ServerStreamForClient[node.VolumeChunk], error)
+	// VolumeWrite takes the target first (a message with header), then the bytes in chunks.
+	VolumeWrite(context.Context) *connect.ClientStreamForClient[node.VolumeWriteRequest, node.VolumeEntry]
 }
 
 // NewNodeServiceClient constructs a client for the vmon.node.v1.NodeService service. By default, it
@@ -191,6 +230,66 @@ func NewNodeServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			connect.WithSchema(nodeServiceMethods.ByName("ListSandboxes")),
 			connect.WithClientOptions(opts...),
 		),
+		createVolume: connect.NewClient[node.CreateVolumeRequest, node.VolumeSize](
+			httpClient,
+			baseURL+NodeServiceCreateVolumeProcedure,
+			connect.WithSchema(nodeServiceMethods.ByName("CreateVolume")),
+			connect.WithClientOptions(opts...),
+		),
+		deleteVolume: connect.NewClient[node.VolumeRequest, node.DeleteVolumeResponse](
+			httpClient,
+			baseURL+NodeServiceDeleteVolumeProcedure,
+			connect.WithSchema(nodeServiceMethods.ByName("DeleteVolume")),
+			connect.WithClientOptions(opts...),
+		),
+		getVolumeSize: connect.NewClient[node.VolumeRequest, node.VolumeSize](
+			httpClient,
+			baseURL+NodeServiceGetVolumeSizeProcedure,
+			connect.WithSchema(nodeServiceMethods.ByName("GetVolumeSize")),
+			connect.WithClientOptions(opts...),
+		),
+		volumeStat: connect.NewClient[node.VolumePathRequest, node.VolumeEntry](
+			httpClient,
+			baseURL+NodeServiceVolumeStatProcedure,
+			connect.WithSchema(nodeServiceMethods.ByName("VolumeStat")),
+			connect.WithClientOptions(opts...),
+		),
+		volumeList: connect.NewClient[node.VolumeListRequest, node.VolumeEntries](
+			httpClient,
+			baseURL+NodeServiceVolumeListProcedure,
+			connect.WithSchema(nodeServiceMethods.ByName("VolumeList")),
+			connect.WithClientOptions(opts...),
+		),
+		volumeMkdir: connect.NewClient[node.VolumeMkdirRequest, node.VolumeEntry](
+			httpClient,
+			baseURL+NodeServiceVolumeMkdirProcedure,
+			connect.WithSchema(nodeServiceMethods.ByName("VolumeMkdir")),
+			connect.WithClientOptions(opts...),
+		),
+		volumeChattr: connect.NewClient[node.VolumeChattrRequest, node.VolumeEntry](
+			httpClient,
+			baseURL+NodeServiceVolumeChattrProcedure,
+			connect.WithSchema(nodeServiceMethods.ByName("VolumeChattr")),
+			connect.WithClientOptions(opts...),
+		),
+		volumeRemove: connect.NewClient[node.VolumePathRequest, node.VolumeRemoveResponse](
+			httpClient,
+			baseURL+NodeServiceVolumeRemoveProcedure,
+			connect.WithSchema(nodeServiceMethods.ByName("VolumeRemove")),
+			connect.WithClientOptions(opts...),
+		),
+		volumeRead: connect.NewClient[node.VolumePathRequest, node.VolumeChunk](
+			httpClient,
+			baseURL+NodeServiceVolumeReadProcedure,
+			connect.WithSchema(nodeServiceMethods.ByName("VolumeRead")),
+			connect.WithClientOptions(opts...),
+		),
+		volumeWrite: connect.NewClient[node.VolumeWriteRequest, node.VolumeEntry](
+			httpClient,
+			baseURL+NodeServiceVolumeWriteProcedure,
+			connect.WithSchema(nodeServiceMethods.ByName("VolumeWrite")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -209,6 +308,16 @@ type nodeServiceClient struct {
 	sandboxMetrics     *connect.Client[node.SandboxMetricsRequest, node.Metrics]
 	watchDenied        *connect.Client[node.WatchDeniedRequest, node.WatchDeniedResponse]
 	listSandboxes      *connect.Client[node.ListSandboxesRequest, node.ListSandboxesResponse]
+	createVolume       *connect.Client[node.CreateVolumeRequest, node.VolumeSize]
+	deleteVolume       *connect.Client[node.VolumeRequest, node.DeleteVolumeResponse]
+	getVolumeSize      *connect.Client[node.VolumeRequest, node.VolumeSize]
+	volumeStat         *connect.Client[node.VolumePathRequest, node.VolumeEntry]
+	volumeList         *connect.Client[node.VolumeListRequest, node.VolumeEntries]
+	volumeMkdir        *connect.Client[node.VolumeMkdirRequest, node.VolumeEntry]
+	volumeChattr       *connect.Client[node.VolumeChattrRequest, node.VolumeEntry]
+	volumeRemove       *connect.Client[node.VolumePathRequest, node.VolumeRemoveResponse]
+	volumeRead         *connect.Client[node.VolumePathRequest, node.VolumeChunk]
+	volumeWrite        *connect.Client[node.VolumeWriteRequest, node.VolumeEntry]
 }
 
 // Info calls vmon.node.v1.NodeService.Info.
@@ -276,6 +385,56 @@ func (c *nodeServiceClient) ListSandboxes(ctx context.Context, req *connect.Requ
 	return c.listSandboxes.CallUnary(ctx, req)
 }
 
+// CreateVolume calls vmon.node.v1.NodeService.CreateVolume.
+func (c *nodeServiceClient) CreateVolume(ctx context.Context, req *connect.Request[node.CreateVolumeRequest]) (*connect.Response[node.VolumeSize], error) {
+	return c.createVolume.CallUnary(ctx, req)
+}
+
+// DeleteVolume calls vmon.node.v1.NodeService.DeleteVolume.
+func (c *nodeServiceClient) DeleteVolume(ctx context.Context, req *connect.Request[node.VolumeRequest]) (*connect.Response[node.DeleteVolumeResponse], error) {
+	return c.deleteVolume.CallUnary(ctx, req)
+}
+
+// GetVolumeSize calls vmon.node.v1.NodeService.GetVolumeSize.
+func (c *nodeServiceClient) GetVolumeSize(ctx context.Context, req *connect.Request[node.VolumeRequest]) (*connect.Response[node.VolumeSize], error) {
+	return c.getVolumeSize.CallUnary(ctx, req)
+}
+
+// VolumeStat calls vmon.node.v1.NodeService.VolumeStat.
+func (c *nodeServiceClient) VolumeStat(ctx context.Context, req *connect.Request[node.VolumePathRequest]) (*connect.Response[node.VolumeEntry], error) {
+	return c.volumeStat.CallUnary(ctx, req)
+}
+
+// VolumeList calls vmon.node.v1.NodeService.VolumeList.
+func (c *nodeServiceClient) VolumeList(ctx context.Context, req *connect.Request[node.VolumeListRequest]) (*connect.Response[node.VolumeEntries], error) {
+	return c.volumeList.CallUnary(ctx, req)
+}
+
+// VolumeMkdir calls vmon.node.v1.NodeService.VolumeMkdir.
+func (c *nodeServiceClient) VolumeMkdir(ctx context.Context, req *connect.Request[node.VolumeMkdirRequest]) (*connect.Response[node.VolumeEntry], error) {
+	return c.volumeMkdir.CallUnary(ctx, req)
+}
+
+// VolumeChattr calls vmon.node.v1.NodeService.VolumeChattr.
+func (c *nodeServiceClient) VolumeChattr(ctx context.Context, req *connect.Request[node.VolumeChattrRequest]) (*connect.Response[node.VolumeEntry], error) {
+	return c.volumeChattr.CallUnary(ctx, req)
+}
+
+// VolumeRemove calls vmon.node.v1.NodeService.VolumeRemove.
+func (c *nodeServiceClient) VolumeRemove(ctx context.Context, req *connect.Request[node.VolumePathRequest]) (*connect.Response[node.VolumeRemoveResponse], error) {
+	return c.volumeRemove.CallUnary(ctx, req)
+}
+
+// VolumeRead calls vmon.node.v1.NodeService.VolumeRead.
+func (c *nodeServiceClient) VolumeRead(ctx context.Context, req *connect.Request[node.VolumePathRequest]) (*connect.ServerStreamForClient[node.VolumeChunk], error) {
+	return c.volumeRead.CallServerStream(ctx, req)
+}
+
+// VolumeWrite calls vmon.node.v1.NodeService.VolumeWrite.
+func (c *nodeServiceClient) VolumeWrite(ctx context.Context) *connect.ClientStreamForClient[node.VolumeWriteRequest, node.VolumeEntry] {
+	return c.volumeWrite.CallClientStream(ctx)
+}
+
 // NodeServiceHandler is an implementation of the vmon.node.v1.NodeService service.
 type NodeServiceHandler interface {
 	// Info names the node and what it can do.
@@ -299,6 +458,20 @@ type NodeServiceHandler interface {
 	// ListSandboxes names what the node holds, for the driver to reconcile its records with after
 	// the node was out of reach.
 	ListSandboxes(context.Context, *connect.Request[node.ListSandboxesRequest]) (*connect.Response[node.ListSandboxesResponse], error)
+	// A volume lives on the node that made it; its sandboxes run there, and the driver's volume
+	// content API reaches it through these.
+	CreateVolume(context.Context, *connect.Request[node.CreateVolumeRequest]) (*connect.Response[node.VolumeSize], error)
+	DeleteVolume(context.Context, *connect.Request[node.VolumeRequest]) (*connect.Response[node.DeleteVolumeResponse], error)
+	GetVolumeSize(context.Context, *connect.Request[node.VolumeRequest]) (*connect.Response[node.VolumeSize], error)
+	VolumeStat(context.Context, *connect.Request[node.VolumePathRequest]) (*connect.Response[node.VolumeEntry], error)
+	VolumeList(context.Context, *connect.Request[node.VolumeListRequest]) (*connect.Response[node.VolumeEntries], error)
+	VolumeMkdir(context.Context, *connect.Request[node.VolumeMkdirRequest]) (*connect.Response[node.VolumeEntry], error)
+	VolumeChattr(context.Context, *connect.Request[node.VolumeChattrRequest]) (*connect.Response[node.VolumeEntry], error)
+	VolumeRemove(context.Context, *connect.Request[node.VolumePathRequest]) (*connect.Response[node.VolumeRemoveResponse], error)
+	// VolumeRead sends the file's size first (a message without data), then its bytes in chunks.
+	VolumeRead(context.Context, *connect.Request[node.VolumePathRequest], *connect.ServerStream[node.VolumeChunk]) error
+	// VolumeWrite takes the target first (a message with header), then the bytes in chunks.
+	VolumeWrite(context.Context, *connect.ClientStream[node.VolumeWriteRequest]) (*connect.Response[node.VolumeEntry], error)
 }
 
 // NewNodeServiceHandler builds an HTTP handler from the service implementation. It returns the path
@@ -386,6 +559,66 @@ func NewNodeServiceHandler(svc NodeServiceHandler, opts ...connect.HandlerOption
 		connect.WithSchema(nodeServiceMethods.ByName("ListSandboxes")),
 		connect.WithHandlerOptions(opts...),
 	)
+	nodeServiceCreateVolumeHandler := connect.NewUnaryHandler(
+		NodeServiceCreateVolumeProcedure,
+		svc.CreateVolume,
+		connect.WithSchema(nodeServiceMethods.ByName("CreateVolume")),
+		connect.WithHandlerOptions(opts...),
+	)
+	nodeServiceDeleteVolumeHandler := connect.NewUnaryHandler(
+		NodeServiceDeleteVolumeProcedure,
+		svc.DeleteVolume,
+		connect.WithSchema(nodeServiceMethods.ByName("DeleteVolume")),
+		connect.WithHandlerOptions(opts...),
+	)
+	nodeServiceGetVolumeSizeHandler := connect.NewUnaryHandler(
+		NodeServiceGetVolumeSizeProcedure,
+		svc.GetVolumeSize,
+		connect.WithSchema(nodeServiceMethods.ByName("GetVolumeSize")),
+		connect.WithHandlerOptions(opts...),
+	)
+	nodeServiceVolumeStatHandler := connect.NewUnaryHandler(
+		NodeServiceVolumeStatProcedure,
+		svc.VolumeStat,
+		connect.WithSchema(nodeServiceMethods.ByName("VolumeStat")),
+		connect.WithHandlerOptions(opts...),
+	)
+	nodeServiceVolumeListHandler := connect.NewUnaryHandler(
+		NodeServiceVolumeListProcedure,
+		svc.VolumeList,
+		connect.WithSchema(nodeServiceMethods.ByName("VolumeList")),
+		connect.WithHandlerOptions(opts...),
+	)
+	nodeServiceVolumeMkdirHandler := connect.NewUnaryHandler(
+		NodeServiceVolumeMkdirProcedure,
+		svc.VolumeMkdir,
+		connect.WithSchema(nodeServiceMethods.ByName("VolumeMkdir")),
+		connect.WithHandlerOptions(opts...),
+	)
+	nodeServiceVolumeChattrHandler := connect.NewUnaryHandler(
+		NodeServiceVolumeChattrProcedure,
+		svc.VolumeChattr,
+		connect.WithSchema(nodeServiceMethods.ByName("VolumeChattr")),
+		connect.WithHandlerOptions(opts...),
+	)
+	nodeServiceVolumeRemoveHandler := connect.NewUnaryHandler(
+		NodeServiceVolumeRemoveProcedure,
+		svc.VolumeRemove,
+		connect.WithSchema(nodeServiceMethods.ByName("VolumeRemove")),
+		connect.WithHandlerOptions(opts...),
+	)
+	nodeServiceVolumeReadHandler := connect.NewServerStreamHandler(
+		NodeServiceVolumeReadProcedure,
+		svc.VolumeRead,
+		connect.WithSchema(nodeServiceMethods.ByName("VolumeRead")),
+		connect.WithHandlerOptions(opts...),
+	)
+	nodeServiceVolumeWriteHandler := connect.NewClientStreamHandler(
+		NodeServiceVolumeWriteProcedure,
+		svc.VolumeWrite,
+		connect.WithSchema(nodeServiceMethods.ByName("VolumeWrite")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/vmon.node.v1.NodeService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case NodeServiceInfoProcedure:
@@ -414,6 +647,26 @@ func NewNodeServiceHandler(svc NodeServiceHandler, opts ...connect.HandlerOption
 			nodeServiceWatchDeniedHandler.ServeHTTP(w, r)
 		case NodeServiceListSandboxesProcedure:
 			nodeServiceListSandboxesHandler.ServeHTTP(w, r)
+		case NodeServiceCreateVolumeProcedure:
+			nodeServiceCreateVolumeHandler.ServeHTTP(w, r)
+		case NodeServiceDeleteVolumeProcedure:
+			nodeServiceDeleteVolumeHandler.ServeHTTP(w, r)
+		case NodeServiceGetVolumeSizeProcedure:
+			nodeServiceGetVolumeSizeHandler.ServeHTTP(w, r)
+		case NodeServiceVolumeStatProcedure:
+			nodeServiceVolumeStatHandler.ServeHTTP(w, r)
+		case NodeServiceVolumeListProcedure:
+			nodeServiceVolumeListHandler.ServeHTTP(w, r)
+		case NodeServiceVolumeMkdirProcedure:
+			nodeServiceVolumeMkdirHandler.ServeHTTP(w, r)
+		case NodeServiceVolumeChattrProcedure:
+			nodeServiceVolumeChattrHandler.ServeHTTP(w, r)
+		case NodeServiceVolumeRemoveProcedure:
+			nodeServiceVolumeRemoveHandler.ServeHTTP(w, r)
+		case NodeServiceVolumeReadProcedure:
+			nodeServiceVolumeReadHandler.ServeHTTP(w, r)
+		case NodeServiceVolumeWriteProcedure:
+			nodeServiceVolumeWriteHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -473,4 +726,44 @@ func (UnimplementedNodeServiceHandler) WatchDenied(context.Context, *connect.Req
 
 func (UnimplementedNodeServiceHandler) ListSandboxes(context.Context, *connect.Request[node.ListSandboxesRequest]) (*connect.Response[node.ListSandboxesResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("vmon.node.v1.NodeService.ListSandboxes is not implemented"))
+}
+
+func (UnimplementedNodeServiceHandler) CreateVolume(context.Context, *connect.Request[node.CreateVolumeRequest]) (*connect.Response[node.VolumeSize], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("vmon.node.v1.NodeService.CreateVolume is not implemented"))
+}
+
+func (UnimplementedNodeServiceHandler) DeleteVolume(context.Context, *connect.Request[node.VolumeRequest]) (*connect.Response[node.DeleteVolumeResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("vmon.node.v1.NodeService.DeleteVolume is not implemented"))
+}
+
+func (UnimplementedNodeServiceHandler) GetVolumeSize(context.Context, *connect.Request[node.VolumeRequest]) (*connect.Response[node.VolumeSize], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("vmon.node.v1.NodeService.GetVolumeSize is not implemented"))
+}
+
+func (UnimplementedNodeServiceHandler) VolumeStat(context.Context, *connect.Request[node.VolumePathRequest]) (*connect.Response[node.VolumeEntry], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("vmon.node.v1.NodeService.VolumeStat is not implemented"))
+}
+
+func (UnimplementedNodeServiceHandler) VolumeList(context.Context, *connect.Request[node.VolumeListRequest]) (*connect.Response[node.VolumeEntries], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("vmon.node.v1.NodeService.VolumeList is not implemented"))
+}
+
+func (UnimplementedNodeServiceHandler) VolumeMkdir(context.Context, *connect.Request[node.VolumeMkdirRequest]) (*connect.Response[node.VolumeEntry], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("vmon.node.v1.NodeService.VolumeMkdir is not implemented"))
+}
+
+func (UnimplementedNodeServiceHandler) VolumeChattr(context.Context, *connect.Request[node.VolumeChattrRequest]) (*connect.Response[node.VolumeEntry], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("vmon.node.v1.NodeService.VolumeChattr is not implemented"))
+}
+
+func (UnimplementedNodeServiceHandler) VolumeRemove(context.Context, *connect.Request[node.VolumePathRequest]) (*connect.Response[node.VolumeRemoveResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("vmon.node.v1.NodeService.VolumeRemove is not implemented"))
+}
+
+func (UnimplementedNodeServiceHandler) VolumeRead(context.Context, *connect.Request[node.VolumePathRequest], *connect.ServerStream[node.VolumeChunk]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("vmon.node.v1.NodeService.VolumeRead is not implemented"))
+}
+
+func (UnimplementedNodeServiceHandler) VolumeWrite(context.Context, *connect.ClientStream[node.VolumeWriteRequest]) (*connect.Response[node.VolumeEntry], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("vmon.node.v1.NodeService.VolumeWrite is not implemented"))
 }
