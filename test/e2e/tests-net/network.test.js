@@ -787,8 +787,15 @@ describe('kill -9 of the server and restart: no orphan links, chains, namespaces
     assert.deepEqual(chainIndices(perLink), linkIdx, `chains only for existing links:\n${state.chains.join('\n')}`);
     const ruleLinks = [...new Set(state.linkRules.flatMap((r) => [...r.matchAll(/(?:vmon|VMON-[A-Z])(\d+)\b/g)].map((m) => Number(m[1]))))];
     assert.deepEqual(ruleLinks.sort((x, y) => x - y), linkIdx, `rules only for existing links:\n${state.linkRules.join('\n')}`);
-    const { rules } = await vmonRules();
-    assert.deepEqual(rules.filter((r, i) => rules.indexOf(r) !== i), [], 'no rule is installed twice after the restart');
+    // Recovery puts each kept link's policy back as an update does: the new block stacked on top,
+    // then the old one removed, so for a moment a rule may show twice. Once settled, none does.
+    let twice = [];
+    await waitFor(async () => {
+      const { rules } = await vmonRules();
+      twice = rules.filter((r, i) => rules.indexOf(r) !== i);
+      return twice.length === 0;
+    }, { timeoutMs: 10_000, what: () => `no rule installed twice after the restart (now: ${JSON.stringify(twice)})` }).catch(() => {});
+    assert.deepEqual(twice, [], 'no rule is installed twice after the restart');
     // Pool namespaces are vmon-net-<data-dir scope>-<link index>.
     assert.ok(state.netns.every((n) => /^vmon-net-[a-z0-9]+-\d+$/.test(n)), `pool namespace names: ${state.netns}`);
     assert.deepEqual(
