@@ -187,7 +187,7 @@ func serveNode(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 		return err
 	}
 	if c.DrainOnExit {
-		drainBeforeExit(cl, c, n, log)
+		drainBeforeExit(cl, c, n, gate.paused, log)
 	}
 	return nil
 }
@@ -195,18 +195,20 @@ func serveNode(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 // drainBeforeExit tells the drivers, by gossip, that the node is draining, and waits until they
 // paused its sandboxes (they resume wherever placement puts them next) or the drain timeout
 // passes; the node contract stays served meanwhile.
-func drainBeforeExit(cl *membership.Cluster, c *config.Serve, n *node.Node, log *slog.Logger) {
+func drainBeforeExit(cl *membership.Cluster, c *config.Serve, n *node.Node, paused *pausedstore.Carrier, log *slog.Logger) {
 	meta := membership.Meta{Role: membership.RoleNode, RPC: c.Advertise, State: membership.StateDraining, Features: n.Features()}
 	if err := cl.SetMeta(meta, 5*time.Second); err != nil {
 		log.Warn("telling the cluster this node drains", "err", err)
 	}
 	log.Info("draining before exit: waiting for the drivers to pause this node's sandboxes", "sandboxes", n.Running(), "timeout", c.DrainTimeout)
 	deadline := time.Now().Add(c.DrainTimeout)
-	for n.Running() > 0 && time.Now().Before(deadline) {
+	// A pause is done once its copy is in the store, after the sandbox stopped running here.
+	busy := func() bool { return n.Running() > 0 || paused.Pausing() > 0 }
+	for busy() && time.Now().Before(deadline) {
 		time.Sleep(250 * time.Millisecond)
 	}
-	if left := n.Running(); left > 0 {
-		log.Warn("drain timed out; these sandboxes stay on this node", "sandboxes", left)
+	if busy() {
+		log.Warn("drain timed out; these sandboxes stay on this node", "sandboxes", n.Running(), "pauses unfinished", paused.Pausing())
 		return
 	}
 	log.Info("drained")

@@ -443,7 +443,10 @@ func (r *Router) ResumeSandbox(ctx context.Context, spec node.CreateSpec, memory
 		if err == nil {
 			return info, nil
 		}
-		if k := errdefs.KindOf(err); k != errdefs.KindResourceExhausted && k != errdefs.KindUnavailable {
+		// Only a definite refusal (full) sends it elsewhere: an unanswered call may have resumed
+		// it there all the same, and a second node must not run it too. Once gossip takes the
+		// holder out, the resume goes elsewhere.
+		if errdefs.KindOf(err) != errdefs.KindResourceExhausted {
 			return node.Info{}, err
 		}
 		holderErr = err

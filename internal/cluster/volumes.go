@@ -116,6 +116,19 @@ func (v *Volumes) Delete(id string) error {
 	return v.call(id, func(ctx context.Context, c VolumeClient) error { return c.VolumeDelete(ctx, id) })
 }
 
+// DeleteVolumeOn deletes volume id on node name.
+func (v *Volumes) DeleteVolumeOn(ctx context.Context, name, id string) error {
+	c, ok := v.r.Client(name)
+	if !ok {
+		return errdefs.Unavailable("volume %q lives on node %s, which is not in reach; its storage stays there", id, name)
+	}
+	vc, ok := c.(VolumeClient)
+	if !ok {
+		return fmt.Errorf("node %s: volumes are %w", name, driver.ErrNotImplemented)
+	}
+	return vc.VolumeDelete(ctx, id)
+}
+
 func (v *Volumes) SizeBytes(id string) (size int64, err error) {
 	err = v.call(id, func(ctx context.Context, c VolumeClient) error {
 		size, err = c.VolumeSize(ctx, id)

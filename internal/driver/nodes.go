@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/vibemon/vmon/internal/errdefs"
+	"github.com/vibemon/vmon/internal/sandboxlog"
 	"github.com/vibemon/vmon/internal/store"
 )
 
@@ -66,11 +67,20 @@ func (d *Driver) NodeBack(ctx context.Context, node string, held Holdings, c Cle
 	if err != nil {
 		return fmt.Errorf("sandboxes of node %s: %w", node, err)
 	}
+	pausedHere := map[string]bool{}
+	for _, id := range held.Paused {
+		pausedHere[id] = true
+	}
 	for _, sb := range recs {
-		if running[sb.ID] {
-			continue
+		switch {
+		case running[sb.ID]:
+		case pausedHere[sb.ID]:
+			// Paused there though its record says running (the pause's answer never came back):
+			// the node's word is taken, so its saved state is kept.
+			d.pausedOnNode(ctx, sb.ID, node)
+		default:
+			d.endOnNode(ctx, sb.ID, node, ReasonGoneFromNode)
 		}
-		d.endOnNode(ctx, sb.ID, node, ReasonGoneFromNode)
 	}
 	var strays, stale int
 	for _, id := range held.Running {
@@ -143,6 +153,24 @@ func (d *Driver) RunningOn(ctx context.Context, node string) ([]string, error) {
 		ids[i] = sb.ID
 	}
 	return ids, nil
+}
+
+// pausedOnNode records sandbox id paused if its record still says running on node.
+func (d *Driver) pausedOnNode(ctx context.Context, id, node string) {
+	unlock := d.locks.Lock(id)
+	defer unlock()
+	sb, err := d.store.GetSandbox(ctx, id)
+	if err != nil || sb.State != store.StateRunning || sb.NodeID != node {
+		return
+	}
+	d.forget(id)
+	// Memory is said kept: a resume finds out from the saved state whether it was.
+	if err := d.store.MarkPaused(ctx, id, d.now(), true, 0); err != nil {
+		d.log.Error("record a sandbox its node holds paused", "sandbox", id, "node", node, "err", err)
+		return
+	}
+	d.log.Info("sandbox paused (its node holds it paused)", "sandbox", id, "node", node)
+	d.sbLog(id, sandboxlog.LevelInfo, pausedMessage(true), "memory", "true", "node", node)
 }
 
 // endOnNode marks sandbox id killed for reason if it still runs on node, without asking the node.

@@ -20,6 +20,8 @@ func TestNodeOutBackAndLost(t *testing.T) {
 	e := newEnv(t, func(o *Options) { o.Node = pn })
 	kept, vanished, killedMeanwhile := e.create(t, CreateRequest{}), e.create(t, CreateRequest{}), e.create(t, CreateRequest{})
 	pausedHere, movedAway := e.create(t, CreateRequest{}), e.create(t, CreateRequest{})
+	// Paused on the node, though the pause's answer never reached the driver.
+	pauseUnanswered := e.create(t, CreateRequest{})
 	for _, sb := range []Sandbox{pausedHere, movedAway} {
 		if err := e.d.Pause(ctx, sb.ID, true); err != nil {
 			t.Fatal(err)
@@ -48,7 +50,7 @@ func TestNodeOutBackAndLost(t *testing.T) {
 	}
 	c := &cleaner{}
 	held := Holdings{Running: []string{kept.ID, killedMeanwhile.ID, "strayfromanother0001"},
-		Paused: []string{pausedHere.ID, movedAway.ID, "unrecordedcopy000001"}}
+		Paused: []string{pausedHere.ID, movedAway.ID, "unrecordedcopy000001", pauseUnanswered.ID}}
 	if err := e.d.NodeBack(ctx, node, held, c); err != nil {
 		t.Fatal(err)
 	}
@@ -60,6 +62,9 @@ func TestNodeOutBackAndLost(t *testing.T) {
 		if !slices.Equal(got, want) {
 			t.Fatalf("%s on the node that came back: %v, want %v", what, got, want)
 		}
+	}
+	if rec, _ := e.store.GetSandbox(ctx, pauseUnanswered.ID); rec.State != store.StatePaused {
+		t.Errorf("a sandbox its node holds paused, recorded running: now %s", rec.State)
 	}
 	if rec, _ := e.store.GetSandbox(ctx, vanished.ID); rec.State != store.StateKilled || rec.KillReason != ReasonGoneFromNode {
 		t.Errorf("a sandbox the node no longer holds: %s %q", rec.State, rec.KillReason)

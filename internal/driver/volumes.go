@@ -27,6 +27,16 @@ type VolumeDirs interface {
 // was made on, which the driver records.
 type VolumePlacer interface {
 	CreateVolumeOn(ctx context.Context, id string, sizeMB int) (node string, err error)
+	// DeleteVolumeOn deletes volume id on node: the record naming the node may be gone already.
+	DeleteVolumeOn(ctx context.Context, node, id string) error
+}
+
+// deleteDir deletes volume v's storage, wherever it lives.
+func (d *Driver) deleteDir(ctx context.Context, dirs VolumeDirs, v store.Volume) error {
+	if p, ok := dirs.(VolumePlacer); ok {
+		return p.DeleteVolumeOn(ctx, v.NodeID, v.ID)
+	}
+	return dirs.Delete(v.ID)
 }
 
 // Volume is a volume record as the driver hands it out, with its size (0: no limit), which the
@@ -81,7 +91,9 @@ func (d *Driver) CreateVolume(ctx context.Context, name string, sizeMB int) (Vol
 		return Volume{}, err
 	}
 	if err := d.store.InsertVolume(ctx, v); err != nil {
-		_ = dirs.Delete(id)
+		if derr := d.deleteDir(ctx, dirs, v); derr != nil {
+			d.log.Warn("remove the storage of a volume whose record failed", "volume", id, "node", v.NodeID, "err", derr)
+		}
 		return Volume{}, err
 	}
 	out := d.withSize(dirs, v)
@@ -135,14 +147,22 @@ func (d *Driver) DeleteVolume(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	if _, err := d.GetVolume(ctx, id); err != nil {
+	v, err := d.GetVolume(ctx, id)
+	if err != nil {
 		return err
 	}
 	if err := d.store.DeleteVolume(ctx, id); err != nil {
 		return err
 	}
-	d.log.Info("volume deleted", "volume", id)
-	return dirs.Delete(id)
+	d.log.Info("volume deleted", "volume", id, "node", v.NodeID)
+	if err := d.deleteDir(ctx, dirs, v.Volume); err != nil && v.NodeID != "" {
+		// The volume is gone for clients; only its node's storage is left to reclaim.
+		d.log.Error("the storage of a deleted volume stays on its node", "volume", id, "node", v.NodeID, "err", err)
+		return nil
+	} else if err != nil {
+		return err
+	}
+	return nil
 }
 
 // CheckVolumeToken authorises a content API call on volume id.

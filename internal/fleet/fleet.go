@@ -177,16 +177,18 @@ func (f *Fleet) back(ctx context.Context, name string) {
 		lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		h, err := l.ListSandboxes(lctx)
 		if err == nil {
-			if err := f.o.Sandboxes.NodeBack(lctx, name, driver.Holdings{Running: h.Running, Paused: h.Paused}, c); err != nil {
-				f.o.Log.Error("reconcile a node that is back", "node", name, "err", err)
+			err = f.o.Sandboxes.NodeBack(lctx, name, driver.Holdings{Running: h.Running, Paused: h.Paused}, c)
+			if err == nil {
+				cancel()
+				return
 			}
-			cancel()
-			return
+			f.o.Log.Error("reconcile a node that is back; trying again", "node", name, "err", err)
+		} else {
+			f.o.Log.Warn("a node that joined cannot list its sandboxes yet", "node", name, "err", err)
 		}
 		cancel()
-		// Its traffic stays failing meanwhile: a node that cannot say what it holds is not served
-		// blind.
-		f.o.Log.Warn("a node that joined cannot list its sandboxes yet", "node", name, "err", err)
+		// Its traffic stays failing meanwhile: a node whose holdings are not reconciled is not
+		// served blind.
 		f.o.Sandboxes.NodeOut(name)
 		select {
 		case <-ctx.Done():

@@ -70,6 +70,15 @@ func Claim(dir string, w Want) (*Claims, error) {
 		c.files = append(c.files, f)
 		return nil
 	}
+	// iptables matches links by prefix ("vmon+" also matches "vmonb0"): a scope that starts
+	// another live node's, or starts with it, collides as much as the same one.
+	if other, err := liveClaim(root, "scope-", func(o string) bool {
+		return o != w.Scope && (strings.HasPrefix(o, w.Scope) || strings.HasPrefix(w.Scope, o))
+	}); err != nil {
+		return nil, err
+	} else if other != "" {
+		return nil, fmt.Errorf("another vmon node in this network namespace uses the link and chain prefix %q, which overlaps %q (give each node a --net-scope that does not start another's)", other, w.Scope)
+	}
 	if err := take("scope-"+w.Scope, fmt.Sprintf("the link and chain prefix %q (give each node its own --net-scope)", w.Scope)); err != nil {
 		c.Release()
 		return nil, err
@@ -90,28 +99,16 @@ func Claim(dir string, w Want) (*Claims, error) {
 // claimPool claims pool, refusing one that overlaps a pool another live node claimed.
 func (c *Claims) claimPool(root string, pool netip.Prefix) error {
 	name := "pool-" + strings.NewReplacer(".", "_", "/", "-").Replace(pool.String())
-	ents, err := os.ReadDir(root)
+	other, err := liveClaim(root, "pool-", func(x string) bool {
+		p, err := netip.ParsePrefix(strings.NewReplacer("_", ".", "-", "/").Replace(x))
+		return err == nil && "pool-"+x != name && p.Overlaps(pool)
+	})
 	if err != nil {
-		return fmt.Errorf("netclaim: %w", err)
+		return err
 	}
-	for _, e := range ents {
-		other, ok := strings.CutPrefix(e.Name(), "pool-")
-		if !ok || e.Name() == name {
-			continue
-		}
-		p, err := netip.ParsePrefix(strings.NewReplacer("_", ".", "-", "/").Replace(other))
-		if err != nil || !p.Overlaps(pool) {
-			continue
-		}
-		// A claim file whose lock nobody holds is a node that is gone.
-		f, err := lock(filepath.Join(root, e.Name()))
-		if err == nil {
-			_ = f.Close()
-			continue
-		}
-		if errors.Is(err, unix.EWOULDBLOCK) {
-			return fmt.Errorf("another vmon node in this network namespace uses sandbox addresses %s, which overlap --net-pool %s (give each node its own --net-pool)", p, pool)
-		}
+	if other != "" {
+		p := strings.NewReplacer("_", ".", "-", "/").Replace(other)
+		return fmt.Errorf("another vmon node in this network namespace uses sandbox addresses %s, which overlap --net-pool %s (give each node its own --net-pool)", p, pool)
 	}
 	f, err := lock(filepath.Join(root, name))
 	if errors.Is(err, unix.EWOULDBLOCK) {
@@ -122,6 +119,31 @@ func (c *Claims) claimPool(root string, pool netip.Prefix) error {
 	}
 	c.files = append(c.files, f)
 	return nil
+}
+
+// liveClaim returns the first claim under root named prefix+X, with match(X), that a live node
+// holds ("" if none).
+func liveClaim(root, prefix string, match func(string) bool) (string, error) {
+	ents, err := os.ReadDir(root)
+	if err != nil {
+		return "", fmt.Errorf("netclaim: %w", err)
+	}
+	for _, e := range ents {
+		x, ok := strings.CutPrefix(e.Name(), prefix)
+		if !ok || !match(x) {
+			continue
+		}
+		f, err := lock(filepath.Join(root, e.Name()))
+		if err == nil {
+			// Nobody holds it: a node that is gone.
+			_ = f.Close()
+			continue
+		}
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return x, nil
+		}
+	}
+	return "", nil
 }
 
 func lock(path string) (*os.File, error) {

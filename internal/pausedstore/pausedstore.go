@@ -21,6 +21,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
+	"time"
 
 	"github.com/vibemon/vmon/internal/artifacts"
 	"github.com/vibemon/vmon/internal/atomicfile"
@@ -54,6 +56,9 @@ type Node interface {
 // Templates fetches a template build the node lacks (tplstore.Sync.Fetch).
 type Templates func(ctx context.Context, id, build string) (template.Manifest, error)
 
+// pushMargin is what a pause keeps of its caller's deadline to answer in once its push gave up.
+const pushMargin = 10 * time.Second
+
 // Ref is the store's ref of paused sandbox id.
 func Ref(id string) string { return "paused/" + id }
 
@@ -69,6 +74,17 @@ type Carrier struct {
 	// locks orders a sandbox's pause, resume and delete here, so that a push of its copy is
 	// never overtaken by a resume of it.
 	locks keylock.Map
+	// pausing counts pauses whose copy is still on its way to the store.
+	pausing atomic.Int32
+}
+
+// Pausing is how many pauses are not done yet (their copies on the way to the store): a node
+// that stops waits for them.
+func (c *Carrier) Pausing() int {
+	if c == nil {
+		return 0
+	}
+	return int(c.pausing.Load())
 }
 
 // New returns a Carrier for n; stateDir keeps what it needs across restarts.
@@ -107,17 +123,26 @@ func (c *Carrier) sweep() {
 // the copy is there. A copy that cannot be stored leaves the sandbox paused here, resumable on
 // this node only, and no older copy in the store to be taken for it.
 func (c *Carrier) PauseSandbox(ctx context.Context, id string, memory bool) (node.PauseInfo, error) {
+	c.pausing.Add(1)
+	defer c.pausing.Add(-1)
 	unlock := c.locks.Lock(id)
 	defer unlock()
 	info, err := c.node.PauseSandbox(ctx, id, memory)
 	if err != nil {
 		return info, err
 	}
-	// The store's copy must not outlive this call's context cut short halfway.
-	pctx := context.WithoutCancel(ctx)
+	// A client that goes away does not cut the push short, but the caller's deadline holds (less
+	// a margin to answer in): a pause the driver gave up on would be recorded as still running.
+	pctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	if d, ok := ctx.Deadline(); ok {
+		pctx, cancel = context.WithDeadline(context.WithoutCancel(ctx), d.Add(-pushMargin))
+	}
+	defer cancel()
 	if err := c.push(pctx, id); err != nil {
 		c.log.Error("a paused sandbox could not be put in the store; it resumes on this node only", "sandbox", id, "err", err)
-		if derr := c.store.Delete(pctx, Ref(id)); derr != nil && !errors.Is(derr, artifacts.ErrNotFound) {
+		dctx, dcancel := context.WithTimeout(context.WithoutCancel(ctx), pushMargin)
+		defer dcancel()
+		if derr := c.store.Delete(dctx, Ref(id)); derr != nil && !errors.Is(derr, artifacts.ErrNotFound) {
 			c.log.Error("an older copy of a paused sandbox may still be in the store", "sandbox", id, "err", derr)
 		}
 		c.forgetOrigin(id)
@@ -158,7 +183,23 @@ func (c *Carrier) ResumeSandbox(ctx context.Context, spec node.CreateSpec, memor
 func (c *Carrier) fetch(ctx context.Context, id string) error {
 	dir := c.node.PausedDir(id)
 	if _, err := os.Stat(dir); err == nil {
-		return nil
+		// A copy here is the latest unless the store holds another: a newer pause elsewhere
+		// since this node held it.
+		ri, err := c.store.Resolve(ctx, Ref(id))
+		switch {
+		case errors.Is(err, artifacts.ErrNotFound):
+			return nil
+		case err != nil:
+			c.log.Warn("cannot check a paused sandbox's copy here against the store; resuming it", "sandbox", id, "err", err)
+			return nil
+		case ri.Manifest == c.origin(id):
+			return nil
+		}
+		c.log.Info("dropping a stale copy of a paused sandbox; the store has a newer one", "sandbox", id)
+		if err := c.node.DeletePaused(ctx, id); err != nil && !errdefs.Is(err, errdefs.KindNotFound) {
+			return fmt.Errorf("drop a stale copy of paused sandbox %s: %w", id, err)
+		}
+		c.forgetOrigin(id)
 	}
 	st, err := c.store.Pull(ctx, Ref(id), dir)
 	if errors.Is(err, artifacts.ErrNotFound) {
@@ -169,16 +210,20 @@ func (c *Carrier) fetch(ctx context.Context, id string) error {
 	}
 	c.log.Info("paused sandbox fetched from the store", "sandbox", id, "bytes", st.Bytes, "fetched", st.FetchedBytes, "took", st.Duration)
 	if err := c.setOrigin(id, st.Manifest); err != nil {
+		_ = os.RemoveAll(dir)
 		return err
 	}
 	meta, err := snapshot.Read(dir)
-	if err != nil {
-		return err
-	}
-	if c.templates != nil {
-		if _, err := c.templates(ctx, meta.TemplateID, meta.BuildID); err != nil && !errdefs.Is(err, errdefs.KindNotFound) {
-			return fmt.Errorf("template of paused sandbox %s: %w", id, err)
+	if err == nil && c.templates != nil {
+		if _, terr := c.templates(ctx, meta.TemplateID, meta.BuildID); terr != nil && !errdefs.Is(terr, errdefs.KindNotFound) {
+			err = fmt.Errorf("template of paused sandbox %s: %w", id, terr)
 		}
+	}
+	if err != nil {
+		// Not resumable here after all: no copy stays behind to be taken for the latest later.
+		_ = os.RemoveAll(dir)
+		c.forgetOrigin(id)
+		return err
 	}
 	return nil
 }

@@ -253,3 +253,29 @@ func TestPushFailureRemovesOlderCopy(t *testing.T) {
 		t.Fatalf("resume on the node that paused it: %v, state %q", err, na.running["sb1"])
 	}
 }
+
+// A node that still holds an old copy (its drop after a resume elsewhere never happened) and is
+// asked to resume the sandbox takes the newer copy from the store, not its own.
+func TestStaleCopyNotResumed(t *testing.T) {
+	ctx := context.Background()
+	c := newCluster(t)
+	a, na := c.node(t, c.store)
+	b, nb := c.node(t, c.store)
+	na.running["sb1"] = "v1"
+	if _, err := a.PauseSandbox(ctx, "sb1", true); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.ResumeSandbox(ctx, node.CreateSpec{ID: "sb1"}, true); err != nil {
+		t.Fatal(err)
+	}
+	nb.running["sb1"] = "v2"
+	if _, err := b.PauseSandbox(ctx, "sb1", true); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.ResumeSandbox(ctx, node.CreateSpec{ID: "sb1"}, true); err != nil {
+		t.Fatal(err)
+	}
+	if na.running["sb1"] != "v2" {
+		t.Fatalf("resumed the stale copy %q, want v2", na.running["sb1"])
+	}
+}

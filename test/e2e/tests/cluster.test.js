@@ -297,6 +297,8 @@ describe('cluster: one driver, two nodes', () => {
         users.push(s);
       }
       const home = holderIn(cl, users[0].sandboxId);
+      assert.ok(fs.existsSync(path.join(cl.nodes.find((n) => n.name === home).dataDir, 'volumes', `${vol.volumeId}.img`)),
+        "the volume's image is not on the node its sandboxes run on");
       assert.equal(holderIn(cl, users[1].sandboxId), home, 'two sandboxes of one volume on different nodes');
       await assert.rejects(Sandbox.create({ ...sdk(), metadata: { run: RUN }, volumeMounts: { '/data': vol } }), /full|capacity|429/i);
       const other = await Sandbox.create({ ...sdk(), metadata: { run: RUN } });
@@ -317,10 +319,14 @@ describe('cluster: one driver, two nodes', () => {
       const back = await Sandbox.connect(users[0].sandboxId, sdk());
       assert.equal(holderIn(cl, back.sandboxId), home);
       for (const s of users) await Sandbox.kill(s.sandboxId, sdk());
+      // Deleted through the driver: the record and the image on its node.
+      assert.equal(await Volume.destroy(vol.volumeId, sdk()), true);
+      await assert.rejects(Volume.getInfo(vol.volumeId, sdk()), /not found|404/i);
+      const homeDir = cl.nodes.find((n) => n.name === home).dataDir;
+      assert.ok(!fs.existsSync(path.join(homeDir, 'volumes', `${vol.volumeId}.img`)), "the volume's image is still on its node");
     } finally {
       await Volume.destroy(vol.volumeId, sdk()).catch(() => {});
     }
-    await assert.rejects(Volume.getInfo(vol.volumeId, sdk()), /not found|404/i);
   });
 
   ctest('a partition longer than the grace period: the record ends, and once healed the node runs nothing twice', async () => {
