@@ -26,7 +26,7 @@ func TestClaim(t *testing.T) {
 		{want("vm", "172.21.0.0/16", 5381), "--net-scope"},
 		{want("nodeb", "172.21.0.0/16", 5380), "--nflog-group"},
 		{want("nodeb", "172.20.5.0/24", 5381), "--net-pool"},
-		{want("nodeb", "172.0.0.0/8", 5381), "--net-pool"},
+		{want("nodeb", "172.16.0.0/12", 5381), "--net-pool"},
 		{want("nodeb", "172.20.0.0/16", 5381), "--net-pool"},
 	} {
 		c, err := Claim(dir, tc.w)

@@ -205,7 +205,7 @@ func (s *Server) VolumeWrite(_ context.Context, stream *connect.ClientStream[nod
 		pw.CloseWithError(stream.Err())
 	}()
 	e, err := v.Write(h.GetId(), h.GetPath(), pr, attrsFromWire(h.GetAttrs()), h.GetForce())
-	// Whatever the write left unread is drained, so the client's stream ends.
+	// The reader goroutine stops at its next write; the stream itself ends with this handler.
 	pr.CloseWithError(errors.New("volume write ended"))
 	if err != nil {
 		return nil, toWire(err)
