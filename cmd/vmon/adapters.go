@@ -75,10 +75,7 @@ type templateRoots struct {
 }
 
 func (t templateRoots) Image(ctx context.Context, id, buildID string) (node.Image, error) {
-	m, err := template.LoadBuild(t.dataDir, id, buildID)
-	if t.fetch != nil && (errdefs.Is(err, errdefs.KindNotFound) || (err == nil && len(m.Layers) == 0 && buildID != "" && m.BuildID != buildID)) {
-		m, err = t.fetch(ctx, id, buildID)
-	}
+	m, err := loadOrFetch(ctx, t.dataDir, t.fetch, id, buildID)
 	if err != nil {
 		return node.Image{}, err
 	}
@@ -87,6 +84,16 @@ func (t templateRoots) Image(ctx context.Context, id, buildID string) (node.Imag
 		img.StartSnapshot = filepath.Join(t.dataDir, m.StartSnapshot)
 	}
 	return img, nil
+}
+
+// loadOrFetch is build buildID of template id in dataDir, brought by fetch (when set) if the data
+// dir lacks it.
+func loadOrFetch(ctx context.Context, dataDir string, fetch templateFetcher, id, buildID string) (template.Manifest, error) {
+	m, err := template.LoadBuild(dataDir, id, buildID)
+	if fetch != nil && (errdefs.Is(err, errdefs.KindNotFound) || (err == nil && len(m.Layers) == 0 && buildID != "" && m.BuildID != buildID)) {
+		m, err = fetch(ctx, id, buildID)
+	}
+	return m, err
 }
 
 // buildSandboxes runs template build steps in the node's build sandboxes.

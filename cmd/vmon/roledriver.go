@@ -19,6 +19,7 @@ import (
 
 	"github.com/vibemon/vmon/internal/agentproto"
 	"github.com/vibemon/vmon/internal/api"
+	"github.com/vibemon/vmon/internal/build"
 	"github.com/vibemon/vmon/internal/cluster"
 	"github.com/vibemon/vmon/internal/config"
 	"github.com/vibemon/vmon/internal/driver"
@@ -33,6 +34,7 @@ import (
 	"github.com/vibemon/vmon/internal/secrets"
 	"github.com/vibemon/vmon/internal/store"
 	"github.com/vibemon/vmon/internal/template"
+	"github.com/vibemon/vmon/internal/templates"
 	"github.com/vibemon/vmon/internal/tplstore"
 )
 
@@ -189,8 +191,24 @@ func serveDriver(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 	if c.TLSEnabled() {
 		domain = c.Domain
 	}
-	apiHandler, err := api.New(api.Options{Driver: d, Store: st, Logger: log.With("component", "api"), Domain: domain,
-		Volumes: vols, Routes: map[string]http.Handler{"POST " + joinTokensPath: joinTokensHandler(auth)}})
+	aopts := api.Options{Driver: d, Store: st, Logger: log.With("component", "api"), Domain: domain,
+		Volumes: vols, Routes: map[string]http.Handler{"POST " + joinTokensPath: joinTokensHandler(auth)}}
+	if c.Store != "" {
+		// Builds run on the nodes, which publish them to the store; without one a build would
+		// stay on the node that ran it, so the build API answers 501.
+		files := build.NewFiles(c.DataDir)
+		svc := templates.New(templates.Options{DataDir: c.DataDir, Store: st, Engine: cluster.NewBuilds(router, files),
+			Files: files, Resolver: d, MaxConcurrent: c.BuildConcurrency, Log: log.With("component", "templates"),
+			RemoteParents: true})
+		if err := svc.Recover(ctx); err != nil {
+			return fmt.Errorf("recover template builds: %w", err)
+		}
+		defer svc.Close()
+		aopts.Builds = svc
+	} else {
+		log.Warn("template builds need a --store the nodes share: the build API answers 501")
+	}
+	apiHandler, err := api.New(aopts)
 	if err != nil {
 		return err
 	}

@@ -128,7 +128,17 @@ func serveNode(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 			return err
 		}
 	}
-	rpcPath, rpc := nodeapi.NewServer(gate, status).WithVolumes(ns.vols).Handler()
+	srvAPI := nodeapi.NewServer(gate, status).WithVolumes(ns.vols)
+	if tpls != nil {
+		// Builds need the store: their result must reach every node.
+		engine, files, err := newBuildEngine(c, n, log)
+		if err != nil {
+			return err
+		}
+		srvAPI.WithBuilds(nodeBuilds{dataDir: c.DataDir, engine: engine, files: files, tpls: tpls,
+			checkStart: func(startCmd string) error { return checkGuestPrograms(startCmd, filepath.Dir(n.EnvdPath())) }})
+	}
+	rpcPath, rpc := srvAPI.Handler()
 	mux := http.NewServeMux()
 	mux.Handle(rpcPath, rpc)
 	tunnels := nodeapi.TunnelHandler{Lookup: func(id string) (nodeapi.Tunnels, bool) {

@@ -979,17 +979,7 @@ func (t ingressTargets) Targets(ctx context.Context) []ingress.Target {
 // startTemplateBuilds sets up the template build flow: image pulls, the build engine over the
 // node's build sandboxes, and the service behind the build API.
 func startTemplateBuilds(ctx context.Context, c *config.Serve, st *store.Store, n *node.Node, d *driver.Driver, log *slog.Logger) (*templates.Service, error) {
-	mirrors, err := c.Mirrors()
-	if err != nil {
-		return nil, err
-	}
-	puller := oci.New(oci.Options{Mirrors: mirrors, Insecure: c.InsecureRegistries, DockerConfig: c.DockerConfig,
-		Log: log.With("component", "oci")})
-	files := build.NewFiles(c.DataDir)
-	engine, err := build.New(build.Options{DataDir: c.DataDir, Images: puller, Sandboxes: buildSandboxes{n: n},
-		Mounts: buildMounts{}, Files: files, ReadyTimeout: c.ReadyTimeout, NoStartSnapshot: !c.StartSnapshots,
-		EnvdBuild: filepath.Base(filepath.Dir(n.EnvdPath())),
-		Log:       log.With("component", "build")})
+	engine, files, err := newBuildEngine(c, n, log)
 	if err != nil {
 		return nil, err
 	}
@@ -1004,4 +994,24 @@ func startTemplateBuilds(ctx context.Context, c *config.Serve, st *store.Store, 
 		return nil, fmt.Errorf("recover template builds: %w", err)
 	}
 	return svc, nil
+}
+
+// newBuildEngine is the build engine over n's build sandboxes, with image pulls and the COPY
+// archives it takes.
+func newBuildEngine(c *config.Serve, n *node.Node, log *slog.Logger) (*build.Engine, *build.Files, error) {
+	mirrors, err := c.Mirrors()
+	if err != nil {
+		return nil, nil, err
+	}
+	puller := oci.New(oci.Options{Mirrors: mirrors, Insecure: c.InsecureRegistries, DockerConfig: c.DockerConfig,
+		Log: log.With("component", "oci")})
+	files := build.NewFiles(c.DataDir)
+	engine, err := build.New(build.Options{DataDir: c.DataDir, Images: puller, Sandboxes: buildSandboxes{n: n},
+		Mounts: buildMounts{}, Files: files, ReadyTimeout: c.ReadyTimeout, NoStartSnapshot: !c.StartSnapshots,
+		EnvdBuild: filepath.Base(filepath.Dir(n.EnvdPath())),
+		Log:       log.With("component", "build")})
+	if err != nil {
+		return nil, nil, err
+	}
+	return engine, files, nil
 }

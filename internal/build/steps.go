@@ -6,11 +6,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"path"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
 
 	"github.com/vibemon/vmon/internal/errdefs"
+	"github.com/vibemon/vmon/internal/template"
 )
 
 // Step is one instruction of a build, as the SDK's TemplateBuildStartV2 sends it.
@@ -53,6 +55,25 @@ type Parent struct {
 	Env     map[string]string
 	User    string
 	Workdir string
+}
+
+// ResolveParent is build buildID of template id in dataDir as a parent: its layers (a rootfs
+// template's one tree, or a step-built template's stack) and image settings.
+func ResolveParent(dataDir, id, buildID string) (*Parent, error) {
+	m, err := template.LoadBuild(dataDir, id, buildID)
+	if err != nil {
+		return nil, err
+	}
+	layers := m.Layers
+	if len(layers) == 0 {
+		rel, err := filepath.Rel(dataDir, m.RootfsDir())
+		if err != nil || !filepath.IsLocal(rel) {
+			return nil, fmt.Errorf("template %s lies outside the data dir", id)
+		}
+		layers = []string{rel}
+	}
+	return &Parent{TemplateID: id, BuildID: buildID, Layers: layers, Env: m.Env,
+		User: m.DefaultUser, Workdir: m.DefaultWorkdir}, nil
 }
 
 var (

@@ -52,6 +52,8 @@ type Server struct {
 	status func() Status
 	// vols, when set, are the node's volumes (WithVolumes).
 	vols VolumeHost
+	// builds, when set, runs template builds (WithBuilds).
+	builds Builder
 }
 
 var _ nodev1connect.NodeServiceHandler = (*Server)(nil)

@@ -59,6 +59,9 @@ type Options struct {
 	// CheckStart refuses a start command this node cannot run (e.g. one of vmon's own programs
 	// that is not installed), before the build starts and waits for it. Nil: every one is tried.
 	CheckStart func(startCmd string) error
+	// RemoteParents: builds run on nodes that hold the parent template, not in DataDir, so a
+	// build's parent is named by its ids and the node that runs it resolves its layers.
+	RemoteParents bool
 }
 
 // Service runs the template build API.
@@ -474,20 +477,10 @@ func (s *Service) parent(ctx context.Context, ref string) (*build.Parent, error)
 	if err != nil {
 		return nil, err
 	}
-	m, err := template.LoadBuild(s.opts.DataDir, tpl.ID, tpl.BuildID)
-	if err != nil {
-		return nil, err
+	if s.opts.RemoteParents {
+		return &build.Parent{TemplateID: tpl.ID, BuildID: tpl.BuildID}, nil
 	}
-	layers := m.Layers
-	if len(layers) == 0 {
-		rel, err := filepath.Rel(s.opts.DataDir, m.RootfsDir())
-		if err != nil || !filepath.IsLocal(rel) {
-			return nil, fmt.Errorf("template %s lies outside the data dir", tpl.ID)
-		}
-		layers = []string{rel}
-	}
-	return &build.Parent{TemplateID: tpl.ID, BuildID: tpl.BuildID, Layers: layers, Env: m.Env,
-		User: m.DefaultUser, Workdir: m.DefaultWorkdir}, nil
+	return build.ResolveParent(s.opts.DataDir, tpl.ID, tpl.BuildID)
 }
 
 func (s *Service) logPath(buildID string) string {

@@ -1,12 +1,14 @@
-// Package tplstore moves rootfs templates (a manifest and one read-only root filesystem, as base
-// and code-interpreter-v1-rootfs are) between a node's data dir and the cluster's artifact store
-// (internal/artifacts), so that a build made on one node boots on every node, and a driver knows
-// the cluster's templates without holding any.
+// Package tplstore moves template builds between a node's data dir and the cluster's artifact
+// store (internal/artifacts), so that a build made on one node boots on every node, and a driver
+// knows the cluster's rootfs templates without holding any.
 //
-// A build is two refs: templates/<id>/<build>/rootfs (the tree) and templates/<id>/<build>/manifest
-// (a tree holding manifest.json), the manifest written last: a reader that finds it finds the
-// whole build. It never builds a template and never touches sandboxes; templates built from steps
-// (layers) stay on their node.
+// A rootfs template (a manifest and one read-only root filesystem, as base and
+// code-interpreter-v1-rootfs are) is two refs: templates/<id>/<build>/rootfs (the tree) and
+// templates/<id>/<build>/manifest (a tree holding manifest.json). A template built from steps is
+// its layers and started snapshot, each the ref layers/<name> (content-addressed by the build
+// step that made it, so builds share them as they do on a node), and the manifest ref. The
+// manifest is always written last: a reader that finds it finds the whole build. It never builds
+// a template and never touches sandboxes.
 package tplstore
 
 import (
@@ -17,11 +19,16 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/vibemon/vmon/internal/artifacts"
+	"github.com/vibemon/vmon/internal/build"
 	"github.com/vibemon/vmon/internal/errdefs"
+	"github.com/vibemon/vmon/internal/keylock"
 	"github.com/vibemon/vmon/internal/template"
 )
 
@@ -38,6 +45,35 @@ const prefix = "templates/"
 func rootfsRef(id, build string) string   { return prefix + id + "/" + build + "/rootfs" }
 func manifestRef(id, build string) string { return prefix + id + "/" + build + "/manifest" }
 
+// What a step-built manifest may name as a layer or started snapshot, never a path elsewhere in
+// the data dir: the build cache's content-addressed directories, or the root filesystem of a
+// rootfs template build (the bottom layer of a template built from base).
+var (
+	cacheLayerRe  = regexp.MustCompile(`^` + build.LayersDir + `/[0-9a-f]{32}$`)
+	rootfsLayerRe = regexp.MustCompile(`^templates/([a-z0-9][a-z0-9_-]*)/rootfs-([a-zA-Z0-9][a-zA-Z0-9_-]{0,63})$`)
+)
+
+// layerRef is where layer rel (relative to the data dir) is kept in the store: a rootfs
+// template's tree is its build's rootfs ref, shared with that template.
+func layerRef(rel string) (string, error) {
+	if cacheLayerRe.MatchString(rel) {
+		return "layers/" + filepath.Base(rel), nil
+	}
+	if m := rootfsLayerRe.FindStringSubmatch(rel); m != nil {
+		return rootfsRef(m[1], m[2]), nil
+	}
+	return "", fmt.Errorf("layer %q is neither the build cache's nor a template's root filesystem", rel)
+}
+
+// layersOf are a step-built build's directories: its layers and its started snapshot.
+func layersOf(m template.Manifest) []string {
+	out := slices.Clone(m.Layers)
+	if m.StartSnapshot != "" {
+		out = append(out, m.StartSnapshot)
+	}
+	return out
+}
+
 // Sync moves the rootfs templates of one data dir.
 type Sync struct {
 	store   Store
@@ -47,6 +83,8 @@ type Sync struct {
 	mu sync.Mutex
 	// fetching serialises fetches of one template (two creates need it at once). +checklocks:mu
 	fetching map[string]*sync.Mutex
+	// layers serialises fetches of one layer (two templates sharing it).
+	layers keylock.Map
 }
 
 // New returns a Sync of dataDir's templates with store.
@@ -65,25 +103,44 @@ func (s *Sync) Publish(ctx context.Context) error {
 	}
 	var errs []error
 	for _, m := range ms {
-		if err := s.publish(ctx, m); err != nil {
+		if err := s.PublishBuild(ctx, m); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
 }
 
-func (s *Sync) publish(ctx context.Context, m template.Manifest) error {
-	if len(m.Layers) > 0 || m.StartSnapshot != "" {
-		return nil // built from steps: its layers live on its node
-	}
+// PublishBuild pushes one build of the data dir (a rootfs template, or one built from steps)
+// unless the store has it.
+func (s *Sync) PublishBuild(ctx context.Context, m template.Manifest) error {
 	if _, err := s.store.Resolve(ctx, manifestRef(m.ID, m.BuildID)); err == nil {
 		return nil
 	} else if !errors.Is(err, artifacts.ErrNotFound) {
 		return fmt.Errorf("template %s: %w", m.ID, err)
 	}
-	st, err := s.store.Push(ctx, rootfsRef(m.ID, m.BuildID), m.RootfsDir())
-	if err != nil {
-		return fmt.Errorf("publish template %s build %s: %w", m.ID, m.BuildID, err)
+	var st artifacts.PushStats
+	if len(m.Layers) > 0 {
+		for _, l := range layersOf(m) {
+			ref, err := layerRef(l)
+			if err != nil {
+				return fmt.Errorf("publish template %s build %s: %w", m.ID, m.BuildID, err)
+			}
+			if _, err := s.store.Resolve(ctx, ref); err == nil {
+				continue // another build's, or an earlier push of this one's
+			} else if !errors.Is(err, artifacts.ErrNotFound) {
+				return fmt.Errorf("template %s: %w", m.ID, err)
+			}
+			ls, err := s.store.Push(ctx, ref, filepath.Join(s.dataDir, l))
+			if err != nil {
+				return fmt.Errorf("publish template %s build %s: %w", m.ID, m.BuildID, err)
+			}
+			st.Files, st.Bytes = st.Files+ls.Files, st.Bytes+ls.Bytes
+		}
+	} else {
+		var err error
+		if st, err = s.store.Push(ctx, rootfsRef(m.ID, m.BuildID), m.RootfsDir()); err != nil {
+			return fmt.Errorf("publish template %s build %s: %w", m.ID, m.BuildID, err)
+		}
 	}
 	tmp, err := os.MkdirTemp("", "vmon-manifest-")
 	if err != nil {
@@ -104,7 +161,8 @@ func (s *Sync) publish(ctx context.Context, m template.Manifest) error {
 	return nil
 }
 
-// Manifests lists the newest build of each template in the store.
+// Manifests lists the newest build of each rootfs template in the store. Templates built from
+// steps are not listed: the driver that ran their build keeps their records.
 func (s *Sync) Manifests(ctx context.Context) ([]template.Manifest, error) {
 	refs, err := s.store.Refs(ctx, prefix)
 	if err != nil {
@@ -119,6 +177,9 @@ func (s *Sync) Manifests(ctx context.Context) ([]template.Manifest, error) {
 		m, err := s.manifest(ctx, parts[0], parts[1])
 		if err != nil {
 			s.log.Warn("a template manifest in the store cannot be read", "ref", r.Name, "err", err)
+			continue
+		}
+		if len(m.Layers) > 0 {
 			continue
 		}
 		if cur, ok := newest[m.ID]; !ok || m.BuiltAt.After(cur.BuiltAt) {
@@ -150,8 +211,16 @@ func (s *Sync) manifest(ctx context.Context, id, build string) (template.Manifes
 	if err := json.Unmarshal(b, &m); err != nil {
 		return template.Manifest{}, err
 	}
-	if m.ID != id || m.BuildID != build || len(m.Layers) > 0 || !filepath.IsLocal(m.Rootfs) {
+	if m.ID != id || m.BuildID != build {
 		return template.Manifest{}, fmt.Errorf("manifest of %s/%s is inconsistent", id, build)
+	}
+	if len(m.Layers) == 0 && (m.StartSnapshot != "" || !filepath.IsLocal(m.Rootfs)) {
+		return template.Manifest{}, fmt.Errorf("manifest of %s/%s is inconsistent", id, build)
+	}
+	for _, l := range layersOf(m) {
+		if _, err := layerRef(l); err != nil {
+			return template.Manifest{}, fmt.Errorf("manifest of %s/%s: %w", id, build, err)
+		}
 	}
 	return m, nil
 }
@@ -192,6 +261,9 @@ func (s *Sync) Fetch(ctx context.Context, id, build string) (template.Manifest, 
 	} else if err != nil {
 		return template.Manifest{}, err
 	}
+	if len(m.Layers) > 0 {
+		return s.fetchLayered(ctx, m)
+	}
 	dir := template.Dir(s.dataDir, id)
 	rootfs := filepath.Join(dir, m.Rootfs)
 	if _, err := os.Stat(rootfs); errors.Is(err, os.ErrNotExist) {
@@ -215,4 +287,50 @@ func (s *Sync) Fetch(ctx context.Context, id, build string) (template.Manifest, 
 		return template.Manifest{}, err
 	}
 	return template.Load(s.dataDir, id)
+}
+
+// fetchLayered brings a build made from steps: the layers and started snapshot the data dir
+// lacks, then its build manifest, which names them.
+func (s *Sync) fetchLayered(ctx context.Context, m template.Manifest) (template.Manifest, error) {
+	var pulled artifacts.PullStats
+	for _, l := range layersOf(m) {
+		st, err := s.fetchLayer(ctx, l)
+		if err != nil {
+			return template.Manifest{}, fmt.Errorf("fetch template %s build %s: %w", m.ID, m.BuildID, err)
+		}
+		pulled.Files, pulled.Bytes = pulled.Files+st.Files, pulled.Bytes+st.Bytes
+	}
+	if err := template.WriteBuild(s.dataDir, m); err != nil {
+		return template.Manifest{}, err
+	}
+	s.log.Info("template fetched from the store", "template", m.ID, "build", m.BuildID, "layers", len(m.Layers),
+		"files", pulled.Files, "bytes", pulled.Bytes)
+	return template.LoadBuild(s.dataDir, m.ID, m.BuildID)
+}
+
+// fetchLayer pulls one layer unless the data dir has it. It is assembled beside its place under a
+// temporary name (in the build cache, one its sweep at start removes after a crash) and renamed
+// in. A rootfs template's tree comes without its manifest: the node's own build of that
+// template stays the one its sandboxes get.
+func (s *Sync) fetchLayer(ctx context.Context, rel string) (artifacts.PullStats, error) {
+	unlock := s.layers.Lock(rel)
+	defer unlock()
+	dst := filepath.Join(s.dataDir, rel)
+	if fi, err := os.Stat(dst); err == nil && fi.IsDir() {
+		return artifacts.PullStats{}, nil
+	}
+	ref, err := layerRef(rel)
+	if err != nil {
+		return artifacts.PullStats{}, err
+	}
+	tmp := filepath.Join(filepath.Dir(dst), fmt.Sprintf(".tmp-fetch-%s-%d", filepath.Base(rel), time.Now().UnixNano()))
+	st, err := s.store.Pull(ctx, ref, tmp)
+	if err != nil {
+		return st, err
+	}
+	if err := os.Rename(tmp, dst); err != nil {
+		_ = os.RemoveAll(tmp)
+		return st, fmt.Errorf("place layer %s: %w", rel, err)
+	}
+	return st, nil
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -96,5 +97,71 @@ func TestPublishAndFetch(t *testing.T) {
 		if _, err := sub.Fetch(ctx, c[0], c[1]); !errdefs.Is(err, errdefs.KindNotFound) {
 			t.Errorf("fetch %v: %v", c, err)
 		}
+	}
+}
+
+// A template built from steps on base goes through the store with its layers, its started
+// snapshot and base's root filesystem: another data dir that has none of them gets them all, the
+// build manifest naming them, and base's own build there is left as it was. The store's template
+// list (what a driver records) leaves step-built templates to the driver that ran their build.
+func TestPublishAndFetchLayered(t *testing.T) {
+	ctx := context.Background()
+	store := newStore(t)
+	t0 := time.Date(2026, 12, 5, 9, 0, 0, 0, time.UTC)
+	a, b := t.TempDir(), t.TempDir()
+	writeTemplate(t, a, "base", "b1", t0)
+	writeTemplate(t, b, "base", "b0", t0.Add(-time.Hour)) // b's own, older base
+	step, snap := "layers/"+strings.Repeat("a", 32), "layers/"+strings.Repeat("b", 32)
+	for _, l := range []string{step, snap} {
+		if err := os.MkdirAll(filepath.Join(a, l, "opt"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(a, l, "opt", "what"), []byte(l), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m := template.Manifest{ID: "tpl", BuildID: "bd1", Layers: []string{step, "templates/base/rootfs-b1"}, StartSnapshot: snap,
+		StartCmd: "sleep infinity", DefaultUser: "user", BuiltAt: t0}
+	if err := template.WriteBuild(a, m); err != nil {
+		t.Fatal(err)
+	}
+	pub := New(store, a, nil)
+	if err := pub.PublishBuild(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	if ms, err := pub.Manifests(ctx); err != nil || len(ms) != 0 {
+		t.Fatalf("the store lists %+v (%v); a step-built template is the driver's to record", ms, err)
+	}
+	got, err := New(store, b, nil).Fetch(ctx, "tpl", "bd1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.StartSnapshot != snap || len(got.Layers) != 2 {
+		t.Fatalf("fetched manifest: %+v", got)
+	}
+	for _, l := range []string{step, snap} {
+		if c, err := os.ReadFile(filepath.Join(b, l, "opt", "what")); err != nil || string(c) != l {
+			t.Fatalf("layer %s: %q %v", l, c, err)
+		}
+	}
+	if c, err := os.ReadFile(filepath.Join(b, "templates", "base", "rootfs-b1", "release")); err != nil || string(c) != "build b1\n" {
+		t.Fatalf("base's rootfs of the build: %q %v", c, err)
+	}
+	if local, err := template.Load(b, "base"); err != nil || local.BuildID != "b0" {
+		t.Fatalf("the data dir's own base changed: %+v %v", local, err)
+	}
+	if loaded, err := template.LoadBuild(b, "tpl", "bd1"); err != nil || loaded.StartCmd != "sleep infinity" {
+		t.Fatalf("the build is not the data dir's: %+v %v", loaded, err)
+	}
+	ents, _ := os.ReadDir(filepath.Join(b, "layers"))
+	if len(ents) != 2 {
+		t.Fatalf("layers dir holds %d entries, want the 2 layers and nothing left over", len(ents))
+	}
+
+	// A manifest naming a path outside the build cache and the templates' trees is refused.
+	bad := m
+	bad.BuildID, bad.Layers = "bd2", []string{"../../etc"}
+	if err := pub.PublishBuild(ctx, bad); err == nil {
+		t.Fatal("a layer outside the data dir's layers was published")
 	}
 }

@@ -7,7 +7,7 @@ import { execFileSync, spawnSync } from 'node:child_process';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { Sandbox, Volume } from 'e2b';
+import { Sandbox, Template, Volume } from 'e2b';
 import { MiB, hashStream, randomStream } from '../lib/data.js';
 import { DRIVER_IP, holderIn, lsJSON as clusterLs, startCluster, stopCluster } from '../lib/cluster.js';
 import {
@@ -431,6 +431,56 @@ describe('cluster on an S3 store: one driver, three nodes', () => {
     await assertCameBack(cl, back, to);
     await runVmon(['node', 'drain', from, '--undo', '--data-dir', cl.driver.dataDir]);
     assert.equal(await back.kill(), true);
+  });
+
+  ctest('a template built through the driver (a COPY, a RUN, a start command) boots on nodes that never had it', async () => {
+    const ctxDir = fs.mkdtempSync(path.join(root, 'ctx-'));
+    fs.writeFileSync(path.join(ctxDir, 'hello.txt'), 'copied through the driver\n');
+    const name = `${RUN}-built`.toLowerCase().replace(/[^a-z0-9-_]/g, '-');
+    // The start command draws a token: every sandbox restored from the build's started snapshot
+    // shows the one drawn at build time, on whichever node it lands.
+    const start = 'head -c 8 /dev/urandom | od -An -tx1 | tr -d " \\n" > /tmp/start-token; exec sleep infinity';
+    const lines = [];
+    await Template.build(
+      Template({ fileContextPath: ctxDir })
+        .fromTemplate('base')
+        .copy('hello.txt', '/opt/hello.txt')
+        .runCmd('echo "$(whoami) built" > /opt/built', { user: 'root' })
+        .setStartCmd(`sh -c '${start}'`, 'test -s /tmp/start-token'),
+      name, { ...sdk(), onBuildLogs: (e) => lines.push(e.message) });
+    const builder = lines.map((l) => /building on node (\S+)/.exec(l)?.[1]).find(Boolean);
+    assert.ok(builder, `the build log names no node:\n${lines.join('\n')}`);
+    assert.ok(lines.some((l) => /publishing the build to the cluster's store/.test(l)), lines.join('\n'));
+
+    // The node that built it is drained: sandboxes of it land on the two that never had it.
+    await runVmon(['node', 'drain', builder, '--data-dir', cl.driver.dataDir]);
+    try {
+      await waitFor(async () => (await clusterLs(cl, 'node', 'ls')).find((n) => n.name === builder)?.state === 'draining',
+        { what: `${builder} listed draining` });
+      const sbxs = [];
+      for (let i = 0; i < 2; i++) {
+        const s = await Sandbox.create(name, { ...sdk(), metadata: { run: RUN } });
+        created.push(s);
+        sbxs.push(s);
+      }
+      const where = sbxs.map((s) => holderIn(cl, s.sandboxId));
+      assert.ok(where.every((w) => w && w !== builder), `placed on ${where}, built on ${builder}`);
+      let token;
+      for (const s of sbxs) {
+        assert.equal((await s.commands.run('cat /opt/hello.txt /opt/built')).stdout, 'copied through the driver\nroot built\n');
+        const t = (await s.commands.run('cat /tmp/start-token')).stdout;
+        assert.match(t, /^[0-9a-f]{16}$/);
+        token ??= t;
+        assert.equal(t, token, 'a sandbox ran the start command again instead of being restored from the build');
+        assert.match((await s.commands.run('pgrep -x sleep')).stdout, /^\d+/, 'the started process is not running');
+      }
+      for (const n of cl.nodes.filter((n) => where.includes(n.name))) {
+        assert.ok(n.tail.some((l) => /template fetched from the store.*layers=[1-9]/.test(l)), `${n.name} did not fetch the build`);
+      }
+      for (const s of sbxs) assert.equal(await s.kill(), true);
+    } finally {
+      await runVmon(['node', 'drain', builder, '--undo', '--data-dir', cl.driver.dataDir]);
+    }
   });
 });
 

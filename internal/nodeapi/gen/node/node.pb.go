@@ -27,6 +27,740 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type PutBuildFileRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Header        *BuildFileHeader       `protobuf:"bytes,1,opt,name=header,proto3" json:"header,omitempty"`
+	Data          []byte                 `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PutBuildFileRequest) Reset() {
+	*x = PutBuildFileRequest{}
+	mi := &file_node_node_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PutBuildFileRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PutBuildFileRequest) ProtoMessage() {}
+
+func (x *PutBuildFileRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_node_node_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PutBuildFileRequest.ProtoReflect.Descriptor instead.
+func (*PutBuildFileRequest) Descriptor() ([]byte, []int) {
+	return file_node_node_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *PutBuildFileRequest) GetHeader() *BuildFileHeader {
+	if x != nil {
+		return x.Header
+	}
+	return nil
+}
+
+func (x *PutBuildFileRequest) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+type BuildFileHeader struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	TemplateId string                 `protobuf:"bytes,1,opt,name=template_id,json=templateId,proto3" json:"template_id,omitempty"`
+	// The archive's sha256, as the SDK names it.
+	Hash          string `protobuf:"bytes,2,opt,name=hash,proto3" json:"hash,omitempty"`
+	Size          int64  `protobuf:"varint,3,opt,name=size,proto3" json:"size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BuildFileHeader) Reset() {
+	*x = BuildFileHeader{}
+	mi := &file_node_node_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BuildFileHeader) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BuildFileHeader) ProtoMessage() {}
+
+func (x *BuildFileHeader) ProtoReflect() protoreflect.Message {
+	mi := &file_node_node_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BuildFileHeader.ProtoReflect.Descriptor instead.
+func (*BuildFileHeader) Descriptor() ([]byte, []int) {
+	return file_node_node_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *BuildFileHeader) GetTemplateId() string {
+	if x != nil {
+		return x.TemplateId
+	}
+	return ""
+}
+
+func (x *BuildFileHeader) GetHash() string {
+	if x != nil {
+		return x.Hash
+	}
+	return ""
+}
+
+func (x *BuildFileHeader) GetSize() int64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+type PutBuildFileResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PutBuildFileResponse) Reset() {
+	*x = PutBuildFileResponse{}
+	mi := &file_node_node_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PutBuildFileResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PutBuildFileResponse) ProtoMessage() {}
+
+func (x *PutBuildFileResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_node_node_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PutBuildFileResponse.ProtoReflect.Descriptor instead.
+func (*PutBuildFileResponse) Descriptor() ([]byte, []int) {
+	return file_node_node_proto_rawDescGZIP(), []int{2}
+}
+
+type BuildTemplateRequest struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	TemplateId string                 `protobuf:"bytes,1,opt,name=template_id,json=templateId,proto3" json:"template_id,omitempty"`
+	BuildId    string                 `protobuf:"bytes,2,opt,name=build_id,json=buildId,proto3" json:"build_id,omitempty"`
+	// Exactly one of from_image and from_template.
+	FromImage         string         `protobuf:"bytes,3,opt,name=from_image,json=fromImage,proto3" json:"from_image,omitempty"`
+	FromImageRegistry *BuildRegistry `protobuf:"bytes,4,opt,name=from_image_registry,json=fromImageRegistry,proto3" json:"from_image_registry,omitempty"`
+	// The parent build by id only: the node resolves its layers (fetching them when it lacks them).
+	FromTemplate  *BuildParent `protobuf:"bytes,5,opt,name=from_template,json=fromTemplate,proto3" json:"from_template,omitempty"`
+	StartCmd      string       `protobuf:"bytes,6,opt,name=start_cmd,json=startCmd,proto3" json:"start_cmd,omitempty"`
+	ReadyCmd      string       `protobuf:"bytes,7,opt,name=ready_cmd,json=readyCmd,proto3" json:"ready_cmd,omitempty"`
+	Force         bool         `protobuf:"varint,8,opt,name=force,proto3" json:"force,omitempty"`
+	Steps         []*BuildStep `protobuf:"bytes,9,rep,name=steps,proto3" json:"steps,omitempty"`
+	Cpus          int32        `protobuf:"varint,10,opt,name=cpus,proto3" json:"cpus,omitempty"`
+	MemoryMb      int32        `protobuf:"varint,11,opt,name=memory_mb,json=memoryMb,proto3" json:"memory_mb,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BuildTemplateRequest) Reset() {
+	*x = BuildTemplateRequest{}
+	mi := &file_node_node_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BuildTemplateRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BuildTemplateRequest) ProtoMessage() {}
+
+func (x *BuildTemplateRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_node_node_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BuildTemplateRequest.ProtoReflect.Descriptor instead.
+func (*BuildTemplateRequest) Descriptor() ([]byte, []int) {
+	return file_node_node_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *BuildTemplateRequest) GetTemplateId() string {
+	if x != nil {
+		return x.TemplateId
+	}
+	return ""
+}
+
+func (x *BuildTemplateRequest) GetBuildId() string {
+	if x != nil {
+		return x.BuildId
+	}
+	return ""
+}
+
+func (x *BuildTemplateRequest) GetFromImage() string {
+	if x != nil {
+		return x.FromImage
+	}
+	return ""
+}
+
+func (x *BuildTemplateRequest) GetFromImageRegistry() *BuildRegistry {
+	if x != nil {
+		return x.FromImageRegistry
+	}
+	return nil
+}
+
+func (x *BuildTemplateRequest) GetFromTemplate() *BuildParent {
+	if x != nil {
+		return x.FromTemplate
+	}
+	return nil
+}
+
+func (x *BuildTemplateRequest) GetStartCmd() string {
+	if x != nil {
+		return x.StartCmd
+	}
+	return ""
+}
+
+func (x *BuildTemplateRequest) GetReadyCmd() string {
+	if x != nil {
+		return x.ReadyCmd
+	}
+	return ""
+}
+
+func (x *BuildTemplateRequest) GetForce() bool {
+	if x != nil {
+		return x.Force
+	}
+	return false
+}
+
+func (x *BuildTemplateRequest) GetSteps() []*BuildStep {
+	if x != nil {
+		return x.Steps
+	}
+	return nil
+}
+
+func (x *BuildTemplateRequest) GetCpus() int32 {
+	if x != nil {
+		return x.Cpus
+	}
+	return 0
+}
+
+func (x *BuildTemplateRequest) GetMemoryMb() int32 {
+	if x != nil {
+		return x.MemoryMb
+	}
+	return 0
+}
+
+type BuildRegistry struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Type          string                 `protobuf:"bytes,1,opt,name=type,proto3" json:"type,omitempty"`
+	Username      string                 `protobuf:"bytes,2,opt,name=username,proto3" json:"username,omitempty"`
+	Password      string                 `protobuf:"bytes,3,opt,name=password,proto3" json:"password,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BuildRegistry) Reset() {
+	*x = BuildRegistry{}
+	mi := &file_node_node_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BuildRegistry) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BuildRegistry) ProtoMessage() {}
+
+func (x *BuildRegistry) ProtoReflect() protoreflect.Message {
+	mi := &file_node_node_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BuildRegistry.ProtoReflect.Descriptor instead.
+func (*BuildRegistry) Descriptor() ([]byte, []int) {
+	return file_node_node_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *BuildRegistry) GetType() string {
+	if x != nil {
+		return x.Type
+	}
+	return ""
+}
+
+func (x *BuildRegistry) GetUsername() string {
+	if x != nil {
+		return x.Username
+	}
+	return ""
+}
+
+func (x *BuildRegistry) GetPassword() string {
+	if x != nil {
+		return x.Password
+	}
+	return ""
+}
+
+type BuildParent struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	TemplateId    string                 `protobuf:"bytes,1,opt,name=template_id,json=templateId,proto3" json:"template_id,omitempty"`
+	BuildId       string                 `protobuf:"bytes,2,opt,name=build_id,json=buildId,proto3" json:"build_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BuildParent) Reset() {
+	*x = BuildParent{}
+	mi := &file_node_node_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BuildParent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BuildParent) ProtoMessage() {}
+
+func (x *BuildParent) ProtoReflect() protoreflect.Message {
+	mi := &file_node_node_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BuildParent.ProtoReflect.Descriptor instead.
+func (*BuildParent) Descriptor() ([]byte, []int) {
+	return file_node_node_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *BuildParent) GetTemplateId() string {
+	if x != nil {
+		return x.TemplateId
+	}
+	return ""
+}
+
+func (x *BuildParent) GetBuildId() string {
+	if x != nil {
+		return x.BuildId
+	}
+	return ""
+}
+
+type BuildStep struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Type          string                 `protobuf:"bytes,1,opt,name=type,proto3" json:"type,omitempty"`
+	Args          []string               `protobuf:"bytes,2,rep,name=args,proto3" json:"args,omitempty"`
+	Force         bool                   `protobuf:"varint,3,opt,name=force,proto3" json:"force,omitempty"`
+	FilesHash     string                 `protobuf:"bytes,4,opt,name=files_hash,json=filesHash,proto3" json:"files_hash,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BuildStep) Reset() {
+	*x = BuildStep{}
+	mi := &file_node_node_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BuildStep) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BuildStep) ProtoMessage() {}
+
+func (x *BuildStep) ProtoReflect() protoreflect.Message {
+	mi := &file_node_node_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BuildStep.ProtoReflect.Descriptor instead.
+func (*BuildStep) Descriptor() ([]byte, []int) {
+	return file_node_node_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *BuildStep) GetType() string {
+	if x != nil {
+		return x.Type
+	}
+	return ""
+}
+
+func (x *BuildStep) GetArgs() []string {
+	if x != nil {
+		return x.Args
+	}
+	return nil
+}
+
+func (x *BuildStep) GetForce() bool {
+	if x != nil {
+		return x.Force
+	}
+	return false
+}
+
+func (x *BuildStep) GetFilesHash() string {
+	if x != nil {
+		return x.FilesHash
+	}
+	return ""
+}
+
+type BuildEvent struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Event:
+	//
+	//	*BuildEvent_Log
+	//	*BuildEvent_Done
+	//	*BuildEvent_Failed
+	Event         isBuildEvent_Event `protobuf_oneof:"event"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BuildEvent) Reset() {
+	*x = BuildEvent{}
+	mi := &file_node_node_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BuildEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BuildEvent) ProtoMessage() {}
+
+func (x *BuildEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_node_node_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BuildEvent.ProtoReflect.Descriptor instead.
+func (*BuildEvent) Descriptor() ([]byte, []int) {
+	return file_node_node_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *BuildEvent) GetEvent() isBuildEvent_Event {
+	if x != nil {
+		return x.Event
+	}
+	return nil
+}
+
+func (x *BuildEvent) GetLog() *BuildLogEntry {
+	if x != nil {
+		if x, ok := x.Event.(*BuildEvent_Log); ok {
+			return x.Log
+		}
+	}
+	return nil
+}
+
+func (x *BuildEvent) GetDone() *BuildDone {
+	if x != nil {
+		if x, ok := x.Event.(*BuildEvent_Done); ok {
+			return x.Done
+		}
+	}
+	return nil
+}
+
+func (x *BuildEvent) GetFailed() *BuildFailed {
+	if x != nil {
+		if x, ok := x.Event.(*BuildEvent_Failed); ok {
+			return x.Failed
+		}
+	}
+	return nil
+}
+
+type isBuildEvent_Event interface {
+	isBuildEvent_Event()
+}
+
+type BuildEvent_Log struct {
+	Log *BuildLogEntry `protobuf:"bytes,1,opt,name=log,proto3,oneof"`
+}
+
+type BuildEvent_Done struct {
+	Done *BuildDone `protobuf:"bytes,2,opt,name=done,proto3,oneof"`
+}
+
+type BuildEvent_Failed struct {
+	Failed *BuildFailed `protobuf:"bytes,3,opt,name=failed,proto3,oneof"`
+}
+
+func (*BuildEvent_Log) isBuildEvent_Event() {}
+
+func (*BuildEvent_Done) isBuildEvent_Event() {}
+
+func (*BuildEvent_Failed) isBuildEvent_Event() {}
+
+type BuildLogEntry struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Timestamp     *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=timestamp,proto3" json:"timestamp,omitempty"`
+	Level         string                 `protobuf:"bytes,2,opt,name=level,proto3" json:"level,omitempty"`
+	Step          string                 `protobuf:"bytes,3,opt,name=step,proto3" json:"step,omitempty"`
+	Message       string                 `protobuf:"bytes,4,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BuildLogEntry) Reset() {
+	*x = BuildLogEntry{}
+	mi := &file_node_node_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BuildLogEntry) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BuildLogEntry) ProtoMessage() {}
+
+func (x *BuildLogEntry) ProtoReflect() protoreflect.Message {
+	mi := &file_node_node_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BuildLogEntry.ProtoReflect.Descriptor instead.
+func (*BuildLogEntry) Descriptor() ([]byte, []int) {
+	return file_node_node_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *BuildLogEntry) GetTimestamp() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Timestamp
+	}
+	return nil
+}
+
+func (x *BuildLogEntry) GetLevel() string {
+	if x != nil {
+		return x.Level
+	}
+	return ""
+}
+
+func (x *BuildLogEntry) GetStep() string {
+	if x != nil {
+		return x.Step
+	}
+	return ""
+}
+
+func (x *BuildLogEntry) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+type BuildDone struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	DefaultUser    string                 `protobuf:"bytes,1,opt,name=default_user,json=defaultUser,proto3" json:"default_user,omitempty"`
+	DefaultWorkdir string                 `protobuf:"bytes,2,opt,name=default_workdir,json=defaultWorkdir,proto3" json:"default_workdir,omitempty"`
+	BuildSeconds   float64                `protobuf:"fixed64,3,opt,name=build_seconds,json=buildSeconds,proto3" json:"build_seconds,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *BuildDone) Reset() {
+	*x = BuildDone{}
+	mi := &file_node_node_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BuildDone) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BuildDone) ProtoMessage() {}
+
+func (x *BuildDone) ProtoReflect() protoreflect.Message {
+	mi := &file_node_node_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BuildDone.ProtoReflect.Descriptor instead.
+func (*BuildDone) Descriptor() ([]byte, []int) {
+	return file_node_node_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *BuildDone) GetDefaultUser() string {
+	if x != nil {
+		return x.DefaultUser
+	}
+	return ""
+}
+
+func (x *BuildDone) GetDefaultWorkdir() string {
+	if x != nil {
+		return x.DefaultWorkdir
+	}
+	return ""
+}
+
+func (x *BuildDone) GetBuildSeconds() float64 {
+	if x != nil {
+		return x.BuildSeconds
+	}
+	return 0
+}
+
+// BuildFailed is a build that ran and failed at a step: what the SDK's BuildError shows.
+type BuildFailed struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Step          string                 `protobuf:"bytes,1,opt,name=step,proto3" json:"step,omitempty"`
+	Message       string                 `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BuildFailed) Reset() {
+	*x = BuildFailed{}
+	mi := &file_node_node_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BuildFailed) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BuildFailed) ProtoMessage() {}
+
+func (x *BuildFailed) ProtoReflect() protoreflect.Message {
+	mi := &file_node_node_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BuildFailed.ProtoReflect.Descriptor instead.
+func (*BuildFailed) Descriptor() ([]byte, []int) {
+	return file_node_node_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *BuildFailed) GetStep() string {
+	if x != nil {
+		return x.Step
+	}
+	return ""
+}
+
+func (x *BuildFailed) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
 type CreateVolumeRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -38,7 +772,7 @@ type CreateVolumeRequest struct {
 
 func (x *CreateVolumeRequest) Reset() {
 	*x = CreateVolumeRequest{}
-	mi := &file_node_node_proto_msgTypes[0]
+	mi := &file_node_node_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -50,7 +784,7 @@ func (x *CreateVolumeRequest) String() string {
 func (*CreateVolumeRequest) ProtoMessage() {}
 
 func (x *CreateVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[0]
+	mi := &file_node_node_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -63,7 +797,7 @@ func (x *CreateVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateVolumeRequest.ProtoReflect.Descriptor instead.
 func (*CreateVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{0}
+	return file_node_node_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *CreateVolumeRequest) GetId() string {
@@ -89,7 +823,7 @@ type VolumeRequest struct {
 
 func (x *VolumeRequest) Reset() {
 	*x = VolumeRequest{}
-	mi := &file_node_node_proto_msgTypes[1]
+	mi := &file_node_node_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -101,7 +835,7 @@ func (x *VolumeRequest) String() string {
 func (*VolumeRequest) ProtoMessage() {}
 
 func (x *VolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[1]
+	mi := &file_node_node_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -114,7 +848,7 @@ func (x *VolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VolumeRequest.ProtoReflect.Descriptor instead.
 func (*VolumeRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{1}
+	return file_node_node_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *VolumeRequest) GetId() string {
@@ -132,7 +866,7 @@ type DeleteVolumeResponse struct {
 
 func (x *DeleteVolumeResponse) Reset() {
 	*x = DeleteVolumeResponse{}
-	mi := &file_node_node_proto_msgTypes[2]
+	mi := &file_node_node_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -144,7 +878,7 @@ func (x *DeleteVolumeResponse) String() string {
 func (*DeleteVolumeResponse) ProtoMessage() {}
 
 func (x *DeleteVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[2]
+	mi := &file_node_node_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -157,7 +891,7 @@ func (x *DeleteVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteVolumeResponse.ProtoReflect.Descriptor instead.
 func (*DeleteVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{2}
+	return file_node_node_proto_rawDescGZIP(), []int{13}
 }
 
 type VolumeSize struct {
@@ -170,7 +904,7 @@ type VolumeSize struct {
 
 func (x *VolumeSize) Reset() {
 	*x = VolumeSize{}
-	mi := &file_node_node_proto_msgTypes[3]
+	mi := &file_node_node_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -182,7 +916,7 @@ func (x *VolumeSize) String() string {
 func (*VolumeSize) ProtoMessage() {}
 
 func (x *VolumeSize) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[3]
+	mi := &file_node_node_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -195,7 +929,7 @@ func (x *VolumeSize) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VolumeSize.ProtoReflect.Descriptor instead.
 func (*VolumeSize) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{3}
+	return file_node_node_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *VolumeSize) GetBytes() int64 {
@@ -215,7 +949,7 @@ type VolumePathRequest struct {
 
 func (x *VolumePathRequest) Reset() {
 	*x = VolumePathRequest{}
-	mi := &file_node_node_proto_msgTypes[4]
+	mi := &file_node_node_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -227,7 +961,7 @@ func (x *VolumePathRequest) String() string {
 func (*VolumePathRequest) ProtoMessage() {}
 
 func (x *VolumePathRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[4]
+	mi := &file_node_node_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -240,7 +974,7 @@ func (x *VolumePathRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VolumePathRequest.ProtoReflect.Descriptor instead.
 func (*VolumePathRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{4}
+	return file_node_node_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *VolumePathRequest) GetId() string {
@@ -268,7 +1002,7 @@ type VolumeListRequest struct {
 
 func (x *VolumeListRequest) Reset() {
 	*x = VolumeListRequest{}
-	mi := &file_node_node_proto_msgTypes[5]
+	mi := &file_node_node_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -280,7 +1014,7 @@ func (x *VolumeListRequest) String() string {
 func (*VolumeListRequest) ProtoMessage() {}
 
 func (x *VolumeListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[5]
+	mi := &file_node_node_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -293,7 +1027,7 @@ func (x *VolumeListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VolumeListRequest.ProtoReflect.Descriptor instead.
 func (*VolumeListRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{5}
+	return file_node_node_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *VolumeListRequest) GetId() string {
@@ -329,7 +1063,7 @@ type VolumeAttrs struct {
 
 func (x *VolumeAttrs) Reset() {
 	*x = VolumeAttrs{}
-	mi := &file_node_node_proto_msgTypes[6]
+	mi := &file_node_node_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -341,7 +1075,7 @@ func (x *VolumeAttrs) String() string {
 func (*VolumeAttrs) ProtoMessage() {}
 
 func (x *VolumeAttrs) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[6]
+	mi := &file_node_node_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -354,7 +1088,7 @@ func (x *VolumeAttrs) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VolumeAttrs.ProtoReflect.Descriptor instead.
 func (*VolumeAttrs) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{6}
+	return file_node_node_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *VolumeAttrs) GetUid() uint32 {
@@ -390,7 +1124,7 @@ type VolumeMkdirRequest struct {
 
 func (x *VolumeMkdirRequest) Reset() {
 	*x = VolumeMkdirRequest{}
-	mi := &file_node_node_proto_msgTypes[7]
+	mi := &file_node_node_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -402,7 +1136,7 @@ func (x *VolumeMkdirRequest) String() string {
 func (*VolumeMkdirRequest) ProtoMessage() {}
 
 func (x *VolumeMkdirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[7]
+	mi := &file_node_node_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -415,7 +1149,7 @@ func (x *VolumeMkdirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VolumeMkdirRequest.ProtoReflect.Descriptor instead.
 func (*VolumeMkdirRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{7}
+	return file_node_node_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *VolumeMkdirRequest) GetId() string {
@@ -457,7 +1191,7 @@ type VolumeChattrRequest struct {
 
 func (x *VolumeChattrRequest) Reset() {
 	*x = VolumeChattrRequest{}
-	mi := &file_node_node_proto_msgTypes[8]
+	mi := &file_node_node_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -469,7 +1203,7 @@ func (x *VolumeChattrRequest) String() string {
 func (*VolumeChattrRequest) ProtoMessage() {}
 
 func (x *VolumeChattrRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[8]
+	mi := &file_node_node_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -482,7 +1216,7 @@ func (x *VolumeChattrRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VolumeChattrRequest.ProtoReflect.Descriptor instead.
 func (*VolumeChattrRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{8}
+	return file_node_node_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *VolumeChattrRequest) GetId() string {
@@ -514,7 +1248,7 @@ type VolumeRemoveResponse struct {
 
 func (x *VolumeRemoveResponse) Reset() {
 	*x = VolumeRemoveResponse{}
-	mi := &file_node_node_proto_msgTypes[9]
+	mi := &file_node_node_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -526,7 +1260,7 @@ func (x *VolumeRemoveResponse) String() string {
 func (*VolumeRemoveResponse) ProtoMessage() {}
 
 func (x *VolumeRemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[9]
+	mi := &file_node_node_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -539,7 +1273,7 @@ func (x *VolumeRemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VolumeRemoveResponse.ProtoReflect.Descriptor instead.
 func (*VolumeRemoveResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{9}
+	return file_node_node_proto_rawDescGZIP(), []int{20}
 }
 
 type VolumeEntry struct {
@@ -561,7 +1295,7 @@ type VolumeEntry struct {
 
 func (x *VolumeEntry) Reset() {
 	*x = VolumeEntry{}
-	mi := &file_node_node_proto_msgTypes[10]
+	mi := &file_node_node_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -573,7 +1307,7 @@ func (x *VolumeEntry) String() string {
 func (*VolumeEntry) ProtoMessage() {}
 
 func (x *VolumeEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[10]
+	mi := &file_node_node_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -586,7 +1320,7 @@ func (x *VolumeEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VolumeEntry.ProtoReflect.Descriptor instead.
 func (*VolumeEntry) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{10}
+	return file_node_node_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *VolumeEntry) GetName() string {
@@ -675,7 +1409,7 @@ type VolumeEntries struct {
 
 func (x *VolumeEntries) Reset() {
 	*x = VolumeEntries{}
-	mi := &file_node_node_proto_msgTypes[11]
+	mi := &file_node_node_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -687,7 +1421,7 @@ func (x *VolumeEntries) String() string {
 func (*VolumeEntries) ProtoMessage() {}
 
 func (x *VolumeEntries) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[11]
+	mi := &file_node_node_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -700,7 +1434,7 @@ func (x *VolumeEntries) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VolumeEntries.ProtoReflect.Descriptor instead.
 func (*VolumeEntries) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{11}
+	return file_node_node_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *VolumeEntries) GetEntries() []*VolumeEntry {
@@ -721,7 +1455,7 @@ type VolumeChunk struct {
 
 func (x *VolumeChunk) Reset() {
 	*x = VolumeChunk{}
-	mi := &file_node_node_proto_msgTypes[12]
+	mi := &file_node_node_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -733,7 +1467,7 @@ func (x *VolumeChunk) String() string {
 func (*VolumeChunk) ProtoMessage() {}
 
 func (x *VolumeChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[12]
+	mi := &file_node_node_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -746,7 +1480,7 @@ func (x *VolumeChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VolumeChunk.ProtoReflect.Descriptor instead.
 func (*VolumeChunk) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{12}
+	return file_node_node_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *VolumeChunk) GetSize() int64 {
@@ -773,7 +1507,7 @@ type VolumeWriteRequest struct {
 
 func (x *VolumeWriteRequest) Reset() {
 	*x = VolumeWriteRequest{}
-	mi := &file_node_node_proto_msgTypes[13]
+	mi := &file_node_node_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -785,7 +1519,7 @@ func (x *VolumeWriteRequest) String() string {
 func (*VolumeWriteRequest) ProtoMessage() {}
 
 func (x *VolumeWriteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[13]
+	mi := &file_node_node_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -798,7 +1532,7 @@ func (x *VolumeWriteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VolumeWriteRequest.ProtoReflect.Descriptor instead.
 func (*VolumeWriteRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{13}
+	return file_node_node_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *VolumeWriteRequest) GetHeader() *VolumeWriteHeader {
@@ -827,7 +1561,7 @@ type VolumeWriteHeader struct {
 
 func (x *VolumeWriteHeader) Reset() {
 	*x = VolumeWriteHeader{}
-	mi := &file_node_node_proto_msgTypes[14]
+	mi := &file_node_node_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -839,7 +1573,7 @@ func (x *VolumeWriteHeader) String() string {
 func (*VolumeWriteHeader) ProtoMessage() {}
 
 func (x *VolumeWriteHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[14]
+	mi := &file_node_node_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -852,7 +1586,7 @@ func (x *VolumeWriteHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VolumeWriteHeader.ProtoReflect.Descriptor instead.
 func (*VolumeWriteHeader) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{14}
+	return file_node_node_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *VolumeWriteHeader) GetId() string {
@@ -891,7 +1625,7 @@ type ListSandboxesRequest struct {
 
 func (x *ListSandboxesRequest) Reset() {
 	*x = ListSandboxesRequest{}
-	mi := &file_node_node_proto_msgTypes[15]
+	mi := &file_node_node_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -903,7 +1637,7 @@ func (x *ListSandboxesRequest) String() string {
 func (*ListSandboxesRequest) ProtoMessage() {}
 
 func (x *ListSandboxesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[15]
+	mi := &file_node_node_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -916,7 +1650,7 @@ func (x *ListSandboxesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxesRequest.ProtoReflect.Descriptor instead.
 func (*ListSandboxesRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{15}
+	return file_node_node_proto_rawDescGZIP(), []int{26}
 }
 
 type ListSandboxesResponse struct {
@@ -930,7 +1664,7 @@ type ListSandboxesResponse struct {
 
 func (x *ListSandboxesResponse) Reset() {
 	*x = ListSandboxesResponse{}
-	mi := &file_node_node_proto_msgTypes[16]
+	mi := &file_node_node_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -942,7 +1676,7 @@ func (x *ListSandboxesResponse) String() string {
 func (*ListSandboxesResponse) ProtoMessage() {}
 
 func (x *ListSandboxesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[16]
+	mi := &file_node_node_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -955,7 +1689,7 @@ func (x *ListSandboxesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxesResponse.ProtoReflect.Descriptor instead.
 func (*ListSandboxesResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{16}
+	return file_node_node_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ListSandboxesResponse) GetRunning() []string {
@@ -980,7 +1714,7 @@ type InfoRequest struct {
 
 func (x *InfoRequest) Reset() {
 	*x = InfoRequest{}
-	mi := &file_node_node_proto_msgTypes[17]
+	mi := &file_node_node_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -992,7 +1726,7 @@ func (x *InfoRequest) String() string {
 func (*InfoRequest) ProtoMessage() {}
 
 func (x *InfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[17]
+	mi := &file_node_node_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1005,7 +1739,7 @@ func (x *InfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoRequest.ProtoReflect.Descriptor instead.
 func (*InfoRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{17}
+	return file_node_node_proto_rawDescGZIP(), []int{28}
 }
 
 type InfoResponse struct {
@@ -1028,7 +1762,7 @@ type InfoResponse struct {
 
 func (x *InfoResponse) Reset() {
 	*x = InfoResponse{}
-	mi := &file_node_node_proto_msgTypes[18]
+	mi := &file_node_node_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1040,7 +1774,7 @@ func (x *InfoResponse) String() string {
 func (*InfoResponse) ProtoMessage() {}
 
 func (x *InfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[18]
+	mi := &file_node_node_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1053,7 +1787,7 @@ func (x *InfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoResponse.ProtoReflect.Descriptor instead.
 func (*InfoResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{18}
+	return file_node_node_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *InfoResponse) GetFeatures() []string {
@@ -1115,7 +1849,7 @@ type VolumeMount struct {
 
 func (x *VolumeMount) Reset() {
 	*x = VolumeMount{}
-	mi := &file_node_node_proto_msgTypes[19]
+	mi := &file_node_node_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1127,7 +1861,7 @@ func (x *VolumeMount) String() string {
 func (*VolumeMount) ProtoMessage() {}
 
 func (x *VolumeMount) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[19]
+	mi := &file_node_node_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1140,7 +1874,7 @@ func (x *VolumeMount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VolumeMount.ProtoReflect.Descriptor instead.
 func (*VolumeMount) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{19}
+	return file_node_node_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *VolumeMount) GetId() string {
@@ -1179,7 +1913,7 @@ type CreateSpec struct {
 
 func (x *CreateSpec) Reset() {
 	*x = CreateSpec{}
-	mi := &file_node_node_proto_msgTypes[20]
+	mi := &file_node_node_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1191,7 +1925,7 @@ func (x *CreateSpec) String() string {
 func (*CreateSpec) ProtoMessage() {}
 
 func (x *CreateSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[20]
+	mi := &file_node_node_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1204,7 +1938,7 @@ func (x *CreateSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSpec.ProtoReflect.Descriptor instead.
 func (*CreateSpec) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{20}
+	return file_node_node_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *CreateSpec) GetId() string {
@@ -1302,7 +2036,7 @@ type SandboxInfo struct {
 
 func (x *SandboxInfo) Reset() {
 	*x = SandboxInfo{}
-	mi := &file_node_node_proto_msgTypes[21]
+	mi := &file_node_node_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1314,7 +2048,7 @@ func (x *SandboxInfo) String() string {
 func (*SandboxInfo) ProtoMessage() {}
 
 func (x *SandboxInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[21]
+	mi := &file_node_node_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1327,7 +2061,7 @@ func (x *SandboxInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxInfo.ProtoReflect.Descriptor instead.
 func (*SandboxInfo) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{21}
+	return file_node_node_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *SandboxInfo) GetId() string {
@@ -1360,7 +2094,7 @@ type CreateSandboxRequest struct {
 
 func (x *CreateSandboxRequest) Reset() {
 	*x = CreateSandboxRequest{}
-	mi := &file_node_node_proto_msgTypes[22]
+	mi := &file_node_node_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1372,7 +2106,7 @@ func (x *CreateSandboxRequest) String() string {
 func (*CreateSandboxRequest) ProtoMessage() {}
 
 func (x *CreateSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[22]
+	mi := &file_node_node_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1385,7 +2119,7 @@ func (x *CreateSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSandboxRequest.ProtoReflect.Descriptor instead.
 func (*CreateSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{22}
+	return file_node_node_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *CreateSandboxRequest) GetSpec() *CreateSpec {
@@ -1404,7 +2138,7 @@ type DestroySandboxRequest struct {
 
 func (x *DestroySandboxRequest) Reset() {
 	*x = DestroySandboxRequest{}
-	mi := &file_node_node_proto_msgTypes[23]
+	mi := &file_node_node_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1416,7 +2150,7 @@ func (x *DestroySandboxRequest) String() string {
 func (*DestroySandboxRequest) ProtoMessage() {}
 
 func (x *DestroySandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[23]
+	mi := &file_node_node_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1429,7 +2163,7 @@ func (x *DestroySandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DestroySandboxRequest.ProtoReflect.Descriptor instead.
 func (*DestroySandboxRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{23}
+	return file_node_node_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *DestroySandboxRequest) GetId() string {
@@ -1447,7 +2181,7 @@ type DestroySandboxResponse struct {
 
 func (x *DestroySandboxResponse) Reset() {
 	*x = DestroySandboxResponse{}
-	mi := &file_node_node_proto_msgTypes[24]
+	mi := &file_node_node_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1459,7 +2193,7 @@ func (x *DestroySandboxResponse) String() string {
 func (*DestroySandboxResponse) ProtoMessage() {}
 
 func (x *DestroySandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[24]
+	mi := &file_node_node_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1472,7 +2206,7 @@ func (x *DestroySandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DestroySandboxResponse.ProtoReflect.Descriptor instead.
 func (*DestroySandboxResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{24}
+	return file_node_node_proto_rawDescGZIP(), []int{35}
 }
 
 type UpdateEgressRequest struct {
@@ -1485,7 +2219,7 @@ type UpdateEgressRequest struct {
 
 func (x *UpdateEgressRequest) Reset() {
 	*x = UpdateEgressRequest{}
-	mi := &file_node_node_proto_msgTypes[25]
+	mi := &file_node_node_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1497,7 +2231,7 @@ func (x *UpdateEgressRequest) String() string {
 func (*UpdateEgressRequest) ProtoMessage() {}
 
 func (x *UpdateEgressRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[25]
+	mi := &file_node_node_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1510,7 +2244,7 @@ func (x *UpdateEgressRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateEgressRequest.ProtoReflect.Descriptor instead.
 func (*UpdateEgressRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{25}
+	return file_node_node_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *UpdateEgressRequest) GetId() string {
@@ -1535,7 +2269,7 @@ type UpdateEgressResponse struct {
 
 func (x *UpdateEgressResponse) Reset() {
 	*x = UpdateEgressResponse{}
-	mi := &file_node_node_proto_msgTypes[26]
+	mi := &file_node_node_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1547,7 +2281,7 @@ func (x *UpdateEgressResponse) String() string {
 func (*UpdateEgressResponse) ProtoMessage() {}
 
 func (x *UpdateEgressResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[26]
+	mi := &file_node_node_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1560,7 +2294,7 @@ func (x *UpdateEgressResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateEgressResponse.ProtoReflect.Descriptor instead.
 func (*UpdateEgressResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{26}
+	return file_node_node_proto_rawDescGZIP(), []int{37}
 }
 
 type PauseSandboxRequest struct {
@@ -1573,7 +2307,7 @@ type PauseSandboxRequest struct {
 
 func (x *PauseSandboxRequest) Reset() {
 	*x = PauseSandboxRequest{}
-	mi := &file_node_node_proto_msgTypes[27]
+	mi := &file_node_node_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1585,7 +2319,7 @@ func (x *PauseSandboxRequest) String() string {
 func (*PauseSandboxRequest) ProtoMessage() {}
 
 func (x *PauseSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[27]
+	mi := &file_node_node_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1598,7 +2332,7 @@ func (x *PauseSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseSandboxRequest.ProtoReflect.Descriptor instead.
 func (*PauseSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{27}
+	return file_node_node_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *PauseSandboxRequest) GetId() string {
@@ -1625,7 +2359,7 @@ type PauseInfo struct {
 
 func (x *PauseInfo) Reset() {
 	*x = PauseInfo{}
-	mi := &file_node_node_proto_msgTypes[28]
+	mi := &file_node_node_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1637,7 +2371,7 @@ func (x *PauseInfo) String() string {
 func (*PauseInfo) ProtoMessage() {}
 
 func (x *PauseInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[28]
+	mi := &file_node_node_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1650,7 +2384,7 @@ func (x *PauseInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseInfo.ProtoReflect.Descriptor instead.
 func (*PauseInfo) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{28}
+	return file_node_node_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *PauseInfo) GetMemory() bool {
@@ -1677,7 +2411,7 @@ type ResumeSandboxRequest struct {
 
 func (x *ResumeSandboxRequest) Reset() {
 	*x = ResumeSandboxRequest{}
-	mi := &file_node_node_proto_msgTypes[29]
+	mi := &file_node_node_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1689,7 +2423,7 @@ func (x *ResumeSandboxRequest) String() string {
 func (*ResumeSandboxRequest) ProtoMessage() {}
 
 func (x *ResumeSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[29]
+	mi := &file_node_node_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1702,7 +2436,7 @@ func (x *ResumeSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeSandboxRequest.ProtoReflect.Descriptor instead.
 func (*ResumeSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{29}
+	return file_node_node_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ResumeSandboxRequest) GetSpec() *CreateSpec {
@@ -1728,7 +2462,7 @@ type DeletePausedRequest struct {
 
 func (x *DeletePausedRequest) Reset() {
 	*x = DeletePausedRequest{}
-	mi := &file_node_node_proto_msgTypes[30]
+	mi := &file_node_node_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1740,7 +2474,7 @@ func (x *DeletePausedRequest) String() string {
 func (*DeletePausedRequest) ProtoMessage() {}
 
 func (x *DeletePausedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[30]
+	mi := &file_node_node_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1753,7 +2487,7 @@ func (x *DeletePausedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeletePausedRequest.ProtoReflect.Descriptor instead.
 func (*DeletePausedRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{30}
+	return file_node_node_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *DeletePausedRequest) GetId() string {
@@ -1771,7 +2505,7 @@ type DeletePausedResponse struct {
 
 func (x *DeletePausedResponse) Reset() {
 	*x = DeletePausedResponse{}
-	mi := &file_node_node_proto_msgTypes[31]
+	mi := &file_node_node_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1783,7 +2517,7 @@ func (x *DeletePausedResponse) String() string {
 func (*DeletePausedResponse) ProtoMessage() {}
 
 func (x *DeletePausedResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[31]
+	mi := &file_node_node_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1796,7 +2530,7 @@ func (x *DeletePausedResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeletePausedResponse.ProtoReflect.Descriptor instead.
 func (*DeletePausedResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{31}
+	return file_node_node_proto_rawDescGZIP(), []int{42}
 }
 
 type SnapshotSandboxRequest struct {
@@ -1809,7 +2543,7 @@ type SnapshotSandboxRequest struct {
 
 func (x *SnapshotSandboxRequest) Reset() {
 	*x = SnapshotSandboxRequest{}
-	mi := &file_node_node_proto_msgTypes[32]
+	mi := &file_node_node_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1821,7 +2555,7 @@ func (x *SnapshotSandboxRequest) String() string {
 func (*SnapshotSandboxRequest) ProtoMessage() {}
 
 func (x *SnapshotSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[32]
+	mi := &file_node_node_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1834,7 +2568,7 @@ func (x *SnapshotSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotSandboxRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{32}
+	return file_node_node_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *SnapshotSandboxRequest) GetId() string {
@@ -1863,7 +2597,7 @@ type CreateFromSnapshotRequest struct {
 
 func (x *CreateFromSnapshotRequest) Reset() {
 	*x = CreateFromSnapshotRequest{}
-	mi := &file_node_node_proto_msgTypes[33]
+	mi := &file_node_node_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1875,7 +2609,7 @@ func (x *CreateFromSnapshotRequest) String() string {
 func (*CreateFromSnapshotRequest) ProtoMessage() {}
 
 func (x *CreateFromSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[33]
+	mi := &file_node_node_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1888,7 +2622,7 @@ func (x *CreateFromSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateFromSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*CreateFromSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{33}
+	return file_node_node_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *CreateFromSnapshotRequest) GetSpec() *CreateSpec {
@@ -1921,7 +2655,7 @@ type DeleteSnapshotRequest struct {
 
 func (x *DeleteSnapshotRequest) Reset() {
 	*x = DeleteSnapshotRequest{}
-	mi := &file_node_node_proto_msgTypes[34]
+	mi := &file_node_node_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1933,7 +2667,7 @@ func (x *DeleteSnapshotRequest) String() string {
 func (*DeleteSnapshotRequest) ProtoMessage() {}
 
 func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[34]
+	mi := &file_node_node_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1946,7 +2680,7 @@ func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{34}
+	return file_node_node_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *DeleteSnapshotRequest) GetSnapshotId() string {
@@ -1964,7 +2698,7 @@ type DeleteSnapshotResponse struct {
 
 func (x *DeleteSnapshotResponse) Reset() {
 	*x = DeleteSnapshotResponse{}
-	mi := &file_node_node_proto_msgTypes[35]
+	mi := &file_node_node_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1976,7 +2710,7 @@ func (x *DeleteSnapshotResponse) String() string {
 func (*DeleteSnapshotResponse) ProtoMessage() {}
 
 func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[35]
+	mi := &file_node_node_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1989,7 +2723,7 @@ func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{35}
+	return file_node_node_proto_rawDescGZIP(), []int{46}
 }
 
 type SandboxMetricsRequest struct {
@@ -2001,7 +2735,7 @@ type SandboxMetricsRequest struct {
 
 func (x *SandboxMetricsRequest) Reset() {
 	*x = SandboxMetricsRequest{}
-	mi := &file_node_node_proto_msgTypes[36]
+	mi := &file_node_node_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2013,7 +2747,7 @@ func (x *SandboxMetricsRequest) String() string {
 func (*SandboxMetricsRequest) ProtoMessage() {}
 
 func (x *SandboxMetricsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[36]
+	mi := &file_node_node_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2026,7 +2760,7 @@ func (x *SandboxMetricsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxMetricsRequest.ProtoReflect.Descriptor instead.
 func (*SandboxMetricsRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{36}
+	return file_node_node_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *SandboxMetricsRequest) GetId() string {
@@ -2052,7 +2786,7 @@ type Metrics struct {
 
 func (x *Metrics) Reset() {
 	*x = Metrics{}
-	mi := &file_node_node_proto_msgTypes[37]
+	mi := &file_node_node_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2064,7 +2798,7 @@ func (x *Metrics) String() string {
 func (*Metrics) ProtoMessage() {}
 
 func (x *Metrics) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[37]
+	mi := &file_node_node_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2077,7 +2811,7 @@ func (x *Metrics) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Metrics.ProtoReflect.Descriptor instead.
 func (*Metrics) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{37}
+	return file_node_node_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *Metrics) GetTimestamp() *timestamppb.Timestamp {
@@ -2145,7 +2879,7 @@ type WatchDeniedRequest struct {
 
 func (x *WatchDeniedRequest) Reset() {
 	*x = WatchDeniedRequest{}
-	mi := &file_node_node_proto_msgTypes[38]
+	mi := &file_node_node_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2157,7 +2891,7 @@ func (x *WatchDeniedRequest) String() string {
 func (*WatchDeniedRequest) ProtoMessage() {}
 
 func (x *WatchDeniedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[38]
+	mi := &file_node_node_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2170,7 +2904,7 @@ func (x *WatchDeniedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchDeniedRequest.ProtoReflect.Descriptor instead.
 func (*WatchDeniedRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{38}
+	return file_node_node_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *WatchDeniedRequest) GetId() string {
@@ -2192,7 +2926,7 @@ type WatchDeniedResponse struct {
 
 func (x *WatchDeniedResponse) Reset() {
 	*x = WatchDeniedResponse{}
-	mi := &file_node_node_proto_msgTypes[39]
+	mi := &file_node_node_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2204,7 +2938,7 @@ func (x *WatchDeniedResponse) String() string {
 func (*WatchDeniedResponse) ProtoMessage() {}
 
 func (x *WatchDeniedResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[39]
+	mi := &file_node_node_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2217,7 +2951,7 @@ func (x *WatchDeniedResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchDeniedResponse.ProtoReflect.Descriptor instead.
 func (*WatchDeniedResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{39}
+	return file_node_node_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *WatchDeniedResponse) GetRecent() []*DeniedEvent {
@@ -2252,7 +2986,7 @@ type DeniedEvent struct {
 
 func (x *DeniedEvent) Reset() {
 	*x = DeniedEvent{}
-	mi := &file_node_node_proto_msgTypes[40]
+	mi := &file_node_node_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2264,7 +2998,7 @@ func (x *DeniedEvent) String() string {
 func (*DeniedEvent) ProtoMessage() {}
 
 func (x *DeniedEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[40]
+	mi := &file_node_node_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2277,7 +3011,7 @@ func (x *DeniedEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeniedEvent.ProtoReflect.Descriptor instead.
 func (*DeniedEvent) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{40}
+	return file_node_node_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *DeniedEvent) GetTime() *timestamppb.Timestamp {
@@ -2354,7 +3088,63 @@ var File_node_node_proto protoreflect.FileDescriptor
 
 const file_node_node_proto_rawDesc = "" +
 	"\n" +
-	"\x0fnode/node.proto\x12\fvmon.node.v1\x1a\x1fgoogle/protobuf/timestamp.proto\">\n" +
+	"\x0fnode/node.proto\x12\fvmon.node.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"`\n" +
+	"\x13PutBuildFileRequest\x125\n" +
+	"\x06header\x18\x01 \x01(\v2\x1d.vmon.node.v1.BuildFileHeaderR\x06header\x12\x12\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\"Z\n" +
+	"\x0fBuildFileHeader\x12\x1f\n" +
+	"\vtemplate_id\x18\x01 \x01(\tR\n" +
+	"templateId\x12\x12\n" +
+	"\x04hash\x18\x02 \x01(\tR\x04hash\x12\x12\n" +
+	"\x04size\x18\x03 \x01(\x03R\x04size\"\x16\n" +
+	"\x14PutBuildFileResponse\"\xae\x03\n" +
+	"\x14BuildTemplateRequest\x12\x1f\n" +
+	"\vtemplate_id\x18\x01 \x01(\tR\n" +
+	"templateId\x12\x19\n" +
+	"\bbuild_id\x18\x02 \x01(\tR\abuildId\x12\x1d\n" +
+	"\n" +
+	"from_image\x18\x03 \x01(\tR\tfromImage\x12K\n" +
+	"\x13from_image_registry\x18\x04 \x01(\v2\x1b.vmon.node.v1.BuildRegistryR\x11fromImageRegistry\x12>\n" +
+	"\rfrom_template\x18\x05 \x01(\v2\x19.vmon.node.v1.BuildParentR\ffromTemplate\x12\x1b\n" +
+	"\tstart_cmd\x18\x06 \x01(\tR\bstartCmd\x12\x1b\n" +
+	"\tready_cmd\x18\a \x01(\tR\breadyCmd\x12\x14\n" +
+	"\x05force\x18\b \x01(\bR\x05force\x12-\n" +
+	"\x05steps\x18\t \x03(\v2\x17.vmon.node.v1.BuildStepR\x05steps\x12\x12\n" +
+	"\x04cpus\x18\n" +
+	" \x01(\x05R\x04cpus\x12\x1b\n" +
+	"\tmemory_mb\x18\v \x01(\x05R\bmemoryMb\"[\n" +
+	"\rBuildRegistry\x12\x12\n" +
+	"\x04type\x18\x01 \x01(\tR\x04type\x12\x1a\n" +
+	"\busername\x18\x02 \x01(\tR\busername\x12\x1a\n" +
+	"\bpassword\x18\x03 \x01(\tR\bpassword\"I\n" +
+	"\vBuildParent\x12\x1f\n" +
+	"\vtemplate_id\x18\x01 \x01(\tR\n" +
+	"templateId\x12\x19\n" +
+	"\bbuild_id\x18\x02 \x01(\tR\abuildId\"h\n" +
+	"\tBuildStep\x12\x12\n" +
+	"\x04type\x18\x01 \x01(\tR\x04type\x12\x12\n" +
+	"\x04args\x18\x02 \x03(\tR\x04args\x12\x14\n" +
+	"\x05force\x18\x03 \x01(\bR\x05force\x12\x1d\n" +
+	"\n" +
+	"files_hash\x18\x04 \x01(\tR\tfilesHash\"\xaa\x01\n" +
+	"\n" +
+	"BuildEvent\x12/\n" +
+	"\x03log\x18\x01 \x01(\v2\x1b.vmon.node.v1.BuildLogEntryH\x00R\x03log\x12-\n" +
+	"\x04done\x18\x02 \x01(\v2\x17.vmon.node.v1.BuildDoneH\x00R\x04done\x123\n" +
+	"\x06failed\x18\x03 \x01(\v2\x19.vmon.node.v1.BuildFailedH\x00R\x06failedB\a\n" +
+	"\x05event\"\x8d\x01\n" +
+	"\rBuildLogEntry\x128\n" +
+	"\ttimestamp\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\ttimestamp\x12\x14\n" +
+	"\x05level\x18\x02 \x01(\tR\x05level\x12\x12\n" +
+	"\x04step\x18\x03 \x01(\tR\x04step\x12\x18\n" +
+	"\amessage\x18\x04 \x01(\tR\amessage\"|\n" +
+	"\tBuildDone\x12!\n" +
+	"\fdefault_user\x18\x01 \x01(\tR\vdefaultUser\x12'\n" +
+	"\x0fdefault_workdir\x18\x02 \x01(\tR\x0edefaultWorkdir\x12#\n" +
+	"\rbuild_seconds\x18\x03 \x01(\x01R\fbuildSeconds\";\n" +
+	"\vBuildFailed\x12\x12\n" +
+	"\x04step\x18\x01 \x01(\tR\x04step\x12\x18\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\">\n" +
 	"\x13CreateVolumeRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x17\n" +
 	"\asize_mb\x18\x02 \x01(\x03R\x06sizeMb\"\x1f\n" +
@@ -2520,7 +3310,7 @@ const file_node_node_proto_rawDesc = "" +
 	"\x04rule\x18\b \x01(\tR\x04rule\x12\x14\n" +
 	"\x05count\x18\t \x01(\x03R\x05count\x12\x18\n" +
 	"\arepeats\x18\n" +
-	" \x01(\bR\arepeats2\xcf\x0e\n" +
+	" \x01(\bR\arepeats2\xf9\x0f\n" +
 	"\vNodeService\x12=\n" +
 	"\x04Info\x12\x19.vmon.node.v1.InfoRequest\x1a\x1a.vmon.node.v1.InfoResponse\x12N\n" +
 	"\rCreateSandbox\x12\".vmon.node.v1.CreateSandboxRequest\x1a\x19.vmon.node.v1.SandboxInfo\x12[\n" +
@@ -2547,7 +3337,9 @@ const file_node_node_proto_rawDesc = "" +
 	"\fVolumeRemove\x12\x1f.vmon.node.v1.VolumePathRequest\x1a\".vmon.node.v1.VolumeRemoveResponse\x12J\n" +
 	"\n" +
 	"VolumeRead\x12\x1f.vmon.node.v1.VolumePathRequest\x1a\x19.vmon.node.v1.VolumeChunk0\x01\x12L\n" +
-	"\vVolumeWrite\x12 .vmon.node.v1.VolumeWriteRequest\x1a\x19.vmon.node.v1.VolumeEntry(\x01B:Z8github.com/vibemon/vmon/internal/nodeapi/gen/node;nodev1b\x06proto3"
+	"\vVolumeWrite\x12 .vmon.node.v1.VolumeWriteRequest\x1a\x19.vmon.node.v1.VolumeEntry(\x01\x12W\n" +
+	"\fPutBuildFile\x12!.vmon.node.v1.PutBuildFileRequest\x1a\".vmon.node.v1.PutBuildFileResponse(\x01\x12O\n" +
+	"\rBuildTemplate\x12\".vmon.node.v1.BuildTemplateRequest\x1a\x18.vmon.node.v1.BuildEvent0\x01B:Z8github.com/vibemon/vmon/internal/nodeapi/gen/node;nodev1b\x06proto3"
 
 var (
 	file_node_node_proto_rawDescOnce sync.Once
@@ -2561,122 +3353,145 @@ func file_node_node_proto_rawDescGZIP() []byte {
 	return file_node_node_proto_rawDescData
 }
 
-var file_node_node_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
+var file_node_node_proto_msgTypes = make([]protoimpl.MessageInfo, 53)
 var file_node_node_proto_goTypes = []any{
-	(*CreateVolumeRequest)(nil),       // 0: vmon.node.v1.CreateVolumeRequest
-	(*VolumeRequest)(nil),             // 1: vmon.node.v1.VolumeRequest
-	(*DeleteVolumeResponse)(nil),      // 2: vmon.node.v1.DeleteVolumeResponse
-	(*VolumeSize)(nil),                // 3: vmon.node.v1.VolumeSize
-	(*VolumePathRequest)(nil),         // 4: vmon.node.v1.VolumePathRequest
-	(*VolumeListRequest)(nil),         // 5: vmon.node.v1.VolumeListRequest
-	(*VolumeAttrs)(nil),               // 6: vmon.node.v1.VolumeAttrs
-	(*VolumeMkdirRequest)(nil),        // 7: vmon.node.v1.VolumeMkdirRequest
-	(*VolumeChattrRequest)(nil),       // 8: vmon.node.v1.VolumeChattrRequest
-	(*VolumeRemoveResponse)(nil),      // 9: vmon.node.v1.VolumeRemoveResponse
-	(*VolumeEntry)(nil),               // 10: vmon.node.v1.VolumeEntry
-	(*VolumeEntries)(nil),             // 11: vmon.node.v1.VolumeEntries
-	(*VolumeChunk)(nil),               // 12: vmon.node.v1.VolumeChunk
-	(*VolumeWriteRequest)(nil),        // 13: vmon.node.v1.VolumeWriteRequest
-	(*VolumeWriteHeader)(nil),         // 14: vmon.node.v1.VolumeWriteHeader
-	(*ListSandboxesRequest)(nil),      // 15: vmon.node.v1.ListSandboxesRequest
-	(*ListSandboxesResponse)(nil),     // 16: vmon.node.v1.ListSandboxesResponse
-	(*InfoRequest)(nil),               // 17: vmon.node.v1.InfoRequest
-	(*InfoResponse)(nil),              // 18: vmon.node.v1.InfoResponse
-	(*VolumeMount)(nil),               // 19: vmon.node.v1.VolumeMount
-	(*CreateSpec)(nil),                // 20: vmon.node.v1.CreateSpec
-	(*SandboxInfo)(nil),               // 21: vmon.node.v1.SandboxInfo
-	(*CreateSandboxRequest)(nil),      // 22: vmon.node.v1.CreateSandboxRequest
-	(*DestroySandboxRequest)(nil),     // 23: vmon.node.v1.DestroySandboxRequest
-	(*DestroySandboxResponse)(nil),    // 24: vmon.node.v1.DestroySandboxResponse
-	(*UpdateEgressRequest)(nil),       // 25: vmon.node.v1.UpdateEgressRequest
-	(*UpdateEgressResponse)(nil),      // 26: vmon.node.v1.UpdateEgressResponse
-	(*PauseSandboxRequest)(nil),       // 27: vmon.node.v1.PauseSandboxRequest
-	(*PauseInfo)(nil),                 // 28: vmon.node.v1.PauseInfo
-	(*ResumeSandboxRequest)(nil),      // 29: vmon.node.v1.ResumeSandboxRequest
-	(*DeletePausedRequest)(nil),       // 30: vmon.node.v1.DeletePausedRequest
-	(*DeletePausedResponse)(nil),      // 31: vmon.node.v1.DeletePausedResponse
-	(*SnapshotSandboxRequest)(nil),    // 32: vmon.node.v1.SnapshotSandboxRequest
-	(*CreateFromSnapshotRequest)(nil), // 33: vmon.node.v1.CreateFromSnapshotRequest
-	(*DeleteSnapshotRequest)(nil),     // 34: vmon.node.v1.DeleteSnapshotRequest
-	(*DeleteSnapshotResponse)(nil),    // 35: vmon.node.v1.DeleteSnapshotResponse
-	(*SandboxMetricsRequest)(nil),     // 36: vmon.node.v1.SandboxMetricsRequest
-	(*Metrics)(nil),                   // 37: vmon.node.v1.Metrics
-	(*WatchDeniedRequest)(nil),        // 38: vmon.node.v1.WatchDeniedRequest
-	(*WatchDeniedResponse)(nil),       // 39: vmon.node.v1.WatchDeniedResponse
-	(*DeniedEvent)(nil),               // 40: vmon.node.v1.DeniedEvent
-	nil,                               // 41: vmon.node.v1.CreateSpec.EnvVarsEntry
-	(*timestamppb.Timestamp)(nil),     // 42: google.protobuf.Timestamp
+	(*PutBuildFileRequest)(nil),       // 0: vmon.node.v1.PutBuildFileRequest
+	(*BuildFileHeader)(nil),           // 1: vmon.node.v1.BuildFileHeader
+	(*PutBuildFileResponse)(nil),      // 2: vmon.node.v1.PutBuildFileResponse
+	(*BuildTemplateRequest)(nil),      // 3: vmon.node.v1.BuildTemplateRequest
+	(*BuildRegistry)(nil),             // 4: vmon.node.v1.BuildRegistry
+	(*BuildParent)(nil),               // 5: vmon.node.v1.BuildParent
+	(*BuildStep)(nil),                 // 6: vmon.node.v1.BuildStep
+	(*BuildEvent)(nil),                // 7: vmon.node.v1.BuildEvent
+	(*BuildLogEntry)(nil),             // 8: vmon.node.v1.BuildLogEntry
+	(*BuildDone)(nil),                 // 9: vmon.node.v1.BuildDone
+	(*BuildFailed)(nil),               // 10: vmon.node.v1.BuildFailed
+	(*CreateVolumeRequest)(nil),       // 11: vmon.node.v1.CreateVolumeRequest
+	(*VolumeRequest)(nil),             // 12: vmon.node.v1.VolumeRequest
+	(*DeleteVolumeResponse)(nil),      // 13: vmon.node.v1.DeleteVolumeResponse
+	(*VolumeSize)(nil),                // 14: vmon.node.v1.VolumeSize
+	(*VolumePathRequest)(nil),         // 15: vmon.node.v1.VolumePathRequest
+	(*VolumeListRequest)(nil),         // 16: vmon.node.v1.VolumeListRequest
+	(*VolumeAttrs)(nil),               // 17: vmon.node.v1.VolumeAttrs
+	(*VolumeMkdirRequest)(nil),        // 18: vmon.node.v1.VolumeMkdirRequest
+	(*VolumeChattrRequest)(nil),       // 19: vmon.node.v1.VolumeChattrRequest
+	(*VolumeRemoveResponse)(nil),      // 20: vmon.node.v1.VolumeRemoveResponse
+	(*VolumeEntry)(nil),               // 21: vmon.node.v1.VolumeEntry
+	(*VolumeEntries)(nil),             // 22: vmon.node.v1.VolumeEntries
+	(*VolumeChunk)(nil),               // 23: vmon.node.v1.VolumeChunk
+	(*VolumeWriteRequest)(nil),        // 24: vmon.node.v1.VolumeWriteRequest
+	(*VolumeWriteHeader)(nil),         // 25: vmon.node.v1.VolumeWriteHeader
+	(*ListSandboxesRequest)(nil),      // 26: vmon.node.v1.ListSandboxesRequest
+	(*ListSandboxesResponse)(nil),     // 27: vmon.node.v1.ListSandboxesResponse
+	(*InfoRequest)(nil),               // 28: vmon.node.v1.InfoRequest
+	(*InfoResponse)(nil),              // 29: vmon.node.v1.InfoResponse
+	(*VolumeMount)(nil),               // 30: vmon.node.v1.VolumeMount
+	(*CreateSpec)(nil),                // 31: vmon.node.v1.CreateSpec
+	(*SandboxInfo)(nil),               // 32: vmon.node.v1.SandboxInfo
+	(*CreateSandboxRequest)(nil),      // 33: vmon.node.v1.CreateSandboxRequest
+	(*DestroySandboxRequest)(nil),     // 34: vmon.node.v1.DestroySandboxRequest
+	(*DestroySandboxResponse)(nil),    // 35: vmon.node.v1.DestroySandboxResponse
+	(*UpdateEgressRequest)(nil),       // 36: vmon.node.v1.UpdateEgressRequest
+	(*UpdateEgressResponse)(nil),      // 37: vmon.node.v1.UpdateEgressResponse
+	(*PauseSandboxRequest)(nil),       // 38: vmon.node.v1.PauseSandboxRequest
+	(*PauseInfo)(nil),                 // 39: vmon.node.v1.PauseInfo
+	(*ResumeSandboxRequest)(nil),      // 40: vmon.node.v1.ResumeSandboxRequest
+	(*DeletePausedRequest)(nil),       // 41: vmon.node.v1.DeletePausedRequest
+	(*DeletePausedResponse)(nil),      // 42: vmon.node.v1.DeletePausedResponse
+	(*SnapshotSandboxRequest)(nil),    // 43: vmon.node.v1.SnapshotSandboxRequest
+	(*CreateFromSnapshotRequest)(nil), // 44: vmon.node.v1.CreateFromSnapshotRequest
+	(*DeleteSnapshotRequest)(nil),     // 45: vmon.node.v1.DeleteSnapshotRequest
+	(*DeleteSnapshotResponse)(nil),    // 46: vmon.node.v1.DeleteSnapshotResponse
+	(*SandboxMetricsRequest)(nil),     // 47: vmon.node.v1.SandboxMetricsRequest
+	(*Metrics)(nil),                   // 48: vmon.node.v1.Metrics
+	(*WatchDeniedRequest)(nil),        // 49: vmon.node.v1.WatchDeniedRequest
+	(*WatchDeniedResponse)(nil),       // 50: vmon.node.v1.WatchDeniedResponse
+	(*DeniedEvent)(nil),               // 51: vmon.node.v1.DeniedEvent
+	nil,                               // 52: vmon.node.v1.CreateSpec.EnvVarsEntry
+	(*timestamppb.Timestamp)(nil),     // 53: google.protobuf.Timestamp
 }
 var file_node_node_proto_depIdxs = []int32{
-	6,  // 0: vmon.node.v1.VolumeMkdirRequest.attrs:type_name -> vmon.node.v1.VolumeAttrs
-	6,  // 1: vmon.node.v1.VolumeChattrRequest.attrs:type_name -> vmon.node.v1.VolumeAttrs
-	42, // 2: vmon.node.v1.VolumeEntry.atime:type_name -> google.protobuf.Timestamp
-	42, // 3: vmon.node.v1.VolumeEntry.mtime:type_name -> google.protobuf.Timestamp
-	42, // 4: vmon.node.v1.VolumeEntry.ctime:type_name -> google.protobuf.Timestamp
-	10, // 5: vmon.node.v1.VolumeEntries.entries:type_name -> vmon.node.v1.VolumeEntry
-	14, // 6: vmon.node.v1.VolumeWriteRequest.header:type_name -> vmon.node.v1.VolumeWriteHeader
-	6,  // 7: vmon.node.v1.VolumeWriteHeader.attrs:type_name -> vmon.node.v1.VolumeAttrs
-	41, // 8: vmon.node.v1.CreateSpec.env_vars:type_name -> vmon.node.v1.CreateSpec.EnvVarsEntry
-	19, // 9: vmon.node.v1.CreateSpec.volumes:type_name -> vmon.node.v1.VolumeMount
-	42, // 10: vmon.node.v1.SandboxInfo.started_at:type_name -> google.protobuf.Timestamp
-	20, // 11: vmon.node.v1.CreateSandboxRequest.spec:type_name -> vmon.node.v1.CreateSpec
-	20, // 12: vmon.node.v1.ResumeSandboxRequest.spec:type_name -> vmon.node.v1.CreateSpec
-	20, // 13: vmon.node.v1.CreateFromSnapshotRequest.spec:type_name -> vmon.node.v1.CreateSpec
-	42, // 14: vmon.node.v1.Metrics.timestamp:type_name -> google.protobuf.Timestamp
-	40, // 15: vmon.node.v1.WatchDeniedResponse.recent:type_name -> vmon.node.v1.DeniedEvent
-	40, // 16: vmon.node.v1.WatchDeniedResponse.event:type_name -> vmon.node.v1.DeniedEvent
-	42, // 17: vmon.node.v1.DeniedEvent.time:type_name -> google.protobuf.Timestamp
-	17, // 18: vmon.node.v1.NodeService.Info:input_type -> vmon.node.v1.InfoRequest
-	22, // 19: vmon.node.v1.NodeService.CreateSandbox:input_type -> vmon.node.v1.CreateSandboxRequest
-	23, // 20: vmon.node.v1.NodeService.DestroySandbox:input_type -> vmon.node.v1.DestroySandboxRequest
-	25, // 21: vmon.node.v1.NodeService.UpdateEgress:input_type -> vmon.node.v1.UpdateEgressRequest
-	27, // 22: vmon.node.v1.NodeService.PauseSandbox:input_type -> vmon.node.v1.PauseSandboxRequest
-	29, // 23: vmon.node.v1.NodeService.ResumeSandbox:input_type -> vmon.node.v1.ResumeSandboxRequest
-	30, // 24: vmon.node.v1.NodeService.DeletePaused:input_type -> vmon.node.v1.DeletePausedRequest
-	32, // 25: vmon.node.v1.NodeService.SnapshotSandbox:input_type -> vmon.node.v1.SnapshotSandboxRequest
-	33, // 26: vmon.node.v1.NodeService.CreateFromSnapshot:input_type -> vmon.node.v1.CreateFromSnapshotRequest
-	34, // 27: vmon.node.v1.NodeService.DeleteSnapshot:input_type -> vmon.node.v1.DeleteSnapshotRequest
-	36, // 28: vmon.node.v1.NodeService.SandboxMetrics:input_type -> vmon.node.v1.SandboxMetricsRequest
-	38, // 29: vmon.node.v1.NodeService.WatchDenied:input_type -> vmon.node.v1.WatchDeniedRequest
-	15, // 30: vmon.node.v1.NodeService.ListSandboxes:input_type -> vmon.node.v1.ListSandboxesRequest
-	0,  // 31: vmon.node.v1.NodeService.CreateVolume:input_type -> vmon.node.v1.CreateVolumeRequest
-	1,  // 32: vmon.node.v1.NodeService.DeleteVolume:input_type -> vmon.node.v1.VolumeRequest
-	1,  // 33: vmon.node.v1.NodeService.GetVolumeSize:input_type -> vmon.node.v1.VolumeRequest
-	4,  // 34: vmon.node.v1.NodeService.VolumeStat:input_type -> vmon.node.v1.VolumePathRequest
-	5,  // 35: vmon.node.v1.NodeService.VolumeList:input_type -> vmon.node.v1.VolumeListRequest
-	7,  // 36: vmon.node.v1.NodeService.VolumeMkdir:input_type -> vmon.node.v1.VolumeMkdirRequest
-	8,  // 37: vmon.node.v1.NodeService.VolumeChattr:input_type -> vmon.node.v1.VolumeChattrRequest
-	4,  // 38: vmon.node.v1.NodeService.VolumeRemove:input_type -> vmon.node.v1.VolumePathRequest
-	4,  // 39: vmon.node.v1.NodeService.VolumeRead:input_type -> vmon.node.v1.VolumePathRequest
-	13, // 40: vmon.node.v1.NodeService.VolumeWrite:input_type -> vmon.node.v1.VolumeWriteRequest
-	18, // 41: vmon.node.v1.NodeService.Info:output_type -> vmon.node.v1.InfoResponse
-	21, // 42: vmon.node.v1.NodeService.CreateSandbox:output_type -> vmon.node.v1.SandboxInfo
-	24, // 43: vmon.node.v1.NodeService.DestroySandbox:output_type -> vmon.node.v1.DestroySandboxResponse
-	26, // 44: vmon.node.v1.NodeService.UpdateEgress:output_type -> vmon.node.v1.UpdateEgressResponse
-	28, // 45: vmon.node.v1.NodeService.PauseSandbox:output_type -> vmon.node.v1.PauseInfo
-	21, // 46: vmon.node.v1.NodeService.ResumeSandbox:output_type -> vmon.node.v1.SandboxInfo
-	31, // 47: vmon.node.v1.NodeService.DeletePaused:output_type -> vmon.node.v1.DeletePausedResponse
-	28, // 48: vmon.node.v1.NodeService.SnapshotSandbox:output_type -> vmon.node.v1.PauseInfo
-	21, // 49: vmon.node.v1.NodeService.CreateFromSnapshot:output_type -> vmon.node.v1.SandboxInfo
-	35, // 50: vmon.node.v1.NodeService.DeleteSnapshot:output_type -> vmon.node.v1.DeleteSnapshotResponse
-	37, // 51: vmon.node.v1.NodeService.SandboxMetrics:output_type -> vmon.node.v1.Metrics
-	39, // 52: vmon.node.v1.NodeService.WatchDenied:output_type -> vmon.node.v1.WatchDeniedResponse
-	16, // 53: vmon.node.v1.NodeService.ListSandboxes:output_type -> vmon.node.v1.ListSandboxesResponse
-	3,  // 54: vmon.node.v1.NodeService.CreateVolume:output_type -> vmon.node.v1.VolumeSize
-	2,  // 55: vmon.node.v1.NodeService.DeleteVolume:output_type -> vmon.node.v1.DeleteVolumeResponse
-	3,  // 56: vmon.node.v1.NodeService.GetVolumeSize:output_type -> vmon.node.v1.VolumeSize
-	10, // 57: vmon.node.v1.NodeService.VolumeStat:output_type -> vmon.node.v1.VolumeEntry
-	11, // 58: vmon.node.v1.NodeService.VolumeList:output_type -> vmon.node.v1.VolumeEntries
-	10, // 59: vmon.node.v1.NodeService.VolumeMkdir:output_type -> vmon.node.v1.VolumeEntry
-	10, // 60: vmon.node.v1.NodeService.VolumeChattr:output_type -> vmon.node.v1.VolumeEntry
-	9,  // 61: vmon.node.v1.NodeService.VolumeRemove:output_type -> vmon.node.v1.VolumeRemoveResponse
-	12, // 62: vmon.node.v1.NodeService.VolumeRead:output_type -> vmon.node.v1.VolumeChunk
-	10, // 63: vmon.node.v1.NodeService.VolumeWrite:output_type -> vmon.node.v1.VolumeEntry
-	41, // [41:64] is the sub-list for method output_type
-	18, // [18:41] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	1,  // 0: vmon.node.v1.PutBuildFileRequest.header:type_name -> vmon.node.v1.BuildFileHeader
+	4,  // 1: vmon.node.v1.BuildTemplateRequest.from_image_registry:type_name -> vmon.node.v1.BuildRegistry
+	5,  // 2: vmon.node.v1.BuildTemplateRequest.from_template:type_name -> vmon.node.v1.BuildParent
+	6,  // 3: vmon.node.v1.BuildTemplateRequest.steps:type_name -> vmon.node.v1.BuildStep
+	8,  // 4: vmon.node.v1.BuildEvent.log:type_name -> vmon.node.v1.BuildLogEntry
+	9,  // 5: vmon.node.v1.BuildEvent.done:type_name -> vmon.node.v1.BuildDone
+	10, // 6: vmon.node.v1.BuildEvent.failed:type_name -> vmon.node.v1.BuildFailed
+	53, // 7: vmon.node.v1.BuildLogEntry.timestamp:type_name -> google.protobuf.Timestamp
+	17, // 8: vmon.node.v1.VolumeMkdirRequest.attrs:type_name -> vmon.node.v1.VolumeAttrs
+	17, // 9: vmon.node.v1.VolumeChattrRequest.attrs:type_name -> vmon.node.v1.VolumeAttrs
+	53, // 10: vmon.node.v1.VolumeEntry.atime:type_name -> google.protobuf.Timestamp
+	53, // 11: vmon.node.v1.VolumeEntry.mtime:type_name -> google.protobuf.Timestamp
+	53, // 12: vmon.node.v1.VolumeEntry.ctime:type_name -> google.protobuf.Timestamp
+	21, // 13: vmon.node.v1.VolumeEntries.entries:type_name -> vmon.node.v1.VolumeEntry
+	25, // 14: vmon.node.v1.VolumeWriteRequest.header:type_name -> vmon.node.v1.VolumeWriteHeader
+	17, // 15: vmon.node.v1.VolumeWriteHeader.attrs:type_name -> vmon.node.v1.VolumeAttrs
+	52, // 16: vmon.node.v1.CreateSpec.env_vars:type_name -> vmon.node.v1.CreateSpec.EnvVarsEntry
+	30, // 17: vmon.node.v1.CreateSpec.volumes:type_name -> vmon.node.v1.VolumeMount
+	53, // 18: vmon.node.v1.SandboxInfo.started_at:type_name -> google.protobuf.Timestamp
+	31, // 19: vmon.node.v1.CreateSandboxRequest.spec:type_name -> vmon.node.v1.CreateSpec
+	31, // 20: vmon.node.v1.ResumeSandboxRequest.spec:type_name -> vmon.node.v1.CreateSpec
+	31, // 21: vmon.node.v1.CreateFromSnapshotRequest.spec:type_name -> vmon.node.v1.CreateSpec
+	53, // 22: vmon.node.v1.Metrics.timestamp:type_name -> google.protobuf.Timestamp
+	51, // 23: vmon.node.v1.WatchDeniedResponse.recent:type_name -> vmon.node.v1.DeniedEvent
+	51, // 24: vmon.node.v1.WatchDeniedResponse.event:type_name -> vmon.node.v1.DeniedEvent
+	53, // 25: vmon.node.v1.DeniedEvent.time:type_name -> google.protobuf.Timestamp
+	28, // 26: vmon.node.v1.NodeService.Info:input_type -> vmon.node.v1.InfoRequest
+	33, // 27: vmon.node.v1.NodeService.CreateSandbox:input_type -> vmon.node.v1.CreateSandboxRequest
+	34, // 28: vmon.node.v1.NodeService.DestroySandbox:input_type -> vmon.node.v1.DestroySandboxRequest
+	36, // 29: vmon.node.v1.NodeService.UpdateEgress:input_type -> vmon.node.v1.UpdateEgressRequest
+	38, // 30: vmon.node.v1.NodeService.PauseSandbox:input_type -> vmon.node.v1.PauseSandboxRequest
+	40, // 31: vmon.node.v1.NodeService.ResumeSandbox:input_type -> vmon.node.v1.ResumeSandboxRequest
+	41, // 32: vmon.node.v1.NodeService.DeletePaused:input_type -> vmon.node.v1.DeletePausedRequest
+	43, // 33: vmon.node.v1.NodeService.SnapshotSandbox:input_type -> vmon.node.v1.SnapshotSandboxRequest
+	44, // 34: vmon.node.v1.NodeService.CreateFromSnapshot:input_type -> vmon.node.v1.CreateFromSnapshotRequest
+	45, // 35: vmon.node.v1.NodeService.DeleteSnapshot:input_type -> vmon.node.v1.DeleteSnapshotRequest
+	47, // 36: vmon.node.v1.NodeService.SandboxMetrics:input_type -> vmon.node.v1.SandboxMetricsRequest
+	49, // 37: vmon.node.v1.NodeService.WatchDenied:input_type -> vmon.node.v1.WatchDeniedRequest
+	26, // 38: vmon.node.v1.NodeService.ListSandboxes:input_type -> vmon.node.v1.ListSandboxesRequest
+	11, // 39: vmon.node.v1.NodeService.CreateVolume:input_type -> vmon.node.v1.CreateVolumeRequest
+	12, // 40: vmon.node.v1.NodeService.DeleteVolume:input_type -> vmon.node.v1.VolumeRequest
+	12, // 41: vmon.node.v1.NodeService.GetVolumeSize:input_type -> vmon.node.v1.VolumeRequest
+	15, // 42: vmon.node.v1.NodeService.VolumeStat:input_type -> vmon.node.v1.VolumePathRequest
+	16, // 43: vmon.node.v1.NodeService.VolumeList:input_type -> vmon.node.v1.VolumeListRequest
+	18, // 44: vmon.node.v1.NodeService.VolumeMkdir:input_type -> vmon.node.v1.VolumeMkdirRequest
+	19, // 45: vmon.node.v1.NodeService.VolumeChattr:input_type -> vmon.node.v1.VolumeChattrRequest
+	15, // 46: vmon.node.v1.NodeService.VolumeRemove:input_type -> vmon.node.v1.VolumePathRequest
+	15, // 47: vmon.node.v1.NodeService.VolumeRead:input_type -> vmon.node.v1.VolumePathRequest
+	24, // 48: vmon.node.v1.NodeService.VolumeWrite:input_type -> vmon.node.v1.VolumeWriteRequest
+	0,  // 49: vmon.node.v1.NodeService.PutBuildFile:input_type -> vmon.node.v1.PutBuildFileRequest
+	3,  // 50: vmon.node.v1.NodeService.BuildTemplate:input_type -> vmon.node.v1.BuildTemplateRequest
+	29, // 51: vmon.node.v1.NodeService.Info:output_type -> vmon.node.v1.InfoResponse
+	32, // 52: vmon.node.v1.NodeService.CreateSandbox:output_type -> vmon.node.v1.SandboxInfo
+	35, // 53: vmon.node.v1.NodeService.DestroySandbox:output_type -> vmon.node.v1.DestroySandboxResponse
+	37, // 54: vmon.node.v1.NodeService.UpdateEgress:output_type -> vmon.node.v1.UpdateEgressResponse
+	39, // 55: vmon.node.v1.NodeService.PauseSandbox:output_type -> vmon.node.v1.PauseInfo
+	32, // 56: vmon.node.v1.NodeService.ResumeSandbox:output_type -> vmon.node.v1.SandboxInfo
+	42, // 57: vmon.node.v1.NodeService.DeletePaused:output_type -> vmon.node.v1.DeletePausedResponse
+	39, // 58: vmon.node.v1.NodeService.SnapshotSandbox:output_type -> vmon.node.v1.PauseInfo
+	32, // 59: vmon.node.v1.NodeService.CreateFromSnapshot:output_type -> vmon.node.v1.SandboxInfo
+	46, // 60: vmon.node.v1.NodeService.DeleteSnapshot:output_type -> vmon.node.v1.DeleteSnapshotResponse
+	48, // 61: vmon.node.v1.NodeService.SandboxMetrics:output_type -> vmon.node.v1.Metrics
+	50, // 62: vmon.node.v1.NodeService.WatchDenied:output_type -> vmon.node.v1.WatchDeniedResponse
+	27, // 63: vmon.node.v1.NodeService.ListSandboxes:output_type -> vmon.node.v1.ListSandboxesResponse
+	14, // 64: vmon.node.v1.NodeService.CreateVolume:output_type -> vmon.node.v1.VolumeSize
+	13, // 65: vmon.node.v1.NodeService.DeleteVolume:output_type -> vmon.node.v1.DeleteVolumeResponse
+	14, // 66: vmon.node.v1.NodeService.GetVolumeSize:output_type -> vmon.node.v1.VolumeSize
+	21, // 67: vmon.node.v1.NodeService.VolumeStat:output_type -> vmon.node.v1.VolumeEntry
+	22, // 68: vmon.node.v1.NodeService.VolumeList:output_type -> vmon.node.v1.VolumeEntries
+	21, // 69: vmon.node.v1.NodeService.VolumeMkdir:output_type -> vmon.node.v1.VolumeEntry
+	21, // 70: vmon.node.v1.NodeService.VolumeChattr:output_type -> vmon.node.v1.VolumeEntry
+	20, // 71: vmon.node.v1.NodeService.VolumeRemove:output_type -> vmon.node.v1.VolumeRemoveResponse
+	23, // 72: vmon.node.v1.NodeService.VolumeRead:output_type -> vmon.node.v1.VolumeChunk
+	21, // 73: vmon.node.v1.NodeService.VolumeWrite:output_type -> vmon.node.v1.VolumeEntry
+	2,  // 74: vmon.node.v1.NodeService.PutBuildFile:output_type -> vmon.node.v1.PutBuildFileResponse
+	7,  // 75: vmon.node.v1.NodeService.BuildTemplate:output_type -> vmon.node.v1.BuildEvent
+	51, // [51:76] is the sub-list for method output_type
+	26, // [26:51] is the sub-list for method input_type
+	26, // [26:26] is the sub-list for extension type_name
+	26, // [26:26] is the sub-list for extension extendee
+	0,  // [0:26] is the sub-list for field type_name
 }
 
 func init() { file_node_node_proto_init() }
@@ -2684,14 +3499,19 @@ func file_node_node_proto_init() {
 	if File_node_node_proto != nil {
 		return
 	}
-	file_node_node_proto_msgTypes[6].OneofWrappers = []any{}
+	file_node_node_proto_msgTypes[7].OneofWrappers = []any{
+		(*BuildEvent_Log)(nil),
+		(*BuildEvent_Done)(nil),
+		(*BuildEvent_Failed)(nil),
+	}
+	file_node_node_proto_msgTypes[17].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_node_node_proto_rawDesc), len(file_node_node_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   42,
+			NumMessages:   53,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

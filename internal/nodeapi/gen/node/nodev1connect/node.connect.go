@@ -100,6 +100,12 @@ const (
 	NodeServiceVolumeReadProcedure = "/vmon.node.v1.NodeService/VolumeRead"
 	// NodeServiceVolumeWriteProcedure is the fully-qualified name of the NodeService's VolumeWrite RPC.
 	NodeServiceVolumeWriteProcedure = "/vmon.node.v1.NodeService/VolumeWrite"
+	// NodeServicePutBuildFileProcedure is the fully-qualified name of the NodeService's PutBuildFile
+	// RPC.
+	NodeServicePutBuildFileProcedure = "/vmon.node.v1.NodeService/PutBuildFile"
+	// NodeServiceBuildTemplateProcedure is the fully-qualified name of the NodeService's BuildTemplate
+	// RPC.
+	NodeServiceBuildTemplateProcedure = "/vmon.node.v1.NodeService/BuildTemplate"
 )
 
 // NodeServiceClient is a client for the vmon.node.v1.NodeService service.
@@ -139,6 +145,12 @@ type NodeServiceClient interface {
 	VolumeRead(context.Context, *connect.Request[node.VolumePathRequest]) (*connect.ServerStreamForClient[node.VolumeChunk], error)
 	// VolumeWrite takes the target first (a message with header), then the bytes in chunks.
 	VolumeWrite(context.Context) *connect.ClientStreamForClient[node.VolumeWriteRequest, node.VolumeEntry]
+	// A template build runs on a node; the driver keeps its records and log. PutBuildFile hands
+	// the node a COPY step's archive the SDK uploaded to the driver (a header first, then the bytes
+	// in chunks); BuildTemplate runs the build, sending its log as it goes and, last, how it ended.
+	// The node publishes the result to the cluster's store, from where every node fetches it.
+	PutBuildFile(context.Context) *connect.ClientStreamForClient[node.PutBuildFileRequest, node.PutBuildFileResponse]
+	BuildTemplate(context.Context, *connect.Request[node.BuildTemplateRequest]) (*connect.ServerStreamForClient[node.BuildEvent], error)
 }
 
 // NewNodeServiceClient constructs a client for the vmon.node.v1.NodeService service. By default, it
@@ -290,6 +302,18 @@ func NewNodeServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			connect.WithSchema(nodeServiceMethods.ByName("VolumeWrite")),
 			connect.WithClientOptions(opts...),
 		),
+		putBuildFile: connect.NewClient[node.PutBuildFileRequest, node.PutBuildFileResponse](
+			httpClient,
+			baseURL+NodeServicePutBuildFileProcedure,
+			connect.WithSchema(nodeServiceMethods.ByName("PutBuildFile")),
+			connect.WithClientOptions(opts...),
+		),
+		buildTemplate: connect.NewClient[node.BuildTemplateRequest, node.BuildEvent](
+			httpClient,
+			baseURL+NodeServiceBuildTemplateProcedure,
+			connect.WithSchema(nodeServiceMethods.ByName("BuildTemplate")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -318,6 +342,8 @@ type nodeServiceClient struct {
 	volumeRemove       *connect.Client[node.VolumePathRequest, node.VolumeRemoveResponse]
 	volumeRead         *connect.Client[node.VolumePathRequest, node.VolumeChunk]
 	volumeWrite        *connect.Client[node.VolumeWriteRequest, node.VolumeEntry]
+	putBuildFile       *connect.Client[node.PutBuildFileRequest, node.PutBuildFileResponse]
+	buildTemplate      *connect.Client[node.BuildTemplateRequest, node.BuildEvent]
 }
 
 // Info calls vmon.node.v1.NodeService.Info.
@@ -435,6 +461,16 @@ func (c *nodeServiceClient) VolumeWrite(ctx context.Context) *connect.ClientStre
 	return c.volumeWrite.CallClientStream(ctx)
 }
 
+// PutBuildFile calls vmon.node.v1.NodeService.PutBuildFile.
+func (c *nodeServiceClient) PutBuildFile(ctx context.Context) *connect.ClientStreamForClient[node.PutBuildFileRequest, node.PutBuildFileResponse] {
+	return c.putBuildFile.CallClientStream(ctx)
+}
+
+// BuildTemplate calls vmon.node.v1.NodeService.BuildTemplate.
+func (c *nodeServiceClient) BuildTemplate(ctx context.Context, req *connect.Request[node.BuildTemplateRequest]) (*connect.ServerStreamForClient[node.BuildEvent], error) {
+	return c.buildTemplate.CallServerStream(ctx, req)
+}
+
 // NodeServiceHandler is an implementation of the vmon.node.v1.NodeService service.
 type NodeServiceHandler interface {
 	// Info names the node and what it can do.
@@ -472,6 +508,12 @@ type NodeServiceHandler interface {
 	VolumeRead(context.Context, *connect.Request[node.VolumePathRequest], *connect.ServerStream[node.VolumeChunk]) error
 	// VolumeWrite takes the target first (a message with header), then the bytes in chunks.
 	VolumeWrite(context.Context, *connect.ClientStream[node.VolumeWriteRequest]) (*connect.Response[node.VolumeEntry], error)
+	// A template build runs on a node; the driver keeps its records and log. PutBuildFile hands
+	// the node a COPY step's archive the SDK uploaded to the driver (a header first, then the bytes
+	// in chunks); BuildTemplate runs the build, sending its log as it goes and, last, how it ended.
+	// The node publishes the result to the cluster's store, from where every node fetches it.
+	PutBuildFile(context.Context, *connect.ClientStream[node.PutBuildFileRequest]) (*connect.Response[node.PutBuildFileResponse], error)
+	BuildTemplate(context.Context, *connect.Request[node.BuildTemplateRequest], *connect.ServerStream[node.BuildEvent]) error
 }
 
 // NewNodeServiceHandler builds an HTTP handler from the service implementation. It returns the path
@@ -619,6 +661,18 @@ func NewNodeServiceHandler(svc NodeServiceHandler, opts ...connect.HandlerOption
 		connect.WithSchema(nodeServiceMethods.ByName("VolumeWrite")),
 		connect.WithHandlerOptions(opts...),
 	)
+	nodeServicePutBuildFileHandler := connect.NewClientStreamHandler(
+		NodeServicePutBuildFileProcedure,
+		svc.PutBuildFile,
+		connect.WithSchema(nodeServiceMethods.ByName("PutBuildFile")),
+		connect.WithHandlerOptions(opts...),
+	)
+	nodeServiceBuildTemplateHandler := connect.NewServerStreamHandler(
+		NodeServiceBuildTemplateProcedure,
+		svc.BuildTemplate,
+		connect.WithSchema(nodeServiceMethods.ByName("BuildTemplate")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/vmon.node.v1.NodeService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case NodeServiceInfoProcedure:
@@ -667,6 +721,10 @@ func NewNodeServiceHandler(svc NodeServiceHandler, opts ...connect.HandlerOption
 			nodeServiceVolumeReadHandler.ServeHTTP(w, r)
 		case NodeServiceVolumeWriteProcedure:
 			nodeServiceVolumeWriteHandler.ServeHTTP(w, r)
+		case NodeServicePutBuildFileProcedure:
+			nodeServicePutBuildFileHandler.ServeHTTP(w, r)
+		case NodeServiceBuildTemplateProcedure:
+			nodeServiceBuildTemplateHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -766,4 +824,12 @@ func (UnimplementedNodeServiceHandler) VolumeRead(context.Context, *connect.Requ
 
 func (UnimplementedNodeServiceHandler) VolumeWrite(context.Context, *connect.ClientStream[node.VolumeWriteRequest]) (*connect.Response[node.VolumeEntry], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("vmon.node.v1.NodeService.VolumeWrite is not implemented"))
+}
+
+func (UnimplementedNodeServiceHandler) PutBuildFile(context.Context, *connect.ClientStream[node.PutBuildFileRequest]) (*connect.Response[node.PutBuildFileResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("vmon.node.v1.NodeService.PutBuildFile is not implemented"))
+}
+
+func (UnimplementedNodeServiceHandler) BuildTemplate(context.Context, *connect.Request[node.BuildTemplateRequest], *connect.ServerStream[node.BuildEvent]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("vmon.node.v1.NodeService.BuildTemplate is not implemented"))
 }
