@@ -95,6 +95,12 @@ func serveDriver(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 
 	router := cluster.NewRouter(func(ctx context.Context, id string) (string, error) {
 		sb, err := st.GetSandbox(ctx, id)
+		if errdefs.Is(err, errdefs.KindNotFound) {
+			// A snapshot lives on the node of the sandbox it was taken of.
+			if sn, serr := st.GetSnapshot(ctx, id); serr == nil {
+				return sn.NodeID, nil
+			}
+		}
 		if err != nil {
 			return "", err
 		}

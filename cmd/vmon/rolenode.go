@@ -127,6 +127,7 @@ func serveNode(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 		if gate.paused, err = pausedstore.New(n, art, tpls.Fetch, filepath.Join(c.DataDir, clusterDir), log.With("component", "paused")); err != nil {
 			return err
 		}
+		gate.snaps = pausedstore.NewSnapshots(n, art, tpls.Fetch, log.With("component", "snapshots"))
 	}
 	srvAPI := nodeapi.NewServer(gate, status).WithVolumes(ns.vols)
 	if tpls != nil {
@@ -379,6 +380,8 @@ type capacityGate struct {
 	recovery *node.Recovery
 	// paused, with a cluster store, carries paused sandboxes between nodes.
 	paused *pausedstore.Carrier
+	// snaps, with a cluster store, shares snapshots between nodes.
+	snaps *pausedstore.Snapshots
 }
 
 // PauseSandbox pauses; with a cluster store, the pause is done when the paused sandbox is there.
@@ -410,8 +413,9 @@ func (g capacityGate) DeletePaused(ctx context.Context, id string) error {
 }
 
 var (
-	_ driver.Pauser      = capacityGate{}
-	_ driver.Snapshotter = capacityGate{}
+	_ driver.Pauser             = capacityGate{}
+	_ driver.Snapshotter        = capacityGate{}
+	_ nodeapi.SnapshotPublisher = capacityGate{}
 )
 
 // ListSandboxes names what the node holds: the sandboxes handed out, and the paused ones. Not
@@ -447,7 +451,27 @@ func (g capacityGate) CreateFromSnapshot(ctx context.Context, spec node.CreateSp
 	if err := g.full(); err != nil {
 		return node.Info{}, err
 	}
-	return g.Node.CreateFromSnapshot(ctx, spec, snapID, pausedID)
+	if g.snaps == nil {
+		return g.Node.CreateFromSnapshot(ctx, spec, snapID, pausedID)
+	}
+	return g.snaps.CreateFromSnapshot(ctx, spec, snapID, pausedID)
+}
+
+// DeleteSnapshot deletes a snapshot here, and its copy in the cluster store.
+func (g capacityGate) DeleteSnapshot(ctx context.Context, snapID string) error {
+	if g.snaps == nil {
+		return g.Node.DeleteSnapshot(ctx, snapID)
+	}
+	return g.snaps.DeleteSnapshot(ctx, snapID)
+}
+
+// PublishSnapshot puts a snapshot of this node in the cluster store, for another node to start
+// sandboxes from.
+func (g capacityGate) PublishSnapshot(ctx context.Context, snapID string) error {
+	if g.snaps == nil {
+		return fmt.Errorf("sharing snapshots without a --store is %w", driver.ErrNotImplemented)
+	}
+	return g.snaps.PublishSnapshot(ctx, snapID)
 }
 
 // memAvailableMB is the host memory the kernel says can be had without swapping.

@@ -504,34 +504,64 @@ func (r *Router) DeletePaused(ctx context.Context, id string) error {
 }
 
 func (r *Router) SnapshotSandbox(ctx context.Context, id, snapID string) (node.PauseInfo, error) {
-	c, err := r.holder(ctx, id)
+	name, c, err := r.holderName(ctx, id)
 	if err != nil {
 		return node.PauseInfo{}, err
 	}
-	return c.SnapshotSandbox(ctx, id, snapID)
+	info, err := c.SnapshotSandbox(ctx, id, snapID)
+	if err != nil {
+		return info, err
+	}
+	// A fork's checkpoint has no record to say where it is.
+	r.mu.Lock()
+	r.placed[snapID] = name
+	r.mu.Unlock()
+	return info, nil
 }
 
-// CreateFromSnapshot starts the new sandbox where its source is (the snapshot or paused state
-// lives on that node for now).
+// snapshotPublisher is the part of a node client that puts a snapshot in the cluster's store
+// (nodeapi.Client).
+type snapshotPublisher interface {
+	PublishSnapshot(ctx context.Context, snapID string) error
+}
+
+// CreateFromSnapshot starts the new sandbox where its source is (a warm local copy), unless that
+// node is full, drained or gone: then, for a snapshot, the holder puts it in the cluster's store
+// and placement picks another node, which fetches it. A fork of a paused sandbox starts on that
+// sandbox's node only.
 func (r *Router) CreateFromSnapshot(ctx context.Context, spec node.CreateSpec, snapID, pausedID string) (node.Info, error) {
 	source := pausedID
 	if source == "" {
 		source = snapID
 	}
-	c, err := r.holder(ctx, source)
-	if err != nil {
+	name, c, err := r.holderName(ctx, source)
+	if err == nil && !r.isDrained(name) {
+		info, err := c.CreateFromSnapshot(ctx, spec, snapID, pausedID)
+		if err == nil {
+			info.Node = name
+			r.mu.Lock()
+			r.placed[spec.ID] = name
+			r.mu.Unlock()
+			return info, nil
+		}
+		if pausedID != "" || errdefs.KindOf(err) != errdefs.KindResourceExhausted {
+			return node.Info{}, err
+		}
+	} else if err != nil && (pausedID != "" || errdefs.KindOf(err) != errdefs.KindUnavailable) {
 		return node.Info{}, fmt.Errorf("find the node of %s: %w", source, err)
+	} else if pausedID != "" {
+		return node.Info{}, errdefs.Unavailable("the node holding paused sandbox %q is draining", pausedID)
 	}
-	info, err := c.CreateFromSnapshot(ctx, spec, snapID, pausedID)
-	if err != nil {
-		return node.Info{}, err
+	// Another node: it fetches the snapshot from the store, which the holder (when it is still
+	// there) puts it in first. One that is gone may have put it there before.
+	if p, ok := c.(snapshotPublisher); ok {
+		if err := p.PublishSnapshot(ctx, snapID); err != nil {
+			return node.Info{}, fmt.Errorf("share snapshot %s from node %s: %w", snapID, name, err)
+		}
 	}
-	name, _ := r.locateName(ctx, source)
-	info.Node = name
-	r.mu.Lock()
-	r.placed[spec.ID] = name
-	r.mu.Unlock()
-	return info, nil
+	return r.place(ctx, spec, func(nc NodeClient) (node.Info, error) {
+		return nc.CreateFromSnapshot(ctx, spec, snapID, "")
+	})
 }
 
 func (r *Router) locateName(ctx context.Context, id string) (string, error) {
@@ -544,15 +574,31 @@ func (r *Router) locateName(ctx context.Context, id string) (string, error) {
 	return r.locate(ctx, id)
 }
 
+// DeleteSnapshot deletes a snapshot on its node, in the store, and on every node that fetched
+// a copy of it.
 func (r *Router) DeleteSnapshot(ctx context.Context, snapID string) error {
-	c, err := r.holder(ctx, snapID)
-	if errdefs.KindOf(err) == errdefs.KindNotFound {
-		return nil
-	}
-	if err != nil {
+	name, c, err := r.holderName(ctx, snapID)
+	if err != nil && errdefs.KindOf(err) != errdefs.KindNotFound && errdefs.KindOf(err) != errdefs.KindUnavailable {
 		return err
 	}
-	return c.DeleteSnapshot(ctx, snapID)
+	var holderErr error
+	if c != nil {
+		holderErr = c.DeleteSnapshot(ctx, snapID)
+	}
+	r.mu.Lock()
+	delete(r.placed, snapID)
+	others := make([]NodeClient, 0, len(r.nodes))
+	for n, m := range r.nodes {
+		if n != name && m.client != nil && m.meta.Role == membership.RoleNode {
+			others = append(others, m.client)
+		}
+	}
+	r.mu.Unlock()
+	// Copies elsewhere are a cache: one a node misses now stays until the node deletes it.
+	for _, o := range others {
+		_ = o.DeleteSnapshot(ctx, snapID)
+	}
+	return holderErr
 }
 
 func (r *Router) SandboxMetrics(ctx context.Context, id string) (node.Metrics, error) {

@@ -20,6 +20,14 @@ var snapshotIDRe = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,63}$`)
 
 func (n *Node) snapshotDir(id string) string { return filepath.Join(n.opts.DataDir, "snapshots", id) }
 
+// SnapshotDir is where the node keeps snapshot id (for carrying it to and from a cluster's store).
+func (n *Node) SnapshotDir(id string) (string, error) {
+	if !snapshotIDRe.MatchString(id) {
+		return "", errdefs.InvalidArgument("invalid snapshot id")
+	}
+	return n.snapshotDir(id), nil
+}
+
 // ErrSandboxPaused is wrapped by a snapshot whose sandbox could not be started again after its
 // checkpoint: it was kept as a paused sandbox instead, and its owner must record it as paused.
 var ErrSandboxPaused = errors.New("the sandbox could not go on after its checkpoint and was paused")

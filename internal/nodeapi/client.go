@@ -135,6 +135,12 @@ func (c *Client) DeleteSnapshot(ctx context.Context, snapID string) error {
 	return fromWire(err)
 }
 
+// PublishSnapshot has the node put snapshot snapID in the cluster's store.
+func (c *Client) PublishSnapshot(ctx context.Context, snapID string) error {
+	_, err := c.c.PublishSnapshot(ctx, connect.NewRequest(&nodev1.PublishSnapshotRequest{SnapshotId: snapID}))
+	return fromWire(err)
+}
+
 func (c *Client) SandboxMetrics(ctx context.Context, id string) (node.Metrics, error) {
 	r, err := c.c.SandboxMetrics(ctx, connect.NewRequest(&nodev1.SandboxMetricsRequest{Id: id}))
 	if err != nil {

@@ -219,6 +219,23 @@ func (s *Server) DeleteSnapshot(ctx context.Context, req *connect.Request[nodev1
 	return connect.NewResponse(&nodev1.DeleteSnapshotResponse{}), nil
 }
 
+// SnapshotPublisher is the optional part of a node that puts its snapshots in the cluster's
+// store for other nodes (pausedstore.Carrier).
+type SnapshotPublisher interface {
+	PublishSnapshot(ctx context.Context, snapID string) error
+}
+
+func (s *Server) PublishSnapshot(ctx context.Context, req *connect.Request[nodev1.PublishSnapshotRequest]) (*connect.Response[nodev1.PublishSnapshotResponse], error) {
+	p, ok := s.n.(SnapshotPublisher)
+	if !ok {
+		return nil, unsupported("snapshots shared through a store")
+	}
+	if err := p.PublishSnapshot(ctx, req.Msg.GetSnapshotId()); err != nil {
+		return nil, toWire(err)
+	}
+	return connect.NewResponse(&nodev1.PublishSnapshotResponse{}), nil
+}
+
 func (s *Server) SandboxMetrics(ctx context.Context, req *connect.Request[nodev1.SandboxMetricsRequest]) (*connect.Response[nodev1.Metrics], error) {
 	m, ok := s.n.(driver.MetricsNode)
 	if !ok {

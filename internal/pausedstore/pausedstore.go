@@ -1,5 +1,6 @@
-// Package pausedstore carries paused sandboxes between the nodes of a cluster through the shared
-// artifact store (internal/artifacts), so that a sandbox paused on one node resumes on any other.
+// Package pausedstore carries paused sandboxes and snapshots between the nodes of a cluster
+// through the shared artifact store (internal/artifacts), so that a sandbox paused on one node
+// resumes on any other.
 //
 // A paused sandbox is one ref, paused/<id>, pointing at the tree of its snapshot (files, memory,
 // the manifest naming its template build). The node that pauses a sandbox pushes it before the
@@ -9,8 +10,11 @@
 // drops a stale copy of a sandbox that has since run and paused elsewhere leaves the newer one
 // alone.
 //
-// It wraps a node's pause, resume and delete, and never touches running sandboxes, templates'
-// contents or the driver's records.
+// Snapshots (snapshots.go) travel the same way, as snapshots/<id>, but only when another node
+// needs one: the node that took it publishes it when the driver asks.
+//
+// It wraps a node's pause, resume, delete and start from a snapshot, and never touches running
+// sandboxes, templates' contents or the driver's records.
 package pausedstore
 
 import (

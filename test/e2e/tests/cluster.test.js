@@ -433,6 +433,57 @@ describe('cluster on an S3 store: one driver, three nodes', () => {
     assert.equal(await back.kill(), true);
   });
 
+  ctest('a snapshot starts sandboxes on another node when its own is drained; a fork spills over to other nodes when its node is full', async () => {
+    const s = await Sandbox.create({ ...sdk(), metadata: { run: RUN } });
+    created.push(s);
+    const from = holderIn(cl, s.sandboxId);
+    await leaveTraces(s);
+    const snap = await s.createSnapshot();
+    await s.commands.run('echo after > /tmp/kept');
+    const fromNode = cl.nodes.find((n) => n.name === from);
+
+    await runVmon(['node', 'drain', from, '--data-dir', cl.driver.dataDir]);
+    try {
+      await waitFor(async () => (await clusterLs(cl, 'node', 'ls')).find((n) => n.name === from)?.state === 'draining',
+        { what: `${from} listed draining` });
+      const t = await Sandbox.create(snap.snapshotId, { ...sdk(), metadata: { run: RUN } });
+      created.push(t);
+      const on = holderIn(cl, t.sandboxId);
+      assert.ok(on && on !== from, `started on ${on}, the snapshot's node is ${from}`);
+      assert.equal((await t.commands.run('cat /tmp/kept')).stdout, 'kept\n', 'the files are not the snapshot\'s');
+      const count = async () => Number((await t.commands.run('cat /tmp/count')).stdout);
+      const c1 = await count();
+      await new Promise((r) => setTimeout(r, 1000));
+      assert.ok((await count()) > c1, 'the restored loop does not count');
+      assert.ok(fromNode.tail.some((l) => /snapshot in the store/.test(l)), `${from} did not put the snapshot in the store`);
+      assert.ok(cl.nodes.find((n) => n.name === on).tail.some((l) => /snapshot fetched from the store/.test(l)), `${on} did not fetch it`);
+      assert.equal(await t.kill(), true);
+    } finally {
+      await runVmon(['node', 'drain', from, '--undo', '--data-dir', cl.driver.dataDir]);
+    }
+    await waitFor(async () => (await clusterLs(cl, 'node', 'ls')).find((n) => n.name === from)?.state === 'ready',
+      { what: `${from} listed ready again` });
+
+    // Two slots per node: the source holds one, the first fork the other; the next two forks
+    // start on other nodes from the store.
+    const res = await apiFetch(cl.driver, `/sandboxes/${s.sandboxId}/fork`, { method: 'POST', body: '{"count":3,"timeout":600}' });
+    assert.equal(res.status, 201, res.text);
+    const forks = [];
+    for (const entry of res.json) {
+      assert.ok(entry.sandbox, `fork entry without a sandbox: ${JSON.stringify(entry)}`);
+      const f = await Sandbox.connect(entry.sandbox.sandboxID, sdk());
+      created.push(f);
+      forks.push(f);
+      assert.equal((await f.commands.run('cat /tmp/kept')).stdout, 'after\n');
+    }
+    const where = forks.map((f) => holderIn(cl, f.sandboxId));
+    assert.equal(where.filter((w) => w === from).length, 1, `forks on ${where}, the source on ${from}`);
+    assert.ok(where.every(Boolean), `forks on ${where}`);
+    assert.deepEqual((await clusterLs(cl, 'sandbox', 'ls')).filter((r) => forks.some((f) => f.sandboxId === r.sandboxId)).map((r) => r.node).sort(),
+      [...where].sort(), 'the records name the nodes that run the forks');
+    for (const f of [...forks, s]) assert.equal(await f.kill(), true);
+  });
+
   ctest('a template built through the driver (a COPY, a RUN, a start command) boots on nodes that never had it', async () => {
     const ctxDir = fs.mkdtempSync(path.join(root, 'ctx-'));
     fs.writeFileSync(path.join(ctxDir, 'hello.txt'), 'copied through the driver\n');

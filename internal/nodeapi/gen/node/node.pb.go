@@ -2726,6 +2726,86 @@ func (*DeleteSnapshotResponse) Descriptor() ([]byte, []int) {
 	return file_node_node_proto_rawDescGZIP(), []int{46}
 }
 
+type PublishSnapshotRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SnapshotId    string                 `protobuf:"bytes,1,opt,name=snapshot_id,json=snapshotId,proto3" json:"snapshot_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PublishSnapshotRequest) Reset() {
+	*x = PublishSnapshotRequest{}
+	mi := &file_node_node_proto_msgTypes[47]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PublishSnapshotRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PublishSnapshotRequest) ProtoMessage() {}
+
+func (x *PublishSnapshotRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_node_node_proto_msgTypes[47]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PublishSnapshotRequest.ProtoReflect.Descriptor instead.
+func (*PublishSnapshotRequest) Descriptor() ([]byte, []int) {
+	return file_node_node_proto_rawDescGZIP(), []int{47}
+}
+
+func (x *PublishSnapshotRequest) GetSnapshotId() string {
+	if x != nil {
+		return x.SnapshotId
+	}
+	return ""
+}
+
+type PublishSnapshotResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PublishSnapshotResponse) Reset() {
+	*x = PublishSnapshotResponse{}
+	mi := &file_node_node_proto_msgTypes[48]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PublishSnapshotResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PublishSnapshotResponse) ProtoMessage() {}
+
+func (x *PublishSnapshotResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_node_node_proto_msgTypes[48]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PublishSnapshotResponse.ProtoReflect.Descriptor instead.
+func (*PublishSnapshotResponse) Descriptor() ([]byte, []int) {
+	return file_node_node_proto_rawDescGZIP(), []int{48}
+}
+
 type SandboxMetricsRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -2735,7 +2815,7 @@ type SandboxMetricsRequest struct {
 
 func (x *SandboxMetricsRequest) Reset() {
 	*x = SandboxMetricsRequest{}
-	mi := &file_node_node_proto_msgTypes[47]
+	mi := &file_node_node_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2747,7 +2827,7 @@ func (x *SandboxMetricsRequest) String() string {
 func (*SandboxMetricsRequest) ProtoMessage() {}
 
 func (x *SandboxMetricsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[47]
+	mi := &file_node_node_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2760,7 +2840,7 @@ func (x *SandboxMetricsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxMetricsRequest.ProtoReflect.Descriptor instead.
 func (*SandboxMetricsRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{47}
+	return file_node_node_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *SandboxMetricsRequest) GetId() string {
@@ -2786,7 +2866,7 @@ type Metrics struct {
 
 func (x *Metrics) Reset() {
 	*x = Metrics{}
-	mi := &file_node_node_proto_msgTypes[48]
+	mi := &file_node_node_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2798,7 +2878,7 @@ func (x *Metrics) String() string {
 func (*Metrics) ProtoMessage() {}
 
 func (x *Metrics) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[48]
+	mi := &file_node_node_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2811,7 +2891,7 @@ func (x *Metrics) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Metrics.ProtoReflect.Descriptor instead.
 func (*Metrics) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{48}
+	return file_node_node_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *Metrics) GetTimestamp() *timestamppb.Timestamp {
@@ -2879,7 +2959,7 @@ type WatchDeniedRequest struct {
 
 func (x *WatchDeniedRequest) Reset() {
 	*x = WatchDeniedRequest{}
-	mi := &file_node_node_proto_msgTypes[49]
+	mi := &file_node_node_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2891,7 +2971,7 @@ func (x *WatchDeniedRequest) String() string {
 func (*WatchDeniedRequest) ProtoMessage() {}
 
 func (x *WatchDeniedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[49]
+	mi := &file_node_node_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2904,7 +2984,7 @@ func (x *WatchDeniedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchDeniedRequest.ProtoReflect.Descriptor instead.
 func (*WatchDeniedRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{49}
+	return file_node_node_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *WatchDeniedRequest) GetId() string {
@@ -2926,7 +3006,7 @@ type WatchDeniedResponse struct {
 
 func (x *WatchDeniedResponse) Reset() {
 	*x = WatchDeniedResponse{}
-	mi := &file_node_node_proto_msgTypes[50]
+	mi := &file_node_node_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2938,7 +3018,7 @@ func (x *WatchDeniedResponse) String() string {
 func (*WatchDeniedResponse) ProtoMessage() {}
 
 func (x *WatchDeniedResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[50]
+	mi := &file_node_node_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2951,7 +3031,7 @@ func (x *WatchDeniedResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchDeniedResponse.ProtoReflect.Descriptor instead.
 func (*WatchDeniedResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{50}
+	return file_node_node_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *WatchDeniedResponse) GetRecent() []*DeniedEvent {
@@ -2986,7 +3066,7 @@ type DeniedEvent struct {
 
 func (x *DeniedEvent) Reset() {
 	*x = DeniedEvent{}
-	mi := &file_node_node_proto_msgTypes[51]
+	mi := &file_node_node_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2998,7 +3078,7 @@ func (x *DeniedEvent) String() string {
 func (*DeniedEvent) ProtoMessage() {}
 
 func (x *DeniedEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[51]
+	mi := &file_node_node_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3011,7 +3091,7 @@ func (x *DeniedEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeniedEvent.ProtoReflect.Descriptor instead.
 func (*DeniedEvent) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{51}
+	return file_node_node_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *DeniedEvent) GetTime() *timestamppb.Timestamp {
@@ -3279,7 +3359,11 @@ const file_node_node_proto_rawDesc = "" +
 	"\x15DeleteSnapshotRequest\x12\x1f\n" +
 	"\vsnapshot_id\x18\x01 \x01(\tR\n" +
 	"snapshotId\"\x18\n" +
-	"\x16DeleteSnapshotResponse\"'\n" +
+	"\x16DeleteSnapshotResponse\"9\n" +
+	"\x16PublishSnapshotRequest\x12\x1f\n" +
+	"\vsnapshot_id\x18\x01 \x01(\tR\n" +
+	"snapshotId\"\x19\n" +
+	"\x17PublishSnapshotResponse\"'\n" +
 	"\x15SandboxMetricsRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"\x93\x02\n" +
 	"\aMetrics\x128\n" +
@@ -3310,7 +3394,7 @@ const file_node_node_proto_rawDesc = "" +
 	"\x04rule\x18\b \x01(\tR\x04rule\x12\x14\n" +
 	"\x05count\x18\t \x01(\x03R\x05count\x12\x18\n" +
 	"\arepeats\x18\n" +
-	" \x01(\bR\arepeats2\xf9\x0f\n" +
+	" \x01(\bR\arepeats2\xd9\x10\n" +
 	"\vNodeService\x12=\n" +
 	"\x04Info\x12\x19.vmon.node.v1.InfoRequest\x1a\x1a.vmon.node.v1.InfoResponse\x12N\n" +
 	"\rCreateSandbox\x12\".vmon.node.v1.CreateSandboxRequest\x1a\x19.vmon.node.v1.SandboxInfo\x12[\n" +
@@ -3321,7 +3405,8 @@ const file_node_node_proto_rawDesc = "" +
 	"\fDeletePaused\x12!.vmon.node.v1.DeletePausedRequest\x1a\".vmon.node.v1.DeletePausedResponse\x12P\n" +
 	"\x0fSnapshotSandbox\x12$.vmon.node.v1.SnapshotSandboxRequest\x1a\x17.vmon.node.v1.PauseInfo\x12X\n" +
 	"\x12CreateFromSnapshot\x12'.vmon.node.v1.CreateFromSnapshotRequest\x1a\x19.vmon.node.v1.SandboxInfo\x12[\n" +
-	"\x0eDeleteSnapshot\x12#.vmon.node.v1.DeleteSnapshotRequest\x1a$.vmon.node.v1.DeleteSnapshotResponse\x12L\n" +
+	"\x0eDeleteSnapshot\x12#.vmon.node.v1.DeleteSnapshotRequest\x1a$.vmon.node.v1.DeleteSnapshotResponse\x12^\n" +
+	"\x0fPublishSnapshot\x12$.vmon.node.v1.PublishSnapshotRequest\x1a%.vmon.node.v1.PublishSnapshotResponse\x12L\n" +
 	"\x0eSandboxMetrics\x12#.vmon.node.v1.SandboxMetricsRequest\x1a\x15.vmon.node.v1.Metrics\x12T\n" +
 	"\vWatchDenied\x12 .vmon.node.v1.WatchDeniedRequest\x1a!.vmon.node.v1.WatchDeniedResponse0\x01\x12X\n" +
 	"\rListSandboxes\x12\".vmon.node.v1.ListSandboxesRequest\x1a#.vmon.node.v1.ListSandboxesResponse\x12K\n" +
@@ -3353,7 +3438,7 @@ func file_node_node_proto_rawDescGZIP() []byte {
 	return file_node_node_proto_rawDescData
 }
 
-var file_node_node_proto_msgTypes = make([]protoimpl.MessageInfo, 53)
+var file_node_node_proto_msgTypes = make([]protoimpl.MessageInfo, 55)
 var file_node_node_proto_goTypes = []any{
 	(*PutBuildFileRequest)(nil),       // 0: vmon.node.v1.PutBuildFileRequest
 	(*BuildFileHeader)(nil),           // 1: vmon.node.v1.BuildFileHeader
@@ -3402,13 +3487,15 @@ var file_node_node_proto_goTypes = []any{
 	(*CreateFromSnapshotRequest)(nil), // 44: vmon.node.v1.CreateFromSnapshotRequest
 	(*DeleteSnapshotRequest)(nil),     // 45: vmon.node.v1.DeleteSnapshotRequest
 	(*DeleteSnapshotResponse)(nil),    // 46: vmon.node.v1.DeleteSnapshotResponse
-	(*SandboxMetricsRequest)(nil),     // 47: vmon.node.v1.SandboxMetricsRequest
-	(*Metrics)(nil),                   // 48: vmon.node.v1.Metrics
-	(*WatchDeniedRequest)(nil),        // 49: vmon.node.v1.WatchDeniedRequest
-	(*WatchDeniedResponse)(nil),       // 50: vmon.node.v1.WatchDeniedResponse
-	(*DeniedEvent)(nil),               // 51: vmon.node.v1.DeniedEvent
-	nil,                               // 52: vmon.node.v1.CreateSpec.EnvVarsEntry
-	(*timestamppb.Timestamp)(nil),     // 53: google.protobuf.Timestamp
+	(*PublishSnapshotRequest)(nil),    // 47: vmon.node.v1.PublishSnapshotRequest
+	(*PublishSnapshotResponse)(nil),   // 48: vmon.node.v1.PublishSnapshotResponse
+	(*SandboxMetricsRequest)(nil),     // 49: vmon.node.v1.SandboxMetricsRequest
+	(*Metrics)(nil),                   // 50: vmon.node.v1.Metrics
+	(*WatchDeniedRequest)(nil),        // 51: vmon.node.v1.WatchDeniedRequest
+	(*WatchDeniedResponse)(nil),       // 52: vmon.node.v1.WatchDeniedResponse
+	(*DeniedEvent)(nil),               // 53: vmon.node.v1.DeniedEvent
+	nil,                               // 54: vmon.node.v1.CreateSpec.EnvVarsEntry
+	(*timestamppb.Timestamp)(nil),     // 55: google.protobuf.Timestamp
 }
 var file_node_node_proto_depIdxs = []int32{
 	1,  // 0: vmon.node.v1.PutBuildFileRequest.header:type_name -> vmon.node.v1.BuildFileHeader
@@ -3418,25 +3505,25 @@ var file_node_node_proto_depIdxs = []int32{
 	8,  // 4: vmon.node.v1.BuildEvent.log:type_name -> vmon.node.v1.BuildLogEntry
 	9,  // 5: vmon.node.v1.BuildEvent.done:type_name -> vmon.node.v1.BuildDone
 	10, // 6: vmon.node.v1.BuildEvent.failed:type_name -> vmon.node.v1.BuildFailed
-	53, // 7: vmon.node.v1.BuildLogEntry.timestamp:type_name -> google.protobuf.Timestamp
+	55, // 7: vmon.node.v1.BuildLogEntry.timestamp:type_name -> google.protobuf.Timestamp
 	17, // 8: vmon.node.v1.VolumeMkdirRequest.attrs:type_name -> vmon.node.v1.VolumeAttrs
 	17, // 9: vmon.node.v1.VolumeChattrRequest.attrs:type_name -> vmon.node.v1.VolumeAttrs
-	53, // 10: vmon.node.v1.VolumeEntry.atime:type_name -> google.protobuf.Timestamp
-	53, // 11: vmon.node.v1.VolumeEntry.mtime:type_name -> google.protobuf.Timestamp
-	53, // 12: vmon.node.v1.VolumeEntry.ctime:type_name -> google.protobuf.Timestamp
+	55, // 10: vmon.node.v1.VolumeEntry.atime:type_name -> google.protobuf.Timestamp
+	55, // 11: vmon.node.v1.VolumeEntry.mtime:type_name -> google.protobuf.Timestamp
+	55, // 12: vmon.node.v1.VolumeEntry.ctime:type_name -> google.protobuf.Timestamp
 	21, // 13: vmon.node.v1.VolumeEntries.entries:type_name -> vmon.node.v1.VolumeEntry
 	25, // 14: vmon.node.v1.VolumeWriteRequest.header:type_name -> vmon.node.v1.VolumeWriteHeader
 	17, // 15: vmon.node.v1.VolumeWriteHeader.attrs:type_name -> vmon.node.v1.VolumeAttrs
-	52, // 16: vmon.node.v1.CreateSpec.env_vars:type_name -> vmon.node.v1.CreateSpec.EnvVarsEntry
+	54, // 16: vmon.node.v1.CreateSpec.env_vars:type_name -> vmon.node.v1.CreateSpec.EnvVarsEntry
 	30, // 17: vmon.node.v1.CreateSpec.volumes:type_name -> vmon.node.v1.VolumeMount
-	53, // 18: vmon.node.v1.SandboxInfo.started_at:type_name -> google.protobuf.Timestamp
+	55, // 18: vmon.node.v1.SandboxInfo.started_at:type_name -> google.protobuf.Timestamp
 	31, // 19: vmon.node.v1.CreateSandboxRequest.spec:type_name -> vmon.node.v1.CreateSpec
 	31, // 20: vmon.node.v1.ResumeSandboxRequest.spec:type_name -> vmon.node.v1.CreateSpec
 	31, // 21: vmon.node.v1.CreateFromSnapshotRequest.spec:type_name -> vmon.node.v1.CreateSpec
-	53, // 22: vmon.node.v1.Metrics.timestamp:type_name -> google.protobuf.Timestamp
-	51, // 23: vmon.node.v1.WatchDeniedResponse.recent:type_name -> vmon.node.v1.DeniedEvent
-	51, // 24: vmon.node.v1.WatchDeniedResponse.event:type_name -> vmon.node.v1.DeniedEvent
-	53, // 25: vmon.node.v1.DeniedEvent.time:type_name -> google.protobuf.Timestamp
+	55, // 22: vmon.node.v1.Metrics.timestamp:type_name -> google.protobuf.Timestamp
+	53, // 23: vmon.node.v1.WatchDeniedResponse.recent:type_name -> vmon.node.v1.DeniedEvent
+	53, // 24: vmon.node.v1.WatchDeniedResponse.event:type_name -> vmon.node.v1.DeniedEvent
+	55, // 25: vmon.node.v1.DeniedEvent.time:type_name -> google.protobuf.Timestamp
 	28, // 26: vmon.node.v1.NodeService.Info:input_type -> vmon.node.v1.InfoRequest
 	33, // 27: vmon.node.v1.NodeService.CreateSandbox:input_type -> vmon.node.v1.CreateSandboxRequest
 	34, // 28: vmon.node.v1.NodeService.DestroySandbox:input_type -> vmon.node.v1.DestroySandboxRequest
@@ -3447,48 +3534,50 @@ var file_node_node_proto_depIdxs = []int32{
 	43, // 33: vmon.node.v1.NodeService.SnapshotSandbox:input_type -> vmon.node.v1.SnapshotSandboxRequest
 	44, // 34: vmon.node.v1.NodeService.CreateFromSnapshot:input_type -> vmon.node.v1.CreateFromSnapshotRequest
 	45, // 35: vmon.node.v1.NodeService.DeleteSnapshot:input_type -> vmon.node.v1.DeleteSnapshotRequest
-	47, // 36: vmon.node.v1.NodeService.SandboxMetrics:input_type -> vmon.node.v1.SandboxMetricsRequest
-	49, // 37: vmon.node.v1.NodeService.WatchDenied:input_type -> vmon.node.v1.WatchDeniedRequest
-	26, // 38: vmon.node.v1.NodeService.ListSandboxes:input_type -> vmon.node.v1.ListSandboxesRequest
-	11, // 39: vmon.node.v1.NodeService.CreateVolume:input_type -> vmon.node.v1.CreateVolumeRequest
-	12, // 40: vmon.node.v1.NodeService.DeleteVolume:input_type -> vmon.node.v1.VolumeRequest
-	12, // 41: vmon.node.v1.NodeService.GetVolumeSize:input_type -> vmon.node.v1.VolumeRequest
-	15, // 42: vmon.node.v1.NodeService.VolumeStat:input_type -> vmon.node.v1.VolumePathRequest
-	16, // 43: vmon.node.v1.NodeService.VolumeList:input_type -> vmon.node.v1.VolumeListRequest
-	18, // 44: vmon.node.v1.NodeService.VolumeMkdir:input_type -> vmon.node.v1.VolumeMkdirRequest
-	19, // 45: vmon.node.v1.NodeService.VolumeChattr:input_type -> vmon.node.v1.VolumeChattrRequest
-	15, // 46: vmon.node.v1.NodeService.VolumeRemove:input_type -> vmon.node.v1.VolumePathRequest
-	15, // 47: vmon.node.v1.NodeService.VolumeRead:input_type -> vmon.node.v1.VolumePathRequest
-	24, // 48: vmon.node.v1.NodeService.VolumeWrite:input_type -> vmon.node.v1.VolumeWriteRequest
-	0,  // 49: vmon.node.v1.NodeService.PutBuildFile:input_type -> vmon.node.v1.PutBuildFileRequest
-	3,  // 50: vmon.node.v1.NodeService.BuildTemplate:input_type -> vmon.node.v1.BuildTemplateRequest
-	29, // 51: vmon.node.v1.NodeService.Info:output_type -> vmon.node.v1.InfoResponse
-	32, // 52: vmon.node.v1.NodeService.CreateSandbox:output_type -> vmon.node.v1.SandboxInfo
-	35, // 53: vmon.node.v1.NodeService.DestroySandbox:output_type -> vmon.node.v1.DestroySandboxResponse
-	37, // 54: vmon.node.v1.NodeService.UpdateEgress:output_type -> vmon.node.v1.UpdateEgressResponse
-	39, // 55: vmon.node.v1.NodeService.PauseSandbox:output_type -> vmon.node.v1.PauseInfo
-	32, // 56: vmon.node.v1.NodeService.ResumeSandbox:output_type -> vmon.node.v1.SandboxInfo
-	42, // 57: vmon.node.v1.NodeService.DeletePaused:output_type -> vmon.node.v1.DeletePausedResponse
-	39, // 58: vmon.node.v1.NodeService.SnapshotSandbox:output_type -> vmon.node.v1.PauseInfo
-	32, // 59: vmon.node.v1.NodeService.CreateFromSnapshot:output_type -> vmon.node.v1.SandboxInfo
-	46, // 60: vmon.node.v1.NodeService.DeleteSnapshot:output_type -> vmon.node.v1.DeleteSnapshotResponse
-	48, // 61: vmon.node.v1.NodeService.SandboxMetrics:output_type -> vmon.node.v1.Metrics
-	50, // 62: vmon.node.v1.NodeService.WatchDenied:output_type -> vmon.node.v1.WatchDeniedResponse
-	27, // 63: vmon.node.v1.NodeService.ListSandboxes:output_type -> vmon.node.v1.ListSandboxesResponse
-	14, // 64: vmon.node.v1.NodeService.CreateVolume:output_type -> vmon.node.v1.VolumeSize
-	13, // 65: vmon.node.v1.NodeService.DeleteVolume:output_type -> vmon.node.v1.DeleteVolumeResponse
-	14, // 66: vmon.node.v1.NodeService.GetVolumeSize:output_type -> vmon.node.v1.VolumeSize
-	21, // 67: vmon.node.v1.NodeService.VolumeStat:output_type -> vmon.node.v1.VolumeEntry
-	22, // 68: vmon.node.v1.NodeService.VolumeList:output_type -> vmon.node.v1.VolumeEntries
-	21, // 69: vmon.node.v1.NodeService.VolumeMkdir:output_type -> vmon.node.v1.VolumeEntry
-	21, // 70: vmon.node.v1.NodeService.VolumeChattr:output_type -> vmon.node.v1.VolumeEntry
-	20, // 71: vmon.node.v1.NodeService.VolumeRemove:output_type -> vmon.node.v1.VolumeRemoveResponse
-	23, // 72: vmon.node.v1.NodeService.VolumeRead:output_type -> vmon.node.v1.VolumeChunk
-	21, // 73: vmon.node.v1.NodeService.VolumeWrite:output_type -> vmon.node.v1.VolumeEntry
-	2,  // 74: vmon.node.v1.NodeService.PutBuildFile:output_type -> vmon.node.v1.PutBuildFileResponse
-	7,  // 75: vmon.node.v1.NodeService.BuildTemplate:output_type -> vmon.node.v1.BuildEvent
-	51, // [51:76] is the sub-list for method output_type
-	26, // [26:51] is the sub-list for method input_type
+	47, // 36: vmon.node.v1.NodeService.PublishSnapshot:input_type -> vmon.node.v1.PublishSnapshotRequest
+	49, // 37: vmon.node.v1.NodeService.SandboxMetrics:input_type -> vmon.node.v1.SandboxMetricsRequest
+	51, // 38: vmon.node.v1.NodeService.WatchDenied:input_type -> vmon.node.v1.WatchDeniedRequest
+	26, // 39: vmon.node.v1.NodeService.ListSandboxes:input_type -> vmon.node.v1.ListSandboxesRequest
+	11, // 40: vmon.node.v1.NodeService.CreateVolume:input_type -> vmon.node.v1.CreateVolumeRequest
+	12, // 41: vmon.node.v1.NodeService.DeleteVolume:input_type -> vmon.node.v1.VolumeRequest
+	12, // 42: vmon.node.v1.NodeService.GetVolumeSize:input_type -> vmon.node.v1.VolumeRequest
+	15, // 43: vmon.node.v1.NodeService.VolumeStat:input_type -> vmon.node.v1.VolumePathRequest
+	16, // 44: vmon.node.v1.NodeService.VolumeList:input_type -> vmon.node.v1.VolumeListRequest
+	18, // 45: vmon.node.v1.NodeService.VolumeMkdir:input_type -> vmon.node.v1.VolumeMkdirRequest
+	19, // 46: vmon.node.v1.NodeService.VolumeChattr:input_type -> vmon.node.v1.VolumeChattrRequest
+	15, // 47: vmon.node.v1.NodeService.VolumeRemove:input_type -> vmon.node.v1.VolumePathRequest
+	15, // 48: vmon.node.v1.NodeService.VolumeRead:input_type -> vmon.node.v1.VolumePathRequest
+	24, // 49: vmon.node.v1.NodeService.VolumeWrite:input_type -> vmon.node.v1.VolumeWriteRequest
+	0,  // 50: vmon.node.v1.NodeService.PutBuildFile:input_type -> vmon.node.v1.PutBuildFileRequest
+	3,  // 51: vmon.node.v1.NodeService.BuildTemplate:input_type -> vmon.node.v1.BuildTemplateRequest
+	29, // 52: vmon.node.v1.NodeService.Info:output_type -> vmon.node.v1.InfoResponse
+	32, // 53: vmon.node.v1.NodeService.CreateSandbox:output_type -> vmon.node.v1.SandboxInfo
+	35, // 54: vmon.node.v1.NodeService.DestroySandbox:output_type -> vmon.node.v1.DestroySandboxResponse
+	37, // 55: vmon.node.v1.NodeService.UpdateEgress:output_type -> vmon.node.v1.UpdateEgressResponse
+	39, // 56: vmon.node.v1.NodeService.PauseSandbox:output_type -> vmon.node.v1.PauseInfo
+	32, // 57: vmon.node.v1.NodeService.ResumeSandbox:output_type -> vmon.node.v1.SandboxInfo
+	42, // 58: vmon.node.v1.NodeService.DeletePaused:output_type -> vmon.node.v1.DeletePausedResponse
+	39, // 59: vmon.node.v1.NodeService.SnapshotSandbox:output_type -> vmon.node.v1.PauseInfo
+	32, // 60: vmon.node.v1.NodeService.CreateFromSnapshot:output_type -> vmon.node.v1.SandboxInfo
+	46, // 61: vmon.node.v1.NodeService.DeleteSnapshot:output_type -> vmon.node.v1.DeleteSnapshotResponse
+	48, // 62: vmon.node.v1.NodeService.PublishSnapshot:output_type -> vmon.node.v1.PublishSnapshotResponse
+	50, // 63: vmon.node.v1.NodeService.SandboxMetrics:output_type -> vmon.node.v1.Metrics
+	52, // 64: vmon.node.v1.NodeService.WatchDenied:output_type -> vmon.node.v1.WatchDeniedResponse
+	27, // 65: vmon.node.v1.NodeService.ListSandboxes:output_type -> vmon.node.v1.ListSandboxesResponse
+	14, // 66: vmon.node.v1.NodeService.CreateVolume:output_type -> vmon.node.v1.VolumeSize
+	13, // 67: vmon.node.v1.NodeService.DeleteVolume:output_type -> vmon.node.v1.DeleteVolumeResponse
+	14, // 68: vmon.node.v1.NodeService.GetVolumeSize:output_type -> vmon.node.v1.VolumeSize
+	21, // 69: vmon.node.v1.NodeService.VolumeStat:output_type -> vmon.node.v1.VolumeEntry
+	22, // 70: vmon.node.v1.NodeService.VolumeList:output_type -> vmon.node.v1.VolumeEntries
+	21, // 71: vmon.node.v1.NodeService.VolumeMkdir:output_type -> vmon.node.v1.VolumeEntry
+	21, // 72: vmon.node.v1.NodeService.VolumeChattr:output_type -> vmon.node.v1.VolumeEntry
+	20, // 73: vmon.node.v1.NodeService.VolumeRemove:output_type -> vmon.node.v1.VolumeRemoveResponse
+	23, // 74: vmon.node.v1.NodeService.VolumeRead:output_type -> vmon.node.v1.VolumeChunk
+	21, // 75: vmon.node.v1.NodeService.VolumeWrite:output_type -> vmon.node.v1.VolumeEntry
+	2,  // 76: vmon.node.v1.NodeService.PutBuildFile:output_type -> vmon.node.v1.PutBuildFileResponse
+	7,  // 77: vmon.node.v1.NodeService.BuildTemplate:output_type -> vmon.node.v1.BuildEvent
+	52, // [52:78] is the sub-list for method output_type
+	26, // [26:52] is the sub-list for method input_type
 	26, // [26:26] is the sub-list for extension type_name
 	26, // [26:26] is the sub-list for extension extendee
 	0,  // [0:26] is the sub-list for field type_name
@@ -3511,7 +3600,7 @@ func file_node_node_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_node_node_proto_rawDesc), len(file_node_node_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   53,
+			NumMessages:   55,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

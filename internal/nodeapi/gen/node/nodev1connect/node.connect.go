@@ -67,6 +67,9 @@ const (
 	// NodeServiceDeleteSnapshotProcedure is the fully-qualified name of the NodeService's
 	// DeleteSnapshot RPC.
 	NodeServiceDeleteSnapshotProcedure = "/vmon.node.v1.NodeService/DeleteSnapshot"
+	// NodeServicePublishSnapshotProcedure is the fully-qualified name of the NodeService's
+	// PublishSnapshot RPC.
+	NodeServicePublishSnapshotProcedure = "/vmon.node.v1.NodeService/PublishSnapshot"
 	// NodeServiceSandboxMetricsProcedure is the fully-qualified name of the NodeService's
 	// SandboxMetrics RPC.
 	NodeServiceSandboxMetricsProcedure = "/vmon.node.v1.NodeService/SandboxMetrics"
@@ -124,6 +127,9 @@ type NodeServiceClient interface {
 	SnapshotSandbox(context.Context, *connect.Request[node.SnapshotSandboxRequest]) (*connect.Response[node.PauseInfo], error)
 	CreateFromSnapshot(context.Context, *connect.Request[node.CreateFromSnapshotRequest]) (*connect.Response[node.SandboxInfo], error)
 	DeleteSnapshot(context.Context, *connect.Request[node.DeleteSnapshotRequest]) (*connect.Response[node.DeleteSnapshotResponse], error)
+	// PublishSnapshot puts a snapshot this node holds in the cluster's store (a no-op when it is
+	// there), so that another node can start sandboxes from it.
+	PublishSnapshot(context.Context, *connect.Request[node.PublishSnapshotRequest]) (*connect.Response[node.PublishSnapshotResponse], error)
 	SandboxMetrics(context.Context, *connect.Request[node.SandboxMetricsRequest]) (*connect.Response[node.Metrics], error)
 	// WatchDenied answers at once with a running sandbox's recent refusals (or the error), then
 	// sends each new one until the call ends.
@@ -222,6 +228,12 @@ func NewNodeServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			httpClient,
 			baseURL+NodeServiceDeleteSnapshotProcedure,
 			connect.WithSchema(nodeServiceMethods.ByName("DeleteSnapshot")),
+			connect.WithClientOptions(opts...),
+		),
+		publishSnapshot: connect.NewClient[node.PublishSnapshotRequest, node.PublishSnapshotResponse](
+			httpClient,
+			baseURL+NodeServicePublishSnapshotProcedure,
+			connect.WithSchema(nodeServiceMethods.ByName("PublishSnapshot")),
 			connect.WithClientOptions(opts...),
 		),
 		sandboxMetrics: connect.NewClient[node.SandboxMetricsRequest, node.Metrics](
@@ -329,6 +341,7 @@ type nodeServiceClient struct {
 	snapshotSandbox    *connect.Client[node.SnapshotSandboxRequest, node.PauseInfo]
 	createFromSnapshot *connect.Client[node.CreateFromSnapshotRequest, node.SandboxInfo]
 	deleteSnapshot     *connect.Client[node.DeleteSnapshotRequest, node.DeleteSnapshotResponse]
+	publishSnapshot    *connect.Client[node.PublishSnapshotRequest, node.PublishSnapshotResponse]
 	sandboxMetrics     *connect.Client[node.SandboxMetricsRequest, node.Metrics]
 	watchDenied        *connect.Client[node.WatchDeniedRequest, node.WatchDeniedResponse]
 	listSandboxes      *connect.Client[node.ListSandboxesRequest, node.ListSandboxesResponse]
@@ -394,6 +407,11 @@ func (c *nodeServiceClient) CreateFromSnapshot(ctx context.Context, req *connect
 // DeleteSnapshot calls vmon.node.v1.NodeService.DeleteSnapshot.
 func (c *nodeServiceClient) DeleteSnapshot(ctx context.Context, req *connect.Request[node.DeleteSnapshotRequest]) (*connect.Response[node.DeleteSnapshotResponse], error) {
 	return c.deleteSnapshot.CallUnary(ctx, req)
+}
+
+// PublishSnapshot calls vmon.node.v1.NodeService.PublishSnapshot.
+func (c *nodeServiceClient) PublishSnapshot(ctx context.Context, req *connect.Request[node.PublishSnapshotRequest]) (*connect.Response[node.PublishSnapshotResponse], error) {
+	return c.publishSnapshot.CallUnary(ctx, req)
 }
 
 // SandboxMetrics calls vmon.node.v1.NodeService.SandboxMetrics.
@@ -487,6 +505,9 @@ type NodeServiceHandler interface {
 	SnapshotSandbox(context.Context, *connect.Request[node.SnapshotSandboxRequest]) (*connect.Response[node.PauseInfo], error)
 	CreateFromSnapshot(context.Context, *connect.Request[node.CreateFromSnapshotRequest]) (*connect.Response[node.SandboxInfo], error)
 	DeleteSnapshot(context.Context, *connect.Request[node.DeleteSnapshotRequest]) (*connect.Response[node.DeleteSnapshotResponse], error)
+	// PublishSnapshot puts a snapshot this node holds in the cluster's store (a no-op when it is
+	// there), so that another node can start sandboxes from it.
+	PublishSnapshot(context.Context, *connect.Request[node.PublishSnapshotRequest]) (*connect.Response[node.PublishSnapshotResponse], error)
 	SandboxMetrics(context.Context, *connect.Request[node.SandboxMetricsRequest]) (*connect.Response[node.Metrics], error)
 	// WatchDenied answers at once with a running sandbox's recent refusals (or the error), then
 	// sends each new one until the call ends.
@@ -581,6 +602,12 @@ func NewNodeServiceHandler(svc NodeServiceHandler, opts ...connect.HandlerOption
 		NodeServiceDeleteSnapshotProcedure,
 		svc.DeleteSnapshot,
 		connect.WithSchema(nodeServiceMethods.ByName("DeleteSnapshot")),
+		connect.WithHandlerOptions(opts...),
+	)
+	nodeServicePublishSnapshotHandler := connect.NewUnaryHandler(
+		NodeServicePublishSnapshotProcedure,
+		svc.PublishSnapshot,
+		connect.WithSchema(nodeServiceMethods.ByName("PublishSnapshot")),
 		connect.WithHandlerOptions(opts...),
 	)
 	nodeServiceSandboxMetricsHandler := connect.NewUnaryHandler(
@@ -695,6 +722,8 @@ func NewNodeServiceHandler(svc NodeServiceHandler, opts ...connect.HandlerOption
 			nodeServiceCreateFromSnapshotHandler.ServeHTTP(w, r)
 		case NodeServiceDeleteSnapshotProcedure:
 			nodeServiceDeleteSnapshotHandler.ServeHTTP(w, r)
+		case NodeServicePublishSnapshotProcedure:
+			nodeServicePublishSnapshotHandler.ServeHTTP(w, r)
 		case NodeServiceSandboxMetricsProcedure:
 			nodeServiceSandboxMetricsHandler.ServeHTTP(w, r)
 		case NodeServiceWatchDeniedProcedure:
@@ -772,6 +801,10 @@ func (UnimplementedNodeServiceHandler) CreateFromSnapshot(context.Context, *conn
 
 func (UnimplementedNodeServiceHandler) DeleteSnapshot(context.Context, *connect.Request[node.DeleteSnapshotRequest]) (*connect.Response[node.DeleteSnapshotResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("vmon.node.v1.NodeService.DeleteSnapshot is not implemented"))
+}
+
+func (UnimplementedNodeServiceHandler) PublishSnapshot(context.Context, *connect.Request[node.PublishSnapshotRequest]) (*connect.Response[node.PublishSnapshotResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("vmon.node.v1.NodeService.PublishSnapshot is not implemented"))
 }
 
 func (UnimplementedNodeServiceHandler) SandboxMetrics(context.Context, *connect.Request[node.SandboxMetricsRequest]) (*connect.Response[node.Metrics], error) {
