@@ -605,10 +605,30 @@ type networkSetup struct {
 	names *egressdns.Resolver // nil with --egress-dns off or without the proxy
 }
 
+// upstreamResolver resolves through servers (host:port, tried in order) instead of those of
+// /etc/resolv.conf; none: nil, the system's resolver.
+func upstreamResolver(servers []string) egressproxy.Resolver {
+	if len(servers) == 0 {
+		return nil
+	}
+	return &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
+		var d net.Dialer
+		var errs []error
+		for _, s := range servers {
+			conn, err := d.DialContext(ctx, network, s)
+			if err == nil {
+				return conn, nil
+			}
+			errs = append(errs, err)
+		}
+		return nil, errors.Join(errs...)
+	}}
+}
+
 // startEgressResolver starts the filtering resolver on every address at port; like the proxy it
 // only answers guests whose links redirected their DNS to it.
-func startEgressResolver(port int, refusedTo *atomic.Pointer[node.Node], log *slog.Logger) (*egressdns.Resolver, func(), error) {
-	res, err := egressdns.New(egressdns.Config{Log: log, OnRefuse: func(r egressdns.Refusal) {
+func startEgressResolver(port int, upstreams []string, refusedTo *atomic.Pointer[node.Node], log *slog.Logger) (*egressdns.Resolver, func(), error) {
+	res, err := egressdns.New(egressdns.Config{Log: log, Upstreams: upstreams, OnRefuse: func(r egressdns.Refusal) {
 		if n := refusedTo.Load(); n != nil {
 			n.DNSRefused(r.Guest, r.Name, r.Type)
 		}
@@ -667,7 +687,7 @@ func setupNetwork(ctx context.Context, c *config.Serve, log *slog.Logger, refuse
 			n.ProxyRefused(r.Guest, r.Dst, r.Port, r.Name, string(r.Stage), r.Rule)
 		}
 	}
-	proxy, proxyPort, stopProxy, err := startEgressProxy(c.EgressProxyPort, c.DataDir, ns.env, onRefuse, log.With("component", "egressproxy"))
+	proxy, proxyPort, stopProxy, err := startEgressProxy(c.EgressProxyPort, c.DataDir, ns.env, upstreamResolver(c.EgressUpstreamDNS), onRefuse, log.With("component", "egressproxy"))
 	if err != nil {
 		stopBG()
 		return nil, nop, err
@@ -689,7 +709,7 @@ func setupNetwork(ctx context.Context, c *config.Serve, log *slog.Logger, refuse
 		if proxy == nil {
 			break
 		}
-		res, stopRes, err := startEgressResolver(c.EgressDNSPort, refusedTo, log.With("component", "egressdns"))
+		res, stopRes, err := startEgressResolver(c.EgressDNSPort, c.EgressUpstreamDNS, refusedTo, log.With("component", "egressdns"))
 		if err != nil {
 			stopProxy()
 			stopBG()
@@ -723,7 +743,7 @@ func setupNetwork(ctx context.Context, c *config.Serve, log *slog.Logger, refuse
 // chain redirected reach it from guests (INPUT accepts ctstate DNAT alone); anything else that
 // connects is reset at once, since its addresses match no guest's link. Its CA (header rules) is
 // created once in <data-dir>/egress.
-func startEgressProxy(port int, dataDir string, env egress.Env, onRefuse func(egressproxy.Refusal), log *slog.Logger) (*egressproxy.Proxy, uint16, func(), error) {
+func startEgressProxy(port int, dataDir string, env egress.Env, res egressproxy.Resolver, onRefuse func(egressproxy.Refusal), log *slog.Logger) (*egressproxy.Proxy, uint16, func(), error) {
 	if port == 0 {
 		log.Info("egress proxy disabled (--egress-proxy-port 0): allowOut domains, header rules and egressProxy are refused with 503")
 		return nil, 0, func() {}, nil
@@ -743,7 +763,7 @@ func startEgressProxy(port int, dataDir string, env egress.Env, onRefuse func(eg
 	if err != nil {
 		return nil, 0, nil, fmt.Errorf("egress proxy: %w (choose another --egress-proxy-port, or 0 to run without allowOut domains)", err)
 	}
-	p := egressproxy.New(egressproxy.Config{Env: env, Log: log, CA: ca, OriginRoots: roots, OnRefuse: onRefuse})
+	p := egressproxy.New(egressproxy.Config{Env: env, Log: log, CA: ca, OriginRoots: roots, OnRefuse: onRefuse, Resolver: res})
 	done := make(chan struct{})
 	go func() {
 		defer close(done)

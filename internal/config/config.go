@@ -63,6 +63,9 @@ type Serve struct {
 	EgressInternal    string
 	EgressProxyPort   int
 	EgressDNS         string
+	// EgressUpstreamDNS are the servers (host:port) the node's egress resolver and proxy ask;
+	// empty: those of /etc/resolv.conf.
+	EgressUpstreamDNS []string
 	VMMUser           string
 	TLS               string
 	TLSCert           string
@@ -156,6 +159,7 @@ func BindServe(fs *pflag.FlagSet, c *Serve) {
 	fs.IntVar(&c.EgressDNSPort, "egress-dns-port", 15353, "port of the node's filtering resolver for sandboxes with allowOut domains (bound on every address)")
 	fs.StringVar(&c.EgressInternal, "egress-internal-allow", "", "comma-separated CIDRs exempted from the always-denied ranges on this node")
 	fs.StringVar(&c.EgressDNS, "egress-dns", "filter", "DNS of sandboxes whose policy has allowOut domains: filter (the node answers their DNS to any server but the allowOut CIDRs they name, resolves only names their domains cover, and asks upstream in a canonical form: lower-case name, no guest flags or EDNS options) or off (their DNS goes wherever the guest sends it: 8.8.8.8, which domains allow implicitly, resolves any name, a channel out of deny-all)")
+	fs.StringSliceVar(&c.EgressUpstreamDNS, "egress-upstream-dns", nil, "DNS servers (host:port, repeatable) the node asks for the names of allowOut domains, for its filtering resolver and its egress proxy (default: those of /etc/resolv.conf)")
 	fs.IntVar(&c.EgressProxyPort, "egress-proxy-port", 15380, "port of the node's transparent egress proxy, which enforces allowOut domains (bound on every address; only redirected guest flows are let in; 0 disables it and the egress-domains feature)")
 	fs.StringVar(&c.VMMUser, "vmm-user", "", "uid that owns sandbox links when VMMs drop privileges")
 	fs.StringVar(&c.TLS, "tls", "", `"self-signed" to serve HTTPS with a CA and wildcard certificate made in the data dir`)
@@ -227,6 +231,11 @@ func (c *Serve) Validate() error {
 	}
 	if c.TLS != "" && c.TLS != "self-signed" {
 		return fmt.Errorf(`--tls must be "self-signed" (or use --tls-cert/--tls-key)`)
+	}
+	for _, u := range c.EgressUpstreamDNS {
+		if _, port, err := net.SplitHostPort(u); err != nil || port == "" {
+			return fmt.Errorf("--egress-upstream-dns %q: want host:port", u)
+		}
 	}
 	if c.EgressDNS != "filter" && c.EgressDNS != "off" {
 		return fmt.Errorf("--egress-dns must be filter or off, not %q", c.EgressDNS)

@@ -5,8 +5,11 @@
 // built by scripts/weed.sh) listening on the bridge.
 import assert from 'node:assert/strict';
 import { execFileSync, spawn, spawnSync } from 'node:child_process';
+import dgram from 'node:dgram';
 import fs from 'node:fs';
+import http from 'node:http';
 import net from 'node:net';
+import dnsPacket from 'dns-packet';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { VmonServer, dataDir, handedOut, pgrep, runVmon, waitFor } from './harness.js';
@@ -77,6 +80,75 @@ async function startWeed(root) {
 }
 
 /**
+ * The nodes' fake internet, in the test's own namespace: HTTP servers on documentation addresses
+ * (INTERNET hosts, put on the bridge; each answers "hello from <address>") and a DNS server on the
+ * bridge (DNS_ADDR) answering INTERNET_NAMES, the nodes' upstream (--egress-upstream-dns). Nothing
+ * else is reachable: the test's namespace has no uplink.
+ */
+export const INTERNET = ['203.0.113.10', '203.0.113.11'];
+export const INTERNET_NAMES = { 'allowed.test': '203.0.113.10', 'denied.test': '203.0.113.11' };
+const DNS_PORT = 5353;
+export const DNS_ADDR = `${DRIVER_IP}:${DNS_PORT}`;
+
+async function startInternet() {
+  for (const a of INTERNET) ip('addr', 'add', `${a}/32`, 'dev', BRIDGE);
+  const servers = [];
+  const asked = [];
+  for (const a of INTERNET) {
+    const srv = http.createServer((req, res) => res.end(`hello from ${a}\n`));
+    await new Promise((resolve, reject) => srv.once('error', reject).listen(80, a, resolve));
+    servers.push(srv);
+  }
+  const answer = (msg) => {
+    const q = dnsPacket.decode(msg);
+    const qs = q.questions ?? [];
+    asked.push(...qs.map((x) => x.name));
+    const answers = qs.filter((x) => x.type === 'A' && INTERNET_NAMES[x.name.toLowerCase()])
+      .map((x) => ({ type: 'A', name: x.name, ttl: 5, data: INTERNET_NAMES[x.name.toLowerCase()] }));
+    const known = qs.every((x) => INTERNET_NAMES[x.name.toLowerCase()]);
+    return dnsPacket.encode({ id: q.id, type: 'response', flags: dnsPacket.RECURSION_DESIRED | dnsPacket.RECURSION_AVAILABLE |
+      (known ? 0 : 3), questions: qs, answers });
+  };
+  const udp = dgram.createSocket('udp4');
+  udp.on('message', (msg, rinfo) => {
+    try {
+      udp.send(answer(msg), rinfo.port, rinfo.address);
+    } catch {
+      // not a DNS message
+    }
+  });
+  await new Promise((resolve) => udp.bind(DNS_PORT, DRIVER_IP, resolve));
+  const tcp = net.createServer((sock) => {
+    let buf = Buffer.alloc(0);
+    sock.on('error', () => {});
+    sock.on('data', (d) => {
+      buf = Buffer.concat([buf, d]);
+      while (buf.length >= 2 && buf.length >= 2 + buf.readUInt16BE(0)) {
+        const len = buf.readUInt16BE(0);
+        try {
+          const out = answer(buf.subarray(2, 2 + len));
+          const hdr = Buffer.alloc(2);
+          hdr.writeUInt16BE(out.length);
+          sock.write(Buffer.concat([hdr, out]));
+        } catch {
+          sock.destroy();
+        }
+        buf = buf.subarray(2 + len);
+      }
+    });
+  });
+  await new Promise((resolve) => tcp.listen(DNS_PORT, DRIVER_IP, resolve));
+  return {
+    asked,
+    close: () => {
+      for (const srv of servers) srv.close();
+      udp.close();
+      tcp.close();
+    },
+  };
+}
+
+/**
  * Starts a driver and `nodes` ({ name, ip, base, args }) on a store ('dir' or 's3'). Only nodes
  * with `base` start with a base template: the first of them publishes it, and the others wait
  * until it is in the store, then fetch it from there.
@@ -104,6 +176,9 @@ export async function startCluster(root, { nodes: spec, store = 'dir', driverArg
     ip('-n', c.netns[i], 'link', 'set', 'eth0', 'up');
     ip('-n', c.netns[i], 'link', 'set', 'lo', 'up');
   });
+  // Each node's only way to the fake internet is the bridge.
+  c.netns.forEach((ns) => ip('-n', ns, 'route', 'add', '203.0.113.0/24', 'via', DRIVER_IP));
+  c.internet = await startInternet();
   let storeSpec = path.join(root, 'store');
   let env = {};
   if (store === 's3') {
@@ -136,7 +211,7 @@ export async function startCluster(root, { nodes: spec, store = 'dir', driverArg
       name: n.name, role: 'node', dir: memberDir(root, n.name, n.base), host, port: n.port ?? 3001, env,
       wrap: ['nsenter', `--net=/run/netns/${c.nsOf(i)}`],
       args: ['--role', 'node', '--name', n.name, '--gossip-listen', `${host}:${n.gossipPort ?? 7946}`, '--join', `${DRIVER_IP}:3100`,
-        '--join-token', tokens[i], '--warm-pool', '0', '--store', storeSpec, ...(n.args ?? [])],
+        '--join-token', tokens[i], '--warm-pool', '0', '--store', storeSpec, '--egress-upstream-dns', DNS_ADDR, ...(n.args ?? [])],
     });
     c.nodes.push(node);
     await node.start();
@@ -162,6 +237,7 @@ export async function stopCluster(c) {
       // gone
     }
   }
+  c.internet?.close();
   if (c.weed) {
     try {
       process.kill(-c.weed.proc.pid, 'SIGKILL');

@@ -433,6 +433,34 @@ describe('cluster on an S3 store: one driver, three nodes', () => {
     assert.equal(await back.kill(), true);
   });
 
+  ctest('a domain policy follows a sandbox resumed on another node: the allowed domain still answers, a denied destination is still refused', async () => {
+    const s = await Sandbox.create({ ...sdk(), metadata: { run: RUN }, network: { allowOut: ['allowed.test'], denyOut: ['0.0.0.0/0'] } });
+    created.push(s);
+    const from = holderIn(cl, s.sandboxId);
+    const curl = async (sbx, url) => (await sbx.commands.run(`curl -s -m 5 ${url}; echo " rc=$?"`)).stdout.trim();
+    const check = async (sbx, where) => {
+      assert.equal(await curl(sbx, 'http://allowed.test/'), 'hello from 203.0.113.10\n rc=0', `allowed.test on ${where}`);
+      assert.doesNotMatch(await curl(sbx, 'http://203.0.113.11/'), /hello/, `a denied address answered on ${where}`);
+      assert.doesNotMatch(await curl(sbx, 'http://denied.test/'), /hello/, `a denied name answered on ${where}`);
+    };
+    await check(s, from);
+    await leaveTraces(s);
+    await runVmon(['node', 'drain', from, '--pause', '--wait', '2m', '--data-dir', cl.driver.dataDir], { timeoutMs: 150_000 });
+    try {
+      assert.equal((await Sandbox.getInfo(s.sandboxId, sdk())).state, 'paused');
+      const back = await Sandbox.connect(s.sandboxId, sdk());
+      const to = holderIn(cl, back.sandboxId);
+      assert.ok(to && to !== from, `resumed on ${to}, paused on ${from}`);
+      await assertCameBack(cl, back, to);
+      await check(back, to);
+      assert.equal(await back.kill(), true);
+    } finally {
+      await runVmon(['node', 'drain', from, '--undo', '--data-dir', cl.driver.dataDir]);
+    }
+    await waitFor(async () => (await clusterLs(cl, 'node', 'ls')).find((n) => n.name === from)?.state === 'ready',
+      { what: `${from} listed ready again` });
+  });
+
   ctest('a snapshot starts sandboxes on another node when its own is drained; a fork spills over to other nodes when its node is full', async () => {
     const s = await Sandbox.create({ ...sdk(), metadata: { run: RUN } });
     created.push(s);
