@@ -127,6 +127,8 @@ func TestInvalid(t *testing.T) {
 		{args: []string{"--volume-size-mb", "10"}, want: "--volume-size-mb"},
 		{args: []string{"--volume-size-mb", "4096", "--max-volume-size-mb", "1024"}, want: "--volume-size-mb"},
 		{args: []string{"--max-volume-size-mb", "0"}, want: "--max-volume-size-mb"},
+		{args: []string{"--egress-upstream-dns", "10.0.0.53"}, want: "--egress-upstream-dns"},
+		{args: []string{"--egress-upstream-dns", "10.0.0.53:53,[::1]"}, want: "--egress-upstream-dns"},
 	} {
 		// A subtest per case scopes t.Setenv to it.
 		t.Run(tc.want, func(t *testing.T) {
