@@ -170,7 +170,9 @@ func serveDriver(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 		Secrets:         sealer,
 	}
 	if sandboxLogs != nil {
-		dopts.Logs = sandboxLogs
+		// The driver writes the lifecycle part; the nodes keep what they saw (processes, limits,
+		// egress refusals), and a read merges both.
+		dopts.Logs = cluster.NewLogs(sandboxLogs, router)
 	}
 	d, err := driver.New(dopts)
 	if err != nil {

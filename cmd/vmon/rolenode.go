@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -28,6 +29,7 @@ import (
 	"github.com/vibemon/vmon/internal/node"
 	"github.com/vibemon/vmon/internal/nodeapi"
 	"github.com/vibemon/vmon/internal/pausedstore"
+	"github.com/vibemon/vmon/internal/sandboxlog"
 	"github.com/vibemon/vmon/internal/template"
 	"github.com/vibemon/vmon/internal/tplstore"
 )
@@ -81,12 +83,34 @@ func serveNode(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 			}
 		}
 	}
-	ns, closeNode, err := startNodeStack(ctx, c, st, nil, fetch, log)
+	// The node's part of sandbox logs (guest processes, limits, egress refusals) is kept here and
+	// read by the drivers, which keep the lifecycle part and merge both.
+	var logs *sandboxlog.Store
+	var guest node.GuestLog
+	var holder atomic.Pointer[node.Node]
+	if c.SandboxLogs {
+		logs, err = openSandboxLogsOf(c, func(id string) bool {
+			n := holder.Load()
+			return n == nil || n.Holds(id)
+		}, log.With("component", "sandboxlog"))
+		if err != nil {
+			return err
+		}
+		guest = guestLog{logs: logs}
+	}
+	ns, closeNode, err := startNodeStack(ctx, c, st, guest, fetch, log)
 	defer closeNode()
 	if err != nil {
 		return err
 	}
 	n := ns.n
+	holder.Store(n)
+	if logs != nil {
+		if ns.network != nil {
+			logRefusals(ctx, ns.network.hub, logs)
+		}
+		go logs.Run(ctx, nil)
+	}
 	if tpls != nil {
 		// In the background: the node serves meanwhile, and a build the store has is skipped.
 		go func() {
@@ -130,6 +154,9 @@ func serveNode(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 		gate.snaps = pausedstore.NewSnapshots(n, art, tpls.Fetch, log.With("component", "snapshots"))
 	}
 	srvAPI := nodeapi.NewServer(gate, status).WithVolumes(ns.vols)
+	if logs != nil {
+		srvAPI.WithLogs(logs)
+	}
 	if tpls != nil {
 		// Builds need the store: their result must reach every node.
 		engine, files, err := newBuildEngine(c, n, log)

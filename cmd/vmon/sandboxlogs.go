@@ -28,14 +28,19 @@ import (
 // hourly until ctx ends. A log no live record owns (its sandbox ended while vmon was down, or
 // its record went) goes after the retention like any other.
 func openSandboxLogs(ctx context.Context, c *config.Serve, st *store.Store, log *slog.Logger) (*sandboxlog.Store, error) {
-	live := func(id string) bool {
+	return openSandboxLogsOf(c, func(id string) bool {
 		sb, err := st.GetSandbox(ctx, id)
 		if errdefs.Is(err, errdefs.KindNotFound) {
 			return false
 		}
 		// On a store error the log is kept: a sweep an hour later decides again.
 		return err != nil || sb.State != store.StateKilled
-	}
+	}, log)
+}
+
+// openSandboxLogsOf opens the data dir's sandbox logs; live says which sandboxes' logs the
+// retention must not touch yet.
+func openSandboxLogsOf(c *config.Serve, live func(id string) bool, log *slog.Logger) (*sandboxlog.Store, error) {
 	logs, err := sandboxlog.Open(sandboxlog.Options{Dir: filepath.Join(c.DataDir, "sandbox-logs"),
 		MaxBytes: c.SandboxLogMaxBytes, Retention: c.SandboxLogRetention, Live: live, Log: log})
 	if err != nil {

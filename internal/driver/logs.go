@@ -21,6 +21,12 @@ type SandboxLog interface {
 	Query(id string, q sandboxlog.Query) ([]sandboxlog.Entry, error)
 }
 
+// contextQuerier is a SandboxLog whose reads reach across the network (cluster.Logs): they take
+// the caller's context.
+type contextQuerier interface {
+	QueryContext(ctx context.Context, id string, q sandboxlog.Query) ([]sandboxlog.Entry, error)
+}
+
 // lifecycleLogger names the driver's entries in sandbox logs, in E2B's style.
 const lifecycleLogger = "lifecycleSvc"
 
@@ -87,7 +93,12 @@ func (d *Driver) Logs(ctx context.Context, id string, q sandboxlog.Query) ([]san
 	if err != nil {
 		return nil, err
 	}
-	es, err := d.opts.Logs.Query(id, q)
+	var es []sandboxlog.Entry
+	if qc, ok := d.opts.Logs.(contextQuerier); ok {
+		es, err = qc.QueryContext(ctx, id, q)
+	} else {
+		es, err = d.opts.Logs.Query(id, q)
+	}
 	if errors.Is(err, sandboxlog.ErrNotFound) {
 		if sb.State == store.StateKilled {
 			// Its retention has passed (or it ended before this vmon kept logs).

@@ -699,6 +699,21 @@ func (n *Node) RunningIDs() []string {
 	return slices.Sorted(maps.Keys(n.sandboxes))
 }
 
+// Holds reports whether sandbox id runs here or is paused here.
+func (n *Node) Holds(id string) bool {
+	n.mu.Lock()
+	_, ok := n.sandboxes[id]
+	n.mu.Unlock()
+	if ok {
+		return true
+	}
+	if !idRe.MatchString(id) {
+		return false
+	}
+	_, err := os.Stat(n.pausedDir(id))
+	return err == nil
+}
+
 // Channel returns the agent channel of a running sandbox.
 func (n *Node) Channel(id string) (*agent.Channel, bool) {
 	n.mu.Lock()

@@ -54,6 +54,8 @@ type Server struct {
 	vols VolumeHost
 	// builds, when set, runs template builds (WithBuilds).
 	builds Builder
+	// logs, when set, is the node's part of sandbox logs (WithLogs).
+	logs LogReader
 }
 
 var _ nodev1connect.NodeServiceHandler = (*Server)(nil)

@@ -444,6 +444,7 @@ describe('cluster on an S3 store: one driver, three nodes', () => {
       assert.doesNotMatch(await curl(sbx, 'http://denied.test/'), /hello/, `a denied name answered on ${where}`);
     };
     await check(s, from);
+    await s.commands.run('sh -c "exit 3"').catch(() => {});
     await leaveTraces(s);
     await runVmon(['node', 'drain', from, '--pause', '--wait', '2m', '--data-dir', cl.driver.dataDir], { timeoutMs: 150_000 });
     try {
@@ -453,6 +454,22 @@ describe('cluster on an S3 store: one driver, three nodes', () => {
       assert.ok(to && to !== from, `resumed on ${to}, paused on ${from}`);
       await assertCameBack(cl, back, to);
       await check(back, to);
+      await back.commands.run('sh -c "exit 4"').catch(() => {});
+
+      // Its log, read through the driver, holds the driver's part (the lifecycle) and what each
+      // node saw while it ran there: processes and egress refusals on both.
+      let lines = [];
+      await waitFor(async () => {
+        const res = await apiFetch(cl.driver, `/v2/sandboxes/${s.sandboxId}/logs`);
+        assert.equal(res.status, 200, res.text);
+        lines = res.json.logs.map((l) => `${l.level} ${l.fields.logger} ${l.message}`);
+        return [/^info lifecycleSvc sandbox resumed on node /, /^warn processSvc process \d+ exited with code 3: /,
+          /^warn processSvc process \d+ exited with code 4: /].every((re) => lines.some((l) => re.test(l))) &&
+          lines.filter((l) => /^warn egressSvc egress refused: .*203\.0\.113\.11/.test(l)).length >= 2;
+      }, { timeoutMs: 15_000, what: () => `the cluster's log of the sandbox:\n${lines.join('\n')}` });
+      const at = (re) => lines.findIndex((l) => re.test(l));
+      assert.ok(at(/exited with code 3/) < at(/resumed on node/) && at(/resumed on node/) < at(/exited with code 4/),
+        `the log is out of order:\n${lines.join('\n')}`);
       assert.equal(await back.kill(), true);
     } finally {
       await runVmon(['node', 'drain', from, '--undo', '--data-dir', cl.driver.dataDir]);

@@ -2726,6 +2726,220 @@ func (*DeleteSnapshotResponse) Descriptor() ([]byte, []int) {
 	return file_node_node_proto_rawDescGZIP(), []int{46}
 }
 
+type SandboxLogsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// Unix milliseconds: forward, entries at or after it; backward, at or before it; 0: all.
+	CursorMs      int64  `protobuf:"varint,2,opt,name=cursor_ms,json=cursorMs,proto3" json:"cursor_ms,omitempty"`
+	Backward      bool   `protobuf:"varint,3,opt,name=backward,proto3" json:"backward,omitempty"`
+	Limit         int32  `protobuf:"varint,4,opt,name=limit,proto3" json:"limit,omitempty"`
+	MinLevel      int32  `protobuf:"varint,5,opt,name=min_level,json=minLevel,proto3" json:"min_level,omitempty"`
+	Search        string `protobuf:"bytes,6,opt,name=search,proto3" json:"search,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SandboxLogsRequest) Reset() {
+	*x = SandboxLogsRequest{}
+	mi := &file_node_node_proto_msgTypes[47]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SandboxLogsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SandboxLogsRequest) ProtoMessage() {}
+
+func (x *SandboxLogsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_node_node_proto_msgTypes[47]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SandboxLogsRequest.ProtoReflect.Descriptor instead.
+func (*SandboxLogsRequest) Descriptor() ([]byte, []int) {
+	return file_node_node_proto_rawDescGZIP(), []int{47}
+}
+
+func (x *SandboxLogsRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *SandboxLogsRequest) GetCursorMs() int64 {
+	if x != nil {
+		return x.CursorMs
+	}
+	return 0
+}
+
+func (x *SandboxLogsRequest) GetBackward() bool {
+	if x != nil {
+		return x.Backward
+	}
+	return false
+}
+
+func (x *SandboxLogsRequest) GetLimit() int32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *SandboxLogsRequest) GetMinLevel() int32 {
+	if x != nil {
+		return x.MinLevel
+	}
+	return 0
+}
+
+func (x *SandboxLogsRequest) GetSearch() string {
+	if x != nil {
+		return x.Search
+	}
+	return ""
+}
+
+type SandboxLogsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The node has no log of the sandbox (it never ran there, or its retention passed).
+	None          bool               `protobuf:"varint,1,opt,name=none,proto3" json:"none,omitempty"`
+	Entries       []*SandboxLogEntry `protobuf:"bytes,2,rep,name=entries,proto3" json:"entries,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SandboxLogsResponse) Reset() {
+	*x = SandboxLogsResponse{}
+	mi := &file_node_node_proto_msgTypes[48]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SandboxLogsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SandboxLogsResponse) ProtoMessage() {}
+
+func (x *SandboxLogsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_node_node_proto_msgTypes[48]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SandboxLogsResponse.ProtoReflect.Descriptor instead.
+func (*SandboxLogsResponse) Descriptor() ([]byte, []int) {
+	return file_node_node_proto_rawDescGZIP(), []int{48}
+}
+
+func (x *SandboxLogsResponse) GetNone() bool {
+	if x != nil {
+		return x.None
+	}
+	return false
+}
+
+func (x *SandboxLogsResponse) GetEntries() []*SandboxLogEntry {
+	if x != nil {
+		return x.Entries
+	}
+	return nil
+}
+
+type SandboxLogEntry struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Time          *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=time,proto3" json:"time,omitempty"`
+	Level         int32                  `protobuf:"varint,2,opt,name=level,proto3" json:"level,omitempty"`
+	Logger        string                 `protobuf:"bytes,3,opt,name=logger,proto3" json:"logger,omitempty"`
+	Message       string                 `protobuf:"bytes,4,opt,name=message,proto3" json:"message,omitempty"`
+	Fields        map[string]string      `protobuf:"bytes,5,rep,name=fields,proto3" json:"fields,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SandboxLogEntry) Reset() {
+	*x = SandboxLogEntry{}
+	mi := &file_node_node_proto_msgTypes[49]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SandboxLogEntry) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SandboxLogEntry) ProtoMessage() {}
+
+func (x *SandboxLogEntry) ProtoReflect() protoreflect.Message {
+	mi := &file_node_node_proto_msgTypes[49]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SandboxLogEntry.ProtoReflect.Descriptor instead.
+func (*SandboxLogEntry) Descriptor() ([]byte, []int) {
+	return file_node_node_proto_rawDescGZIP(), []int{49}
+}
+
+func (x *SandboxLogEntry) GetTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Time
+	}
+	return nil
+}
+
+func (x *SandboxLogEntry) GetLevel() int32 {
+	if x != nil {
+		return x.Level
+	}
+	return 0
+}
+
+func (x *SandboxLogEntry) GetLogger() string {
+	if x != nil {
+		return x.Logger
+	}
+	return ""
+}
+
+func (x *SandboxLogEntry) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *SandboxLogEntry) GetFields() map[string]string {
+	if x != nil {
+		return x.Fields
+	}
+	return nil
+}
+
 type PublishSnapshotRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	SnapshotId    string                 `protobuf:"bytes,1,opt,name=snapshot_id,json=snapshotId,proto3" json:"snapshot_id,omitempty"`
@@ -2735,7 +2949,7 @@ type PublishSnapshotRequest struct {
 
 func (x *PublishSnapshotRequest) Reset() {
 	*x = PublishSnapshotRequest{}
-	mi := &file_node_node_proto_msgTypes[47]
+	mi := &file_node_node_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2747,7 +2961,7 @@ func (x *PublishSnapshotRequest) String() string {
 func (*PublishSnapshotRequest) ProtoMessage() {}
 
 func (x *PublishSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[47]
+	mi := &file_node_node_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2760,7 +2974,7 @@ func (x *PublishSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PublishSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*PublishSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{47}
+	return file_node_node_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *PublishSnapshotRequest) GetSnapshotId() string {
@@ -2778,7 +2992,7 @@ type PublishSnapshotResponse struct {
 
 func (x *PublishSnapshotResponse) Reset() {
 	*x = PublishSnapshotResponse{}
-	mi := &file_node_node_proto_msgTypes[48]
+	mi := &file_node_node_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2790,7 +3004,7 @@ func (x *PublishSnapshotResponse) String() string {
 func (*PublishSnapshotResponse) ProtoMessage() {}
 
 func (x *PublishSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[48]
+	mi := &file_node_node_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2803,7 +3017,7 @@ func (x *PublishSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PublishSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*PublishSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{48}
+	return file_node_node_proto_rawDescGZIP(), []int{51}
 }
 
 type SandboxMetricsRequest struct {
@@ -2815,7 +3029,7 @@ type SandboxMetricsRequest struct {
 
 func (x *SandboxMetricsRequest) Reset() {
 	*x = SandboxMetricsRequest{}
-	mi := &file_node_node_proto_msgTypes[49]
+	mi := &file_node_node_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2827,7 +3041,7 @@ func (x *SandboxMetricsRequest) String() string {
 func (*SandboxMetricsRequest) ProtoMessage() {}
 
 func (x *SandboxMetricsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[49]
+	mi := &file_node_node_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2840,7 +3054,7 @@ func (x *SandboxMetricsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxMetricsRequest.ProtoReflect.Descriptor instead.
 func (*SandboxMetricsRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{49}
+	return file_node_node_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *SandboxMetricsRequest) GetId() string {
@@ -2866,7 +3080,7 @@ type Metrics struct {
 
 func (x *Metrics) Reset() {
 	*x = Metrics{}
-	mi := &file_node_node_proto_msgTypes[50]
+	mi := &file_node_node_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2878,7 +3092,7 @@ func (x *Metrics) String() string {
 func (*Metrics) ProtoMessage() {}
 
 func (x *Metrics) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[50]
+	mi := &file_node_node_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2891,7 +3105,7 @@ func (x *Metrics) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Metrics.ProtoReflect.Descriptor instead.
 func (*Metrics) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{50}
+	return file_node_node_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *Metrics) GetTimestamp() *timestamppb.Timestamp {
@@ -2959,7 +3173,7 @@ type WatchDeniedRequest struct {
 
 func (x *WatchDeniedRequest) Reset() {
 	*x = WatchDeniedRequest{}
-	mi := &file_node_node_proto_msgTypes[51]
+	mi := &file_node_node_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2971,7 +3185,7 @@ func (x *WatchDeniedRequest) String() string {
 func (*WatchDeniedRequest) ProtoMessage() {}
 
 func (x *WatchDeniedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[51]
+	mi := &file_node_node_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2984,7 +3198,7 @@ func (x *WatchDeniedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchDeniedRequest.ProtoReflect.Descriptor instead.
 func (*WatchDeniedRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{51}
+	return file_node_node_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *WatchDeniedRequest) GetId() string {
@@ -3006,7 +3220,7 @@ type WatchDeniedResponse struct {
 
 func (x *WatchDeniedResponse) Reset() {
 	*x = WatchDeniedResponse{}
-	mi := &file_node_node_proto_msgTypes[52]
+	mi := &file_node_node_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3018,7 +3232,7 @@ func (x *WatchDeniedResponse) String() string {
 func (*WatchDeniedResponse) ProtoMessage() {}
 
 func (x *WatchDeniedResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[52]
+	mi := &file_node_node_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3031,7 +3245,7 @@ func (x *WatchDeniedResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchDeniedResponse.ProtoReflect.Descriptor instead.
 func (*WatchDeniedResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{52}
+	return file_node_node_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *WatchDeniedResponse) GetRecent() []*DeniedEvent {
@@ -3066,7 +3280,7 @@ type DeniedEvent struct {
 
 func (x *DeniedEvent) Reset() {
 	*x = DeniedEvent{}
-	mi := &file_node_node_proto_msgTypes[53]
+	mi := &file_node_node_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3078,7 +3292,7 @@ func (x *DeniedEvent) String() string {
 func (*DeniedEvent) ProtoMessage() {}
 
 func (x *DeniedEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[53]
+	mi := &file_node_node_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3091,7 +3305,7 @@ func (x *DeniedEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeniedEvent.ProtoReflect.Descriptor instead.
 func (*DeniedEvent) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{53}
+	return file_node_node_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *DeniedEvent) GetTime() *timestamppb.Timestamp {
@@ -3359,7 +3573,26 @@ const file_node_node_proto_rawDesc = "" +
 	"\x15DeleteSnapshotRequest\x12\x1f\n" +
 	"\vsnapshot_id\x18\x01 \x01(\tR\n" +
 	"snapshotId\"\x18\n" +
-	"\x16DeleteSnapshotResponse\"9\n" +
+	"\x16DeleteSnapshotResponse\"\xa8\x01\n" +
+	"\x12SandboxLogsRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
+	"\tcursor_ms\x18\x02 \x01(\x03R\bcursorMs\x12\x1a\n" +
+	"\bbackward\x18\x03 \x01(\bR\bbackward\x12\x14\n" +
+	"\x05limit\x18\x04 \x01(\x05R\x05limit\x12\x1b\n" +
+	"\tmin_level\x18\x05 \x01(\x05R\bminLevel\x12\x16\n" +
+	"\x06search\x18\x06 \x01(\tR\x06search\"b\n" +
+	"\x13SandboxLogsResponse\x12\x12\n" +
+	"\x04none\x18\x01 \x01(\bR\x04none\x127\n" +
+	"\aentries\x18\x02 \x03(\v2\x1d.vmon.node.v1.SandboxLogEntryR\aentries\"\x87\x02\n" +
+	"\x0fSandboxLogEntry\x12.\n" +
+	"\x04time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x14\n" +
+	"\x05level\x18\x02 \x01(\x05R\x05level\x12\x16\n" +
+	"\x06logger\x18\x03 \x01(\tR\x06logger\x12\x18\n" +
+	"\amessage\x18\x04 \x01(\tR\amessage\x12A\n" +
+	"\x06fields\x18\x05 \x03(\v2).vmon.node.v1.SandboxLogEntry.FieldsEntryR\x06fields\x1a9\n" +
+	"\vFieldsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"9\n" +
 	"\x16PublishSnapshotRequest\x12\x1f\n" +
 	"\vsnapshot_id\x18\x01 \x01(\tR\n" +
 	"snapshotId\"\x19\n" +
@@ -3394,7 +3627,7 @@ const file_node_node_proto_rawDesc = "" +
 	"\x04rule\x18\b \x01(\tR\x04rule\x12\x14\n" +
 	"\x05count\x18\t \x01(\x03R\x05count\x12\x18\n" +
 	"\arepeats\x18\n" +
-	" \x01(\bR\arepeats2\xd9\x10\n" +
+	" \x01(\bR\arepeats2\xad\x11\n" +
 	"\vNodeService\x12=\n" +
 	"\x04Info\x12\x19.vmon.node.v1.InfoRequest\x1a\x1a.vmon.node.v1.InfoResponse\x12N\n" +
 	"\rCreateSandbox\x12\".vmon.node.v1.CreateSandboxRequest\x1a\x19.vmon.node.v1.SandboxInfo\x12[\n" +
@@ -3405,7 +3638,8 @@ const file_node_node_proto_rawDesc = "" +
 	"\fDeletePaused\x12!.vmon.node.v1.DeletePausedRequest\x1a\".vmon.node.v1.DeletePausedResponse\x12P\n" +
 	"\x0fSnapshotSandbox\x12$.vmon.node.v1.SnapshotSandboxRequest\x1a\x17.vmon.node.v1.PauseInfo\x12X\n" +
 	"\x12CreateFromSnapshot\x12'.vmon.node.v1.CreateFromSnapshotRequest\x1a\x19.vmon.node.v1.SandboxInfo\x12[\n" +
-	"\x0eDeleteSnapshot\x12#.vmon.node.v1.DeleteSnapshotRequest\x1a$.vmon.node.v1.DeleteSnapshotResponse\x12^\n" +
+	"\x0eDeleteSnapshot\x12#.vmon.node.v1.DeleteSnapshotRequest\x1a$.vmon.node.v1.DeleteSnapshotResponse\x12R\n" +
+	"\vSandboxLogs\x12 .vmon.node.v1.SandboxLogsRequest\x1a!.vmon.node.v1.SandboxLogsResponse\x12^\n" +
 	"\x0fPublishSnapshot\x12$.vmon.node.v1.PublishSnapshotRequest\x1a%.vmon.node.v1.PublishSnapshotResponse\x12L\n" +
 	"\x0eSandboxMetrics\x12#.vmon.node.v1.SandboxMetricsRequest\x1a\x15.vmon.node.v1.Metrics\x12T\n" +
 	"\vWatchDenied\x12 .vmon.node.v1.WatchDeniedRequest\x1a!.vmon.node.v1.WatchDeniedResponse0\x01\x12X\n" +
@@ -3438,7 +3672,7 @@ func file_node_node_proto_rawDescGZIP() []byte {
 	return file_node_node_proto_rawDescData
 }
 
-var file_node_node_proto_msgTypes = make([]protoimpl.MessageInfo, 55)
+var file_node_node_proto_msgTypes = make([]protoimpl.MessageInfo, 59)
 var file_node_node_proto_goTypes = []any{
 	(*PutBuildFileRequest)(nil),       // 0: vmon.node.v1.PutBuildFileRequest
 	(*BuildFileHeader)(nil),           // 1: vmon.node.v1.BuildFileHeader
@@ -3487,15 +3721,19 @@ var file_node_node_proto_goTypes = []any{
 	(*CreateFromSnapshotRequest)(nil), // 44: vmon.node.v1.CreateFromSnapshotRequest
 	(*DeleteSnapshotRequest)(nil),     // 45: vmon.node.v1.DeleteSnapshotRequest
 	(*DeleteSnapshotResponse)(nil),    // 46: vmon.node.v1.DeleteSnapshotResponse
-	(*PublishSnapshotRequest)(nil),    // 47: vmon.node.v1.PublishSnapshotRequest
-	(*PublishSnapshotResponse)(nil),   // 48: vmon.node.v1.PublishSnapshotResponse
-	(*SandboxMetricsRequest)(nil),     // 49: vmon.node.v1.SandboxMetricsRequest
-	(*Metrics)(nil),                   // 50: vmon.node.v1.Metrics
-	(*WatchDeniedRequest)(nil),        // 51: vmon.node.v1.WatchDeniedRequest
-	(*WatchDeniedResponse)(nil),       // 52: vmon.node.v1.WatchDeniedResponse
-	(*DeniedEvent)(nil),               // 53: vmon.node.v1.DeniedEvent
-	nil,                               // 54: vmon.node.v1.CreateSpec.EnvVarsEntry
-	(*timestamppb.Timestamp)(nil),     // 55: google.protobuf.Timestamp
+	(*SandboxLogsRequest)(nil),        // 47: vmon.node.v1.SandboxLogsRequest
+	(*SandboxLogsResponse)(nil),       // 48: vmon.node.v1.SandboxLogsResponse
+	(*SandboxLogEntry)(nil),           // 49: vmon.node.v1.SandboxLogEntry
+	(*PublishSnapshotRequest)(nil),    // 50: vmon.node.v1.PublishSnapshotRequest
+	(*PublishSnapshotResponse)(nil),   // 51: vmon.node.v1.PublishSnapshotResponse
+	(*SandboxMetricsRequest)(nil),     // 52: vmon.node.v1.SandboxMetricsRequest
+	(*Metrics)(nil),                   // 53: vmon.node.v1.Metrics
+	(*WatchDeniedRequest)(nil),        // 54: vmon.node.v1.WatchDeniedRequest
+	(*WatchDeniedResponse)(nil),       // 55: vmon.node.v1.WatchDeniedResponse
+	(*DeniedEvent)(nil),               // 56: vmon.node.v1.DeniedEvent
+	nil,                               // 57: vmon.node.v1.CreateSpec.EnvVarsEntry
+	nil,                               // 58: vmon.node.v1.SandboxLogEntry.FieldsEntry
+	(*timestamppb.Timestamp)(nil),     // 59: google.protobuf.Timestamp
 }
 var file_node_node_proto_depIdxs = []int32{
 	1,  // 0: vmon.node.v1.PutBuildFileRequest.header:type_name -> vmon.node.v1.BuildFileHeader
@@ -3505,82 +3743,87 @@ var file_node_node_proto_depIdxs = []int32{
 	8,  // 4: vmon.node.v1.BuildEvent.log:type_name -> vmon.node.v1.BuildLogEntry
 	9,  // 5: vmon.node.v1.BuildEvent.done:type_name -> vmon.node.v1.BuildDone
 	10, // 6: vmon.node.v1.BuildEvent.failed:type_name -> vmon.node.v1.BuildFailed
-	55, // 7: vmon.node.v1.BuildLogEntry.timestamp:type_name -> google.protobuf.Timestamp
+	59, // 7: vmon.node.v1.BuildLogEntry.timestamp:type_name -> google.protobuf.Timestamp
 	17, // 8: vmon.node.v1.VolumeMkdirRequest.attrs:type_name -> vmon.node.v1.VolumeAttrs
 	17, // 9: vmon.node.v1.VolumeChattrRequest.attrs:type_name -> vmon.node.v1.VolumeAttrs
-	55, // 10: vmon.node.v1.VolumeEntry.atime:type_name -> google.protobuf.Timestamp
-	55, // 11: vmon.node.v1.VolumeEntry.mtime:type_name -> google.protobuf.Timestamp
-	55, // 12: vmon.node.v1.VolumeEntry.ctime:type_name -> google.protobuf.Timestamp
+	59, // 10: vmon.node.v1.VolumeEntry.atime:type_name -> google.protobuf.Timestamp
+	59, // 11: vmon.node.v1.VolumeEntry.mtime:type_name -> google.protobuf.Timestamp
+	59, // 12: vmon.node.v1.VolumeEntry.ctime:type_name -> google.protobuf.Timestamp
 	21, // 13: vmon.node.v1.VolumeEntries.entries:type_name -> vmon.node.v1.VolumeEntry
 	25, // 14: vmon.node.v1.VolumeWriteRequest.header:type_name -> vmon.node.v1.VolumeWriteHeader
 	17, // 15: vmon.node.v1.VolumeWriteHeader.attrs:type_name -> vmon.node.v1.VolumeAttrs
-	54, // 16: vmon.node.v1.CreateSpec.env_vars:type_name -> vmon.node.v1.CreateSpec.EnvVarsEntry
+	57, // 16: vmon.node.v1.CreateSpec.env_vars:type_name -> vmon.node.v1.CreateSpec.EnvVarsEntry
 	30, // 17: vmon.node.v1.CreateSpec.volumes:type_name -> vmon.node.v1.VolumeMount
-	55, // 18: vmon.node.v1.SandboxInfo.started_at:type_name -> google.protobuf.Timestamp
+	59, // 18: vmon.node.v1.SandboxInfo.started_at:type_name -> google.protobuf.Timestamp
 	31, // 19: vmon.node.v1.CreateSandboxRequest.spec:type_name -> vmon.node.v1.CreateSpec
 	31, // 20: vmon.node.v1.ResumeSandboxRequest.spec:type_name -> vmon.node.v1.CreateSpec
 	31, // 21: vmon.node.v1.CreateFromSnapshotRequest.spec:type_name -> vmon.node.v1.CreateSpec
-	55, // 22: vmon.node.v1.Metrics.timestamp:type_name -> google.protobuf.Timestamp
-	53, // 23: vmon.node.v1.WatchDeniedResponse.recent:type_name -> vmon.node.v1.DeniedEvent
-	53, // 24: vmon.node.v1.WatchDeniedResponse.event:type_name -> vmon.node.v1.DeniedEvent
-	55, // 25: vmon.node.v1.DeniedEvent.time:type_name -> google.protobuf.Timestamp
-	28, // 26: vmon.node.v1.NodeService.Info:input_type -> vmon.node.v1.InfoRequest
-	33, // 27: vmon.node.v1.NodeService.CreateSandbox:input_type -> vmon.node.v1.CreateSandboxRequest
-	34, // 28: vmon.node.v1.NodeService.DestroySandbox:input_type -> vmon.node.v1.DestroySandboxRequest
-	36, // 29: vmon.node.v1.NodeService.UpdateEgress:input_type -> vmon.node.v1.UpdateEgressRequest
-	38, // 30: vmon.node.v1.NodeService.PauseSandbox:input_type -> vmon.node.v1.PauseSandboxRequest
-	40, // 31: vmon.node.v1.NodeService.ResumeSandbox:input_type -> vmon.node.v1.ResumeSandboxRequest
-	41, // 32: vmon.node.v1.NodeService.DeletePaused:input_type -> vmon.node.v1.DeletePausedRequest
-	43, // 33: vmon.node.v1.NodeService.SnapshotSandbox:input_type -> vmon.node.v1.SnapshotSandboxRequest
-	44, // 34: vmon.node.v1.NodeService.CreateFromSnapshot:input_type -> vmon.node.v1.CreateFromSnapshotRequest
-	45, // 35: vmon.node.v1.NodeService.DeleteSnapshot:input_type -> vmon.node.v1.DeleteSnapshotRequest
-	47, // 36: vmon.node.v1.NodeService.PublishSnapshot:input_type -> vmon.node.v1.PublishSnapshotRequest
-	49, // 37: vmon.node.v1.NodeService.SandboxMetrics:input_type -> vmon.node.v1.SandboxMetricsRequest
-	51, // 38: vmon.node.v1.NodeService.WatchDenied:input_type -> vmon.node.v1.WatchDeniedRequest
-	26, // 39: vmon.node.v1.NodeService.ListSandboxes:input_type -> vmon.node.v1.ListSandboxesRequest
-	11, // 40: vmon.node.v1.NodeService.CreateVolume:input_type -> vmon.node.v1.CreateVolumeRequest
-	12, // 41: vmon.node.v1.NodeService.DeleteVolume:input_type -> vmon.node.v1.VolumeRequest
-	12, // 42: vmon.node.v1.NodeService.GetVolumeSize:input_type -> vmon.node.v1.VolumeRequest
-	15, // 43: vmon.node.v1.NodeService.VolumeStat:input_type -> vmon.node.v1.VolumePathRequest
-	16, // 44: vmon.node.v1.NodeService.VolumeList:input_type -> vmon.node.v1.VolumeListRequest
-	18, // 45: vmon.node.v1.NodeService.VolumeMkdir:input_type -> vmon.node.v1.VolumeMkdirRequest
-	19, // 46: vmon.node.v1.NodeService.VolumeChattr:input_type -> vmon.node.v1.VolumeChattrRequest
-	15, // 47: vmon.node.v1.NodeService.VolumeRemove:input_type -> vmon.node.v1.VolumePathRequest
-	15, // 48: vmon.node.v1.NodeService.VolumeRead:input_type -> vmon.node.v1.VolumePathRequest
-	24, // 49: vmon.node.v1.NodeService.VolumeWrite:input_type -> vmon.node.v1.VolumeWriteRequest
-	0,  // 50: vmon.node.v1.NodeService.PutBuildFile:input_type -> vmon.node.v1.PutBuildFileRequest
-	3,  // 51: vmon.node.v1.NodeService.BuildTemplate:input_type -> vmon.node.v1.BuildTemplateRequest
-	29, // 52: vmon.node.v1.NodeService.Info:output_type -> vmon.node.v1.InfoResponse
-	32, // 53: vmon.node.v1.NodeService.CreateSandbox:output_type -> vmon.node.v1.SandboxInfo
-	35, // 54: vmon.node.v1.NodeService.DestroySandbox:output_type -> vmon.node.v1.DestroySandboxResponse
-	37, // 55: vmon.node.v1.NodeService.UpdateEgress:output_type -> vmon.node.v1.UpdateEgressResponse
-	39, // 56: vmon.node.v1.NodeService.PauseSandbox:output_type -> vmon.node.v1.PauseInfo
-	32, // 57: vmon.node.v1.NodeService.ResumeSandbox:output_type -> vmon.node.v1.SandboxInfo
-	42, // 58: vmon.node.v1.NodeService.DeletePaused:output_type -> vmon.node.v1.DeletePausedResponse
-	39, // 59: vmon.node.v1.NodeService.SnapshotSandbox:output_type -> vmon.node.v1.PauseInfo
-	32, // 60: vmon.node.v1.NodeService.CreateFromSnapshot:output_type -> vmon.node.v1.SandboxInfo
-	46, // 61: vmon.node.v1.NodeService.DeleteSnapshot:output_type -> vmon.node.v1.DeleteSnapshotResponse
-	48, // 62: vmon.node.v1.NodeService.PublishSnapshot:output_type -> vmon.node.v1.PublishSnapshotResponse
-	50, // 63: vmon.node.v1.NodeService.SandboxMetrics:output_type -> vmon.node.v1.Metrics
-	52, // 64: vmon.node.v1.NodeService.WatchDenied:output_type -> vmon.node.v1.WatchDeniedResponse
-	27, // 65: vmon.node.v1.NodeService.ListSandboxes:output_type -> vmon.node.v1.ListSandboxesResponse
-	14, // 66: vmon.node.v1.NodeService.CreateVolume:output_type -> vmon.node.v1.VolumeSize
-	13, // 67: vmon.node.v1.NodeService.DeleteVolume:output_type -> vmon.node.v1.DeleteVolumeResponse
-	14, // 68: vmon.node.v1.NodeService.GetVolumeSize:output_type -> vmon.node.v1.VolumeSize
-	21, // 69: vmon.node.v1.NodeService.VolumeStat:output_type -> vmon.node.v1.VolumeEntry
-	22, // 70: vmon.node.v1.NodeService.VolumeList:output_type -> vmon.node.v1.VolumeEntries
-	21, // 71: vmon.node.v1.NodeService.VolumeMkdir:output_type -> vmon.node.v1.VolumeEntry
-	21, // 72: vmon.node.v1.NodeService.VolumeChattr:output_type -> vmon.node.v1.VolumeEntry
-	20, // 73: vmon.node.v1.NodeService.VolumeRemove:output_type -> vmon.node.v1.VolumeRemoveResponse
-	23, // 74: vmon.node.v1.NodeService.VolumeRead:output_type -> vmon.node.v1.VolumeChunk
-	21, // 75: vmon.node.v1.NodeService.VolumeWrite:output_type -> vmon.node.v1.VolumeEntry
-	2,  // 76: vmon.node.v1.NodeService.PutBuildFile:output_type -> vmon.node.v1.PutBuildFileResponse
-	7,  // 77: vmon.node.v1.NodeService.BuildTemplate:output_type -> vmon.node.v1.BuildEvent
-	52, // [52:78] is the sub-list for method output_type
-	26, // [26:52] is the sub-list for method input_type
-	26, // [26:26] is the sub-list for extension type_name
-	26, // [26:26] is the sub-list for extension extendee
-	0,  // [0:26] is the sub-list for field type_name
+	49, // 22: vmon.node.v1.SandboxLogsResponse.entries:type_name -> vmon.node.v1.SandboxLogEntry
+	59, // 23: vmon.node.v1.SandboxLogEntry.time:type_name -> google.protobuf.Timestamp
+	58, // 24: vmon.node.v1.SandboxLogEntry.fields:type_name -> vmon.node.v1.SandboxLogEntry.FieldsEntry
+	59, // 25: vmon.node.v1.Metrics.timestamp:type_name -> google.protobuf.Timestamp
+	56, // 26: vmon.node.v1.WatchDeniedResponse.recent:type_name -> vmon.node.v1.DeniedEvent
+	56, // 27: vmon.node.v1.WatchDeniedResponse.event:type_name -> vmon.node.v1.DeniedEvent
+	59, // 28: vmon.node.v1.DeniedEvent.time:type_name -> google.protobuf.Timestamp
+	28, // 29: vmon.node.v1.NodeService.Info:input_type -> vmon.node.v1.InfoRequest
+	33, // 30: vmon.node.v1.NodeService.CreateSandbox:input_type -> vmon.node.v1.CreateSandboxRequest
+	34, // 31: vmon.node.v1.NodeService.DestroySandbox:input_type -> vmon.node.v1.DestroySandboxRequest
+	36, // 32: vmon.node.v1.NodeService.UpdateEgress:input_type -> vmon.node.v1.UpdateEgressRequest
+	38, // 33: vmon.node.v1.NodeService.PauseSandbox:input_type -> vmon.node.v1.PauseSandboxRequest
+	40, // 34: vmon.node.v1.NodeService.ResumeSandbox:input_type -> vmon.node.v1.ResumeSandboxRequest
+	41, // 35: vmon.node.v1.NodeService.DeletePaused:input_type -> vmon.node.v1.DeletePausedRequest
+	43, // 36: vmon.node.v1.NodeService.SnapshotSandbox:input_type -> vmon.node.v1.SnapshotSandboxRequest
+	44, // 37: vmon.node.v1.NodeService.CreateFromSnapshot:input_type -> vmon.node.v1.CreateFromSnapshotRequest
+	45, // 38: vmon.node.v1.NodeService.DeleteSnapshot:input_type -> vmon.node.v1.DeleteSnapshotRequest
+	47, // 39: vmon.node.v1.NodeService.SandboxLogs:input_type -> vmon.node.v1.SandboxLogsRequest
+	50, // 40: vmon.node.v1.NodeService.PublishSnapshot:input_type -> vmon.node.v1.PublishSnapshotRequest
+	52, // 41: vmon.node.v1.NodeService.SandboxMetrics:input_type -> vmon.node.v1.SandboxMetricsRequest
+	54, // 42: vmon.node.v1.NodeService.WatchDenied:input_type -> vmon.node.v1.WatchDeniedRequest
+	26, // 43: vmon.node.v1.NodeService.ListSandboxes:input_type -> vmon.node.v1.ListSandboxesRequest
+	11, // 44: vmon.node.v1.NodeService.CreateVolume:input_type -> vmon.node.v1.CreateVolumeRequest
+	12, // 45: vmon.node.v1.NodeService.DeleteVolume:input_type -> vmon.node.v1.VolumeRequest
+	12, // 46: vmon.node.v1.NodeService.GetVolumeSize:input_type -> vmon.node.v1.VolumeRequest
+	15, // 47: vmon.node.v1.NodeService.VolumeStat:input_type -> vmon.node.v1.VolumePathRequest
+	16, // 48: vmon.node.v1.NodeService.VolumeList:input_type -> vmon.node.v1.VolumeListRequest
+	18, // 49: vmon.node.v1.NodeService.VolumeMkdir:input_type -> vmon.node.v1.VolumeMkdirRequest
+	19, // 50: vmon.node.v1.NodeService.VolumeChattr:input_type -> vmon.node.v1.VolumeChattrRequest
+	15, // 51: vmon.node.v1.NodeService.VolumeRemove:input_type -> vmon.node.v1.VolumePathRequest
+	15, // 52: vmon.node.v1.NodeService.VolumeRead:input_type -> vmon.node.v1.VolumePathRequest
+	24, // 53: vmon.node.v1.NodeService.VolumeWrite:input_type -> vmon.node.v1.VolumeWriteRequest
+	0,  // 54: vmon.node.v1.NodeService.PutBuildFile:input_type -> vmon.node.v1.PutBuildFileRequest
+	3,  // 55: vmon.node.v1.NodeService.BuildTemplate:input_type -> vmon.node.v1.BuildTemplateRequest
+	29, // 56: vmon.node.v1.NodeService.Info:output_type -> vmon.node.v1.InfoResponse
+	32, // 57: vmon.node.v1.NodeService.CreateSandbox:output_type -> vmon.node.v1.SandboxInfo
+	35, // 58: vmon.node.v1.NodeService.DestroySandbox:output_type -> vmon.node.v1.DestroySandboxResponse
+	37, // 59: vmon.node.v1.NodeService.UpdateEgress:output_type -> vmon.node.v1.UpdateEgressResponse
+	39, // 60: vmon.node.v1.NodeService.PauseSandbox:output_type -> vmon.node.v1.PauseInfo
+	32, // 61: vmon.node.v1.NodeService.ResumeSandbox:output_type -> vmon.node.v1.SandboxInfo
+	42, // 62: vmon.node.v1.NodeService.DeletePaused:output_type -> vmon.node.v1.DeletePausedResponse
+	39, // 63: vmon.node.v1.NodeService.SnapshotSandbox:output_type -> vmon.node.v1.PauseInfo
+	32, // 64: vmon.node.v1.NodeService.CreateFromSnapshot:output_type -> vmon.node.v1.SandboxInfo
+	46, // 65: vmon.node.v1.NodeService.DeleteSnapshot:output_type -> vmon.node.v1.DeleteSnapshotResponse
+	48, // 66: vmon.node.v1.NodeService.SandboxLogs:output_type -> vmon.node.v1.SandboxLogsResponse
+	51, // 67: vmon.node.v1.NodeService.PublishSnapshot:output_type -> vmon.node.v1.PublishSnapshotResponse
+	53, // 68: vmon.node.v1.NodeService.SandboxMetrics:output_type -> vmon.node.v1.Metrics
+	55, // 69: vmon.node.v1.NodeService.WatchDenied:output_type -> vmon.node.v1.WatchDeniedResponse
+	27, // 70: vmon.node.v1.NodeService.ListSandboxes:output_type -> vmon.node.v1.ListSandboxesResponse
+	14, // 71: vmon.node.v1.NodeService.CreateVolume:output_type -> vmon.node.v1.VolumeSize
+	13, // 72: vmon.node.v1.NodeService.DeleteVolume:output_type -> vmon.node.v1.DeleteVolumeResponse
+	14, // 73: vmon.node.v1.NodeService.GetVolumeSize:output_type -> vmon.node.v1.VolumeSize
+	21, // 74: vmon.node.v1.NodeService.VolumeStat:output_type -> vmon.node.v1.VolumeEntry
+	22, // 75: vmon.node.v1.NodeService.VolumeList:output_type -> vmon.node.v1.VolumeEntries
+	21, // 76: vmon.node.v1.NodeService.VolumeMkdir:output_type -> vmon.node.v1.VolumeEntry
+	21, // 77: vmon.node.v1.NodeService.VolumeChattr:output_type -> vmon.node.v1.VolumeEntry
+	20, // 78: vmon.node.v1.NodeService.VolumeRemove:output_type -> vmon.node.v1.VolumeRemoveResponse
+	23, // 79: vmon.node.v1.NodeService.VolumeRead:output_type -> vmon.node.v1.VolumeChunk
+	21, // 80: vmon.node.v1.NodeService.VolumeWrite:output_type -> vmon.node.v1.VolumeEntry
+	2,  // 81: vmon.node.v1.NodeService.PutBuildFile:output_type -> vmon.node.v1.PutBuildFileResponse
+	7,  // 82: vmon.node.v1.NodeService.BuildTemplate:output_type -> vmon.node.v1.BuildEvent
+	56, // [56:83] is the sub-list for method output_type
+	29, // [29:56] is the sub-list for method input_type
+	29, // [29:29] is the sub-list for extension type_name
+	29, // [29:29] is the sub-list for extension extendee
+	0,  // [0:29] is the sub-list for field type_name
 }
 
 func init() { file_node_node_proto_init() }
@@ -3600,7 +3843,7 @@ func file_node_node_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_node_node_proto_rawDesc), len(file_node_node_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   55,
+			NumMessages:   59,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -67,6 +67,8 @@ const (
 	// NodeServiceDeleteSnapshotProcedure is the fully-qualified name of the NodeService's
 	// DeleteSnapshot RPC.
 	NodeServiceDeleteSnapshotProcedure = "/vmon.node.v1.NodeService/DeleteSnapshot"
+	// NodeServiceSandboxLogsProcedure is the fully-qualified name of the NodeService's SandboxLogs RPC.
+	NodeServiceSandboxLogsProcedure = "/vmon.node.v1.NodeService/SandboxLogs"
 	// NodeServicePublishSnapshotProcedure is the fully-qualified name of the NodeService's
 	// PublishSnapshot RPC.
 	NodeServicePublishSnapshotProcedure = "/vmon.node.v1.NodeService/PublishSnapshot"
@@ -127,6 +129,9 @@ type NodeServiceClient interface {
 	SnapshotSandbox(context.Context, *connect.Request[node.SnapshotSandboxRequest]) (*connect.Response[node.PauseInfo], error)
 	CreateFromSnapshot(context.Context, *connect.Request[node.CreateFromSnapshotRequest]) (*connect.Response[node.SandboxInfo], error)
 	DeleteSnapshot(context.Context, *connect.Request[node.DeleteSnapshotRequest]) (*connect.Response[node.DeleteSnapshotResponse], error)
+	// SandboxLogs answers what the node wrote in a sandbox's log (guest processes, limits, egress
+	// refusals), selected as the driver's own entries are; the driver merges them with its own.
+	SandboxLogs(context.Context, *connect.Request[node.SandboxLogsRequest]) (*connect.Response[node.SandboxLogsResponse], error)
 	// PublishSnapshot puts a snapshot this node holds in the cluster's store (a no-op when it is
 	// there), so that another node can start sandboxes from it.
 	PublishSnapshot(context.Context, *connect.Request[node.PublishSnapshotRequest]) (*connect.Response[node.PublishSnapshotResponse], error)
@@ -228,6 +233,12 @@ func NewNodeServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			httpClient,
 			baseURL+NodeServiceDeleteSnapshotProcedure,
 			connect.WithSchema(nodeServiceMethods.ByName("DeleteSnapshot")),
+			connect.WithClientOptions(opts...),
+		),
+		sandboxLogs: connect.NewClient[node.SandboxLogsRequest, node.SandboxLogsResponse](
+			httpClient,
+			baseURL+NodeServiceSandboxLogsProcedure,
+			connect.WithSchema(nodeServiceMethods.ByName("SandboxLogs")),
 			connect.WithClientOptions(opts...),
 		),
 		publishSnapshot: connect.NewClient[node.PublishSnapshotRequest, node.PublishSnapshotResponse](
@@ -341,6 +352,7 @@ type nodeServiceClient struct {
 	snapshotSandbox    *connect.Client[node.SnapshotSandboxRequest, node.PauseInfo]
 	createFromSnapshot *connect.Client[node.CreateFromSnapshotRequest, node.SandboxInfo]
 	deleteSnapshot     *connect.Client[node.DeleteSnapshotRequest, node.DeleteSnapshotResponse]
+	sandboxLogs        *connect.Client[node.SandboxLogsRequest, node.SandboxLogsResponse]
 	publishSnapshot    *connect.Client[node.PublishSnapshotRequest, node.PublishSnapshotResponse]
 	sandboxMetrics     *connect.Client[node.SandboxMetricsRequest, node.Metrics]
 	watchDenied        *connect.Client[node.WatchDeniedRequest, node.WatchDeniedResponse]
@@ -407,6 +419,11 @@ func (c *nodeServiceClient) CreateFromSnapshot(ctx context.Context, req *connect
 // DeleteSnapshot calls vmon.node.v1.NodeService.DeleteSnapshot.
 func (c *nodeServiceClient) DeleteSnapshot(ctx context.Context, req *connect.Request[node.DeleteSnapshotRequest]) (*connect.Response[node.DeleteSnapshotResponse], error) {
 	return c.deleteSnapshot.CallUnary(ctx, req)
+}
+
+// SandboxLogs calls vmon.node.v1.NodeService.SandboxLogs.
+func (c *nodeServiceClient) SandboxLogs(ctx context.Context, req *connect.Request[node.SandboxLogsRequest]) (*connect.Response[node.SandboxLogsResponse], error) {
+	return c.sandboxLogs.CallUnary(ctx, req)
 }
 
 // PublishSnapshot calls vmon.node.v1.NodeService.PublishSnapshot.
@@ -505,6 +522,9 @@ type NodeServiceHandler interface {
 	SnapshotSandbox(context.Context, *connect.Request[node.SnapshotSandboxRequest]) (*connect.Response[node.PauseInfo], error)
 	CreateFromSnapshot(context.Context, *connect.Request[node.CreateFromSnapshotRequest]) (*connect.Response[node.SandboxInfo], error)
 	DeleteSnapshot(context.Context, *connect.Request[node.DeleteSnapshotRequest]) (*connect.Response[node.DeleteSnapshotResponse], error)
+	// SandboxLogs answers what the node wrote in a sandbox's log (guest processes, limits, egress
+	// refusals), selected as the driver's own entries are; the driver merges them with its own.
+	SandboxLogs(context.Context, *connect.Request[node.SandboxLogsRequest]) (*connect.Response[node.SandboxLogsResponse], error)
 	// PublishSnapshot puts a snapshot this node holds in the cluster's store (a no-op when it is
 	// there), so that another node can start sandboxes from it.
 	PublishSnapshot(context.Context, *connect.Request[node.PublishSnapshotRequest]) (*connect.Response[node.PublishSnapshotResponse], error)
@@ -602,6 +622,12 @@ func NewNodeServiceHandler(svc NodeServiceHandler, opts ...connect.HandlerOption
 		NodeServiceDeleteSnapshotProcedure,
 		svc.DeleteSnapshot,
 		connect.WithSchema(nodeServiceMethods.ByName("DeleteSnapshot")),
+		connect.WithHandlerOptions(opts...),
+	)
+	nodeServiceSandboxLogsHandler := connect.NewUnaryHandler(
+		NodeServiceSandboxLogsProcedure,
+		svc.SandboxLogs,
+		connect.WithSchema(nodeServiceMethods.ByName("SandboxLogs")),
 		connect.WithHandlerOptions(opts...),
 	)
 	nodeServicePublishSnapshotHandler := connect.NewUnaryHandler(
@@ -722,6 +748,8 @@ func NewNodeServiceHandler(svc NodeServiceHandler, opts ...connect.HandlerOption
 			nodeServiceCreateFromSnapshotHandler.ServeHTTP(w, r)
 		case NodeServiceDeleteSnapshotProcedure:
 			nodeServiceDeleteSnapshotHandler.ServeHTTP(w, r)
+		case NodeServiceSandboxLogsProcedure:
+			nodeServiceSandboxLogsHandler.ServeHTTP(w, r)
 		case NodeServicePublishSnapshotProcedure:
 			nodeServicePublishSnapshotHandler.ServeHTTP(w, r)
 		case NodeServiceSandboxMetricsProcedure:
@@ -801,6 +829,10 @@ func (UnimplementedNodeServiceHandler) CreateFromSnapshot(context.Context, *conn
 
 func (UnimplementedNodeServiceHandler) DeleteSnapshot(context.Context, *connect.Request[node.DeleteSnapshotRequest]) (*connect.Response[node.DeleteSnapshotResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("vmon.node.v1.NodeService.DeleteSnapshot is not implemented"))
+}
+
+func (UnimplementedNodeServiceHandler) SandboxLogs(context.Context, *connect.Request[node.SandboxLogsRequest]) (*connect.Response[node.SandboxLogsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("vmon.node.v1.NodeService.SandboxLogs is not implemented"))
 }
 
 func (UnimplementedNodeServiceHandler) PublishSnapshot(context.Context, *connect.Request[node.PublishSnapshotRequest]) (*connect.Response[node.PublishSnapshotResponse], error) {
