@@ -11,6 +11,7 @@ package cluster
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -535,6 +536,7 @@ func (r *Router) CreateFromSnapshot(ctx context.Context, spec node.CreateSpec, s
 		source = snapID
 	}
 	name, c, err := r.holderName(ctx, source)
+	var full error
 	if err == nil && !r.isDrained(name) {
 		info, err := c.CreateFromSnapshot(ctx, spec, snapID, pausedID)
 		if err == nil {
@@ -547,6 +549,7 @@ func (r *Router) CreateFromSnapshot(ctx context.Context, spec node.CreateSpec, s
 		if pausedID != "" || errdefs.KindOf(err) != errdefs.KindResourceExhausted {
 			return node.Info{}, err
 		}
+		full = err
 	} else if err != nil && (pausedID != "" || errdefs.KindOf(err) != errdefs.KindUnavailable) {
 		return node.Info{}, fmt.Errorf("find the node of %s: %w", source, err)
 	} else if pausedID != "" {
@@ -556,22 +559,15 @@ func (r *Router) CreateFromSnapshot(ctx context.Context, spec node.CreateSpec, s
 	// there) puts it in first. One that is gone may have put it there before.
 	if p, ok := c.(snapshotPublisher); ok {
 		if err := p.PublishSnapshot(ctx, snapID); err != nil {
+			if full != nil && errors.Is(err, driver.ErrNotImplemented) {
+				return node.Info{}, full // no store: the snapshot cannot leave its full node
+			}
 			return node.Info{}, fmt.Errorf("share snapshot %s from node %s: %w", snapID, name, err)
 		}
 	}
 	return r.place(ctx, spec, func(nc NodeClient) (node.Info, error) {
 		return nc.CreateFromSnapshot(ctx, spec, snapID, "")
 	})
-}
-
-func (r *Router) locateName(ctx context.Context, id string) (string, error) {
-	r.mu.Lock()
-	name, ok := r.placed[id]
-	r.mu.Unlock()
-	if ok {
-		return name, nil
-	}
-	return r.locate(ctx, id)
 }
 
 // DeleteSnapshot deletes a snapshot on its node, in the store, and on every node that fetched
