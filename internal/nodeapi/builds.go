@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"io"
-	"sync"
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -46,24 +45,7 @@ func (s *Server) PutBuildFile(ctx context.Context, stream *connect.ClientStream[
 	if h == nil {
 		return nil, toWire(errdefs.InvalidArgument("a build file must name itself first"))
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	pr, pw := io.Pipe()
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	wg.Go(func() {
-		if d := stream.Msg().GetData(); len(d) > 0 {
-			if _, err := pw.Write(d); err != nil {
-				return
-			}
-		}
-		for stream.Receive() {
-			if _, err := pw.Write(stream.Msg().GetData()); err != nil {
-				return
-			}
-		}
-		pw.CloseWithError(stream.Err())
-	})
+	pr := pipeData(stream)
 	err := s.builds.PutFile(ctx, h.GetTemplateId(), h.GetHash(), pr, h.GetSize())
 	// A refused file stops the reader at its next write; the stream then ends with this call.
 	pr.CloseWithError(errors.New("build file stored"))

@@ -189,21 +189,7 @@ func (s *Server) VolumeWrite(_ context.Context, stream *connect.ClientStream[nod
 	if h == nil {
 		return nil, toWire(errdefs.InvalidArgument("a volume write must name its target first"))
 	}
-	pr, pw := io.Pipe()
-	go func() {
-		// The first message may carry bytes too.
-		if d := stream.Msg().GetData(); len(d) > 0 {
-			if _, err := pw.Write(d); err != nil {
-				return
-			}
-		}
-		for stream.Receive() {
-			if _, err := pw.Write(stream.Msg().GetData()); err != nil {
-				return
-			}
-		}
-		pw.CloseWithError(stream.Err())
-	}()
+	pr := pipeData(stream)
 	e, err := v.Write(h.GetId(), h.GetPath(), pr, attrsFromWire(h.GetAttrs()), h.GetForce())
 	// The reader goroutine stops at its next write; the stream itself ends with this handler.
 	pr.CloseWithError(errors.New("volume write ended"))
