@@ -59,7 +59,11 @@ func (d *Driver) Kill(ctx context.Context, id string) error {
 // is only marked once the node confirmed, so a failed destroy leaves a record that still owns
 // whatever the node kept.
 func (d *Driver) killLocked(ctx context.Context, sb Sandbox, reason string) error {
-	if sb.State == store.StatePaused {
+	if sb.State == store.StatePaused && d.NodeIsOut(sb.NodeID) {
+		// Recorded now; the node drops its copy (and the store's) when it is back (NodeBack), as no
+		// paused record places it there any more.
+		d.log.Info("killing a paused sandbox whose node is out of reach", "sandbox", sb.ID, "node", sb.NodeID)
+	} else if sb.State == store.StatePaused {
 		if p, ok := d.node.(Pauser); ok {
 			if err := p.DeletePaused(ctx, sb.ID); err != nil {
 				d.log.Error("node failed to delete paused sandbox", "sandbox", sb.ID, "err", err)

@@ -19,10 +19,10 @@ func TestNodeOutBackAndLost(t *testing.T) {
 	pn := drivertest.NewPausingNode()
 	e := newEnv(t, func(o *Options) { o.Node = pn })
 	kept, vanished, killedMeanwhile := e.create(t, CreateRequest{}), e.create(t, CreateRequest{}), e.create(t, CreateRequest{})
-	pausedHere, movedAway := e.create(t, CreateRequest{}), e.create(t, CreateRequest{})
+	pausedHere, movedAway, pausedKilled := e.create(t, CreateRequest{}), e.create(t, CreateRequest{}), e.create(t, CreateRequest{})
 	// Paused on the node, though the pause's answer never reached the driver.
 	pauseUnanswered := e.create(t, CreateRequest{})
-	for _, sb := range []Sandbox{pausedHere, movedAway} {
+	for _, sb := range []Sandbox{pausedHere, movedAway, pausedKilled} {
 		if err := e.d.Pause(ctx, sb.ID, true); err != nil {
 			t.Fatal(err)
 		}
@@ -41,6 +41,16 @@ func TestNodeOutBackAndLost(t *testing.T) {
 	if slices.Contains(pn.Destroys(), killedMeanwhile.ID) {
 		t.Fatal("the absent node was asked to destroy")
 	}
+	// A paused one too: recorded killed at once, its copy left for the node's return.
+	if err := e.d.Kill(ctx, pausedKilled.ID); err != nil {
+		t.Fatalf("a kill of a paused sandbox while its node is away: %v", err)
+	}
+	if !pn.Paused(pausedKilled.ID) {
+		t.Fatal("the absent node was asked to delete a paused copy")
+	}
+	if rec, _ := e.store.GetSandbox(ctx, pausedKilled.ID); rec.State != store.StateKilled {
+		t.Fatalf("a paused sandbox killed while its node is away: %s", rec.State)
+	}
 	// movedAway resumed on another node meanwhile: the copy here is stale.
 	if _, err := e.d.Resume(ctx, movedAway.ID, nil); err != nil {
 		t.Fatal(err)
@@ -50,13 +60,13 @@ func TestNodeOutBackAndLost(t *testing.T) {
 	}
 	c := &cleaner{}
 	held := Holdings{Running: []string{kept.ID, killedMeanwhile.ID, "strayfromanother0001"},
-		Paused: []string{pausedHere.ID, movedAway.ID, "unrecordedcopy000001", pauseUnanswered.ID}}
+		Paused: []string{pausedHere.ID, movedAway.ID, "unrecordedcopy000001", pauseUnanswered.ID, pausedKilled.ID}}
 	if err := e.d.NodeBack(ctx, node, held, c); err != nil {
 		t.Fatal(err)
 	}
 	for what, got := range map[string][]string{"destroyed": c.destroyed, "deleted paused": c.deleted} {
 		want := map[string][]string{"destroyed": {killedMeanwhile.ID, "strayfromanother0001"},
-			"deleted paused": {movedAway.ID, "unrecordedcopy000001"}}[what]
+			"deleted paused": {movedAway.ID, "unrecordedcopy000001", pausedKilled.ID}}[what]
 		slices.Sort(got)
 		slices.Sort(want)
 		if !slices.Equal(got, want) {

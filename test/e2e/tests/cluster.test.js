@@ -34,6 +34,32 @@ async function assertCameBack(c, sbx, on) {
   assert.equal((await clusterLs(c, 'sandbox', 'ls')).find((r) => r.sandboxId === sbx.sandboxId)?.node, on);
 }
 
+/**
+ * Sandbox sbx of cluster c is reached through the driver as a client reaches it: output streamed
+ * as it comes, a file up and down (checked by digest), a watch event, a guest HTTP server.
+ */
+async function assertReachable(c, sbx) {
+  const chunks = [];
+  const r = await sbx.commands.run('for i in 1 2 3; do echo line $i; sleep 0.2; done', { onStdout: (d) => chunks.push(d) });
+  assert.equal(r.stdout, 'line 1\nline 2\nline 3\n');
+  assert.ok(chunks.length >= 2, `output came in ${chunks.length} chunk(s), not streamed`);
+  const gen = randomStream(4 * MiB);
+  await sbx.files.write('/tmp/blob', gen.stream);
+  assert.deepEqual(await hashStream(await sbx.files.read('/tmp/blob', { format: 'stream' })), { bytes: 4 * MiB, sha256: gen.digest() });
+  const events = [];
+  const handle = await sbx.files.watchDir('/tmp', (e) => events.push(e), { timeoutMs: 0 });
+  await sbx.files.write('/tmp/watched.txt', 'w');
+  await waitFor(() => events.some((e) => e.name === 'watched.txt'), { what: 'a watch event through the driver' });
+  await handle.stop();
+  await sbx.files.write('/tmp/www/page.txt', `served by ${sbx.sandboxId}`);
+  await sbx.commands.run('python3 -m http.server 8000 --directory /tmp/www >/dev/null 2>&1', { background: true });
+  const res = await waitFor(async () => {
+    const g = await fetch(`${c.driver.apiUrl}/page.txt`, { headers: { 'E2b-Sandbox-Id': sbx.sandboxId, 'E2b-Sandbox-Port': '8000' } });
+    return g.status === 200 ? g : null;
+  }, { what: 'the guest HTTP server through the driver' });
+  assert.equal(await res.text(), `served by ${sbx.sandboxId}`);
+}
+
 /** Writes /tmp/kept and starts a loop counting in /tmp/count, for assertCameBack. */
 async function leaveTraces(sbx) {
   await sbx.commands.run('echo kept > /tmp/kept');
@@ -400,7 +426,7 @@ describe('cluster on an S3 store: one driver, three nodes', () => {
     (cl?.weed ? `\n--- weed ---\n${cl.weed.logTail()}` : '') };
   const ctest = (name, fn) => test(name, withLogTail(members, fn));
 
-  ctest('creates spread over the three nodes; the two that never had base boot it from the S3 store', async () => {
+  ctest('creates spread over the three nodes, each reached through the driver; the two that never had base boot it from the S3 store', async () => {
     await waitFor(async () => (await clusterLs(cl, 'node', 'ls')).filter((n) => n.state === 'ready').length === 3,
       { timeoutMs: 60_000, what: 'three nodes ready' });
     const sbxs = [];
@@ -410,8 +436,10 @@ describe('cluster on an S3 store: one driver, three nodes', () => {
       sbxs.push(s);
       assert.equal((await s.commands.run('echo up')).stdout, 'up\n');
     }
-    const where = sbxs.map((s) => holderIn(cl, s.sandboxId)).sort();
-    assert.deepEqual(where, ['node-a', 'node-a', 'node-b', 'node-b', 'node-c', 'node-c'], `placed on ${where}`);
+    const where = sbxs.map((s) => holderIn(cl, s.sandboxId));
+    assert.deepEqual([...where].sort(), ['node-a', 'node-a', 'node-b', 'node-b', 'node-c', 'node-c'], `placed on ${where}`);
+    // Every node's sandboxes are reached through the driver.
+    for (const n of ['node-a', 'node-b', 'node-c']) await assertReachable(cl, sbxs[where.indexOf(n)]);
     const build = (n) => JSON.parse(fs.readFileSync(path.join(n.dataDir, 'templates', 'base', 'manifest.json'), 'utf8')).buildId;
     for (const n of cl.nodes.slice(1)) assert.equal(build(n), build(cl.nodes[0]), `${n.name}'s base`);
     for (const s of sbxs) assert.equal(await s.kill(), true);
@@ -447,6 +475,9 @@ describe('cluster on an S3 store: one driver, three nodes', () => {
     await s.commands.run('sh -c "exit 3"').catch(() => {});
     await leaveTraces(s);
     await runVmon(['node', 'drain', from, '--pause', '--wait', '2m', '--data-dir', cl.driver.dataDir], { timeoutMs: 150_000 });
+    // Its node is stopped, not only drained: the sandbox comes back from the store elsewhere.
+    const fromNode = cl.nodes.find((n) => n.name === from);
+    await fromNode.stop({ cleanup: false });
     try {
       assert.equal((await Sandbox.getInfo(s.sandboxId, sdk())).state, 'paused');
       const back = await Sandbox.connect(s.sandboxId, sdk());
@@ -472,10 +503,13 @@ describe('cluster on an S3 store: one driver, three nodes', () => {
         `the log is out of order:\n${lines.join('\n')}`);
       assert.equal(await back.kill(), true);
     } finally {
+      await fromNode.start();
       await runVmon(['node', 'drain', from, '--undo', '--data-dir', cl.driver.dataDir]);
     }
     await waitFor(async () => (await clusterLs(cl, 'node', 'ls')).find((n) => n.name === from)?.state === 'ready',
-      { what: `${from} listed ready again` });
+      { timeoutMs: 60_000, what: `${from} back and listed ready again` });
+    // Back, it dropped the copy the sandbox left there.
+    await waitFor(() => !fs.existsSync(path.join(fromNode.dataDir, 'paused', s.sandboxId)), { timeoutMs: 30_000, what: `${from}'s stale copy dropped` });
   });
 
   ctest('a snapshot starts sandboxes on another node when its own is drained; a fork spills over to other nodes when its node is full', async () => {
