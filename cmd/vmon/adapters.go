@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"path/filepath"
 
@@ -13,6 +14,7 @@ import (
 	"github.com/vibemon/vmon/internal/node"
 	"github.com/vibemon/vmon/internal/rootfs"
 	"github.com/vibemon/vmon/internal/template"
+	"github.com/vibemon/vmon/internal/volumes"
 )
 
 // These adapters bind the node's consumer interfaces to the OS packages.
@@ -106,3 +108,33 @@ func (b buildSandboxes) StartBuild(ctx context.Context, spec build.SandboxSpec) 
 	}
 	return sb, nil
 }
+
+// localVolumes serves the volume content API from this process's volumes; calls on local files
+// take no context.
+type localVolumes struct{ d *volumes.Dir }
+
+func (l localVolumes) Stat(_ context.Context, id, p string) (volumes.Entry, error) {
+	return l.d.Stat(id, p)
+}
+
+func (l localVolumes) List(_ context.Context, id, p string, depth int) ([]volumes.Entry, error) {
+	return l.d.List(id, p, depth)
+}
+
+func (l localVolumes) Mkdir(_ context.Context, id, p string, a volumes.Attrs, force bool) (volumes.Entry, error) {
+	return l.d.Mkdir(id, p, a, force)
+}
+
+func (l localVolumes) Chattr(_ context.Context, id, p string, a volumes.Attrs) (volumes.Entry, error) {
+	return l.d.Chattr(id, p, a)
+}
+
+func (l localVolumes) Open(_ context.Context, id, p string) (io.ReadCloser, int64, error) {
+	return l.d.Open(id, p)
+}
+
+func (l localVolumes) Write(_ context.Context, id, p string, body io.Reader, a volumes.Attrs, force bool) (volumes.Entry, error) {
+	return l.d.Write(id, p, body, a, force)
+}
+
+func (l localVolumes) Remove(_ context.Context, id, p string) error { return l.d.Remove(id, p) }

@@ -241,7 +241,7 @@ func serve(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 	defer builds.Close()
 	ensureCodeInterpreter(ctx, builds, st, c.DataDir, envdPath, log.With("component", "templates"))
 	apiHandler, err := api.New(api.Options{Driver: d, Store: st, Logger: log.With("component", "api"), Domain: domain,
-		Builds: builds, Volumes: vols})
+		Builds: builds, Volumes: localVolumes{d: vols}})
 	if err != nil {
 		return err
 	}

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"io"
 	"net/http"
 	"strconv"
@@ -13,13 +14,13 @@ import (
 
 // VolumeFiles is the content of volumes (*volumes.Dir).
 type VolumeFiles interface {
-	Stat(id, p string) (volumes.Entry, error)
-	List(id, p string, depth int) ([]volumes.Entry, error)
-	Mkdir(id, p string, a volumes.Attrs, force bool) (volumes.Entry, error)
-	Chattr(id, p string, a volumes.Attrs) (volumes.Entry, error)
-	Open(id, p string) (io.ReadCloser, int64, error)
-	Write(id, p string, body io.Reader, a volumes.Attrs, force bool) (volumes.Entry, error)
-	Remove(id, p string) error
+	Stat(ctx context.Context, id, p string) (volumes.Entry, error)
+	List(ctx context.Context, id, p string, depth int) ([]volumes.Entry, error)
+	Mkdir(ctx context.Context, id, p string, a volumes.Attrs, force bool) (volumes.Entry, error)
+	Chattr(ctx context.Context, id, p string, a volumes.Attrs) (volumes.Entry, error)
+	Open(ctx context.Context, id, p string) (io.ReadCloser, int64, error)
+	Write(ctx context.Context, id, p string, body io.Reader, a volumes.Attrs, force bool) (volumes.Entry, error)
+	Remove(ctx context.Context, id, p string) error
 }
 
 type volumeJSON struct {
@@ -123,7 +124,7 @@ func (s *Server) volumeContentRoutes(files VolumeFiles) map[string]http.Handler 
 				}
 				depth = n
 			}
-			ents, err := files.List(id, p, depth)
+			ents, err := files.List(r.Context(), id, p, depth)
 			if err != nil {
 				return err
 			}
@@ -135,7 +136,7 @@ func (s *Server) volumeContentRoutes(files VolumeFiles) map[string]http.Handler 
 			if err != nil {
 				return err
 			}
-			e, err := files.Mkdir(id, p, a, force)
+			e, err := files.Mkdir(r.Context(), id, p, a, force)
 			if err != nil {
 				return err
 			}
@@ -143,7 +144,7 @@ func (s *Server) volumeContentRoutes(files VolumeFiles) map[string]http.Handler 
 			return nil
 		}),
 		"GET /volumecontent/{id}/path": h(func(w http.ResponseWriter, r *http.Request, id, p string) error {
-			e, err := files.Stat(id, p)
+			e, err := files.Stat(r.Context(), id, p)
 			if err != nil {
 				return err
 			}
@@ -159,7 +160,7 @@ func (s *Server) volumeContentRoutes(files VolumeFiles) map[string]http.Handler 
 			if err := decodeBody(r, &body, true); err != nil {
 				return err
 			}
-			e, err := files.Chattr(id, p, volumes.Attrs{UID: body.UID, GID: body.GID, Mode: body.Mode})
+			e, err := files.Chattr(r.Context(), id, p, volumes.Attrs{UID: body.UID, GID: body.GID, Mode: body.Mode})
 			if err != nil {
 				return err
 			}
@@ -167,14 +168,14 @@ func (s *Server) volumeContentRoutes(files VolumeFiles) map[string]http.Handler 
 			return nil
 		}),
 		"DELETE /volumecontent/{id}/path": h(func(w http.ResponseWriter, r *http.Request, id, p string) error {
-			if err := files.Remove(id, p); err != nil {
+			if err := files.Remove(r.Context(), id, p); err != nil {
 				return err
 			}
 			w.WriteHeader(http.StatusNoContent)
 			return nil
 		}),
 		"GET /volumecontent/{id}/file": h(func(w http.ResponseWriter, r *http.Request, id, p string) error {
-			f, size, err := files.Open(id, p)
+			f, size, err := files.Open(r.Context(), id, p)
 			if err != nil {
 				return err
 			}
@@ -190,7 +191,7 @@ func (s *Server) volumeContentRoutes(files VolumeFiles) map[string]http.Handler 
 			if err != nil {
 				return err
 			}
-			e, err := files.Write(id, p, r.Body, a, force)
+			e, err := files.Write(r.Context(), id, p, r.Body, a, force)
 			if err != nil {
 				return err
 			}

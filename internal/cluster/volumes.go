@@ -26,8 +26,8 @@ type VolumeClient interface {
 	VolumeWrite(ctx context.Context, id, p string, body io.Reader, a volumes.Attrs, force bool) (volumes.Entry, error)
 }
 
-// volumeCallTimeout bounds a volume call that has no context of its own (the driver's and the
-// content API's interfaces take none); reads and writes stream for as long as they last.
+// volumeCallTimeout bounds one volume call (a content request's, within its own context; the
+// driver's deletes and sizes have none); reads and writes stream for as long as they last.
 const volumeCallTimeout = time.Minute
 
 // Volumes are a cluster's volumes: each lives on the node that made it (the driver records
@@ -102,8 +102,8 @@ func (v *Volumes) client(ctx context.Context, id string) (VolumeClient, error) {
 	return vc, nil
 }
 
-func (v *Volumes) call(id string, f func(ctx context.Context, c VolumeClient) error) error {
-	ctx, cancel := context.WithTimeout(context.Background(), volumeCallTimeout)
+func (v *Volumes) call(ctx context.Context, id string, f func(ctx context.Context, c VolumeClient) error) error {
+	ctx, cancel := context.WithTimeout(ctx, volumeCallTimeout)
 	defer cancel()
 	c, err := v.client(ctx, id)
 	if err != nil {
@@ -113,7 +113,7 @@ func (v *Volumes) call(id string, f func(ctx context.Context, c VolumeClient) er
 }
 
 func (v *Volumes) Delete(id string) error {
-	return v.call(id, func(ctx context.Context, c VolumeClient) error { return c.VolumeDelete(ctx, id) })
+	return v.call(context.Background(), id, func(ctx context.Context, c VolumeClient) error { return c.VolumeDelete(ctx, id) })
 }
 
 // DeleteVolumeOn deletes volume id on node name.
@@ -130,52 +130,51 @@ func (v *Volumes) DeleteVolumeOn(ctx context.Context, name, id string) error {
 }
 
 func (v *Volumes) SizeBytes(id string) (size int64, err error) {
-	err = v.call(id, func(ctx context.Context, c VolumeClient) error {
+	err = v.call(context.Background(), id, func(ctx context.Context, c VolumeClient) error {
 		size, err = c.VolumeSize(ctx, id)
 		return err
 	})
 	return size, err
 }
 
-func (v *Volumes) Stat(id, p string) (e volumes.Entry, err error) {
-	err = v.call(id, func(ctx context.Context, c VolumeClient) error {
+func (v *Volumes) Stat(ctx context.Context, id, p string) (e volumes.Entry, err error) {
+	err = v.call(ctx, id, func(ctx context.Context, c VolumeClient) error {
 		e, err = c.VolumeStat(ctx, id, p)
 		return err
 	})
 	return e, err
 }
 
-func (v *Volumes) List(id, p string, depth int) (es []volumes.Entry, err error) {
-	err = v.call(id, func(ctx context.Context, c VolumeClient) error {
+func (v *Volumes) List(ctx context.Context, id, p string, depth int) (es []volumes.Entry, err error) {
+	err = v.call(ctx, id, func(ctx context.Context, c VolumeClient) error {
 		es, err = c.VolumeList(ctx, id, p, depth)
 		return err
 	})
 	return es, err
 }
 
-func (v *Volumes) Mkdir(id, p string, a volumes.Attrs, force bool) (e volumes.Entry, err error) {
-	err = v.call(id, func(ctx context.Context, c VolumeClient) error {
+func (v *Volumes) Mkdir(ctx context.Context, id, p string, a volumes.Attrs, force bool) (e volumes.Entry, err error) {
+	err = v.call(ctx, id, func(ctx context.Context, c VolumeClient) error {
 		e, err = c.VolumeMkdir(ctx, id, p, a, force)
 		return err
 	})
 	return e, err
 }
 
-func (v *Volumes) Chattr(id, p string, a volumes.Attrs) (e volumes.Entry, err error) {
-	err = v.call(id, func(ctx context.Context, c VolumeClient) error {
+func (v *Volumes) Chattr(ctx context.Context, id, p string, a volumes.Attrs) (e volumes.Entry, err error) {
+	err = v.call(ctx, id, func(ctx context.Context, c VolumeClient) error {
 		e, err = c.VolumeChattr(ctx, id, p, a)
 		return err
 	})
 	return e, err
 }
 
-func (v *Volumes) Remove(id, p string) error {
-	return v.call(id, func(ctx context.Context, c VolumeClient) error { return c.VolumeRemove(ctx, id, p) })
+func (v *Volumes) Remove(ctx context.Context, id, p string) error {
+	return v.call(ctx, id, func(ctx context.Context, c VolumeClient) error { return c.VolumeRemove(ctx, id, p) })
 }
 
-// Open streams a file of volume id; the stream lasts until the reader is closed.
-func (v *Volumes) Open(id, p string) (io.ReadCloser, int64, error) {
-	ctx := context.Background()
+// Open streams a file of volume id; the stream lasts until the reader is closed or ctx ends.
+func (v *Volumes) Open(ctx context.Context, id, p string) (io.ReadCloser, int64, error) {
 	c, err := v.client(ctx, id)
 	if err != nil {
 		return nil, 0, err
@@ -183,9 +182,9 @@ func (v *Volumes) Open(id, p string) (io.ReadCloser, int64, error) {
 	return c.VolumeOpen(ctx, id, p)
 }
 
-// Write streams body into a file of volume id, for as long as the upload lasts.
-func (v *Volumes) Write(id, p string, body io.Reader, a volumes.Attrs, force bool) (volumes.Entry, error) {
-	ctx := context.Background()
+// Write streams body into a file of volume id, for as long as the upload lasts; an upload
+// cancelled with ctx leaves no file.
+func (v *Volumes) Write(ctx context.Context, id, p string, body io.Reader, a volumes.Attrs, force bool) (volumes.Entry, error) {
 	c, err := v.client(ctx, id)
 	if err != nil {
 		return volumes.Entry{}, err
