@@ -61,28 +61,46 @@ func (l *Logs) QueryContext(ctx context.Context, id string, q sandboxlog.Query) 
 			}
 		}
 	}
-	var mu sync.Mutex
+	parts := make([][]sandboxlog.Entry, len(readers))
 	var wg sync.WaitGroup
-	for _, lr := range readers {
+	for i, lr := range readers {
 		wg.Go(func() {
 			actx, cancel := context.WithTimeout(ctx, logsAskTimeout)
 			defer cancel()
-			es, err := lr.SandboxLogs(actx, id, q)
-			if err != nil {
-				return
+			if es, err := lr.SandboxLogs(actx, id, q); err == nil {
+				parts[i] = append([]sandboxlog.Entry{}, es...)
 			}
-			mu.Lock()
-			found = true
-			all = append(all, es...)
-			mu.Unlock()
 		})
 	}
 	wg.Wait()
+	// envd keeps its recent events in the sandbox's memory, so a node that resumed a sandbox
+	// paused elsewhere reads again the events the other node logged before the pause: an entry
+	// another part holds too is one event, kept once.
+	type key struct {
+		t               int64
+		level           sandboxlog.Level
+		logger, message string
+	}
+	seen := map[key]int{}
+	for i, part := range parts {
+		if part == nil {
+			continue
+		}
+		found = true
+		for _, e := range part {
+			k := key{e.Time.UnixNano(), e.Level, e.Logger, e.Message}
+			if j, ok := seen[k]; ok && j != i {
+				continue
+			}
+			seen[k] = i
+			all = append(all, e)
+		}
+	}
 	if !found {
 		return nil, sandboxlog.ErrNotFound
 	}
 	// Each part is in q's order and holds at most q.Limit: the first q.Limit of their union are
-	// the log's.
+	// the log's (fewer when parts repeated each other's entries near the limit).
 	slices.SortStableFunc(all, func(a, b sandboxlog.Entry) int {
 		if q.Backward {
 			return b.Time.Compare(a.Time)

@@ -461,7 +461,7 @@ describe('cluster on an S3 store: one driver, three nodes', () => {
     assert.equal(await back.kill(), true);
   });
 
-  ctest('a domain policy follows a sandbox resumed on another node: the allowed domain still answers, a denied destination is still refused', async () => {
+  ctest('a domain policy follows a sandbox resumed on another node (its own stopped): the allowed domain still answers, a denied destination is still refused, and its log holds what both nodes saw', async () => {
     const s = await Sandbox.create({ ...sdk(), metadata: { run: RUN }, network: { allowOut: ['allowed.test'], denyOut: ['0.0.0.0/0'] } });
     created.push(s);
     const from = holderIn(cl, s.sandboxId);
@@ -487,20 +487,6 @@ describe('cluster on an S3 store: one driver, three nodes', () => {
       await check(back, to);
       await back.commands.run('sh -c "exit 4"').catch(() => {});
 
-      // Its log, read through the driver, holds the driver's part (the lifecycle) and what each
-      // node saw while it ran there: processes and egress refusals on both.
-      let lines = [];
-      await waitFor(async () => {
-        const res = await apiFetch(cl.driver, `/v2/sandboxes/${s.sandboxId}/logs`);
-        assert.equal(res.status, 200, res.text);
-        lines = res.json.logs.map((l) => `${l.level} ${l.fields.logger} ${l.message}`);
-        return [/^info lifecycleSvc sandbox resumed on node /, /^warn processSvc process \d+ exited with code 3: /,
-          /^warn processSvc process \d+ exited with code 4: /].every((re) => lines.some((l) => re.test(l))) &&
-          lines.filter((l) => /^warn egressSvc egress refused: .*203\.0\.113\.11/.test(l)).length >= 2;
-      }, { timeoutMs: 15_000, what: () => `the cluster's log of the sandbox:\n${lines.join('\n')}` });
-      const at = (re) => lines.findIndex((l) => re.test(l));
-      assert.ok(at(/exited with code 3/) < at(/resumed on node/) && at(/resumed on node/) < at(/exited with code 4/),
-        `the log is out of order:\n${lines.join('\n')}`);
       assert.equal(await back.kill(), true);
     } finally {
       await fromNode.start();
@@ -510,6 +496,25 @@ describe('cluster on an S3 store: one driver, three nodes', () => {
       { timeoutMs: 60_000, what: `${from} back and listed ready again` });
     // Back, it dropped the copy the sandbox left there.
     await waitFor(() => !fs.existsSync(path.join(fromNode.dataDir, 'paused', s.sandboxId)), { timeoutMs: 30_000, what: `${from}'s stale copy dropped` });
+
+    // Its log, read through the driver, holds the driver's part (the lifecycle) and what each
+    // node saw while it ran there (processes, egress refusals), each event once: the node that
+    // resumed it read envd's earlier events again.
+    let lines = [];
+    await waitFor(async () => {
+      const res = await apiFetch(cl.driver, `/v2/sandboxes/${s.sandboxId}/logs`);
+      assert.equal(res.status, 200, res.text);
+      lines = res.json.logs.map((l) => `${l.level} ${l.fields.logger} ${l.message}`);
+      return [/^info lifecycleSvc sandbox resumed on node /, /^warn processSvc process \d+ exited with code 3: /,
+        /^warn processSvc process \d+ exited with code 4: /].every((re) => lines.some((l) => re.test(l))) &&
+        lines.filter((l) => /^warn egressSvc egress refused: tcp 203\.0\.113\.11 /.test(l)).length >= 2;
+    }, { timeoutMs: 15_000, what: () => `the cluster's log of the sandbox:\n${lines.join('\n')}` });
+    for (const re of [/exited with code 3/, /exited with code 4/, /started: echo kept/]) {
+      assert.equal(lines.filter((l) => re.test(l)).length, 1, `${re} not once:\n${lines.join('\n')}`);
+    }
+    const at = (re) => lines.findIndex((l) => re.test(l));
+    assert.ok(at(/exited with code 3/) < at(/resumed on node/) && at(/resumed on node/) < at(/exited with code 4/),
+      `the log is out of order:\n${lines.join('\n')}`);
   });
 
   ctest('a snapshot starts sandboxes on another node when its own is drained; a fork spills over to other nodes when its node is full', async () => {
