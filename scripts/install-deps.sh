@@ -13,10 +13,11 @@
 #   python3-ipykernel the Jupyter kernel the code-interpreter service's Go tests drive
 #   node-typescript   the parser the service's JavaScript runner uses for top-level await and import
 #   openjdk-17-jdk-headless  java and jshell, for the service's Java runner tests
+#   systemd           runs the units in deploy/systemd; its systemd-analyze checks them in the tests
 # Node.js and npm (for the SDK end-to-end tests) are expected to be installed already.
 set -eu
 
-PACKAGES="make git mmdebstrap iproute2 iptables e2fsprogs libnss-myhostname busybox-static bash-static ca-certificates curl file python3-ipykernel node-typescript openjdk-17-jdk-headless"
+PACKAGES="make git mmdebstrap iproute2 iptables e2fsprogs libnss-myhostname busybox-static bash-static ca-certificates curl file python3-ipykernel node-typescript openjdk-17-jdk-headless systemd"
 
 missing=""
 for p in $PACKAGES; do
