@@ -29,6 +29,7 @@ import (
 	"github.com/vibemon/vmon/internal/ingress"
 	"github.com/vibemon/vmon/internal/join"
 	"github.com/vibemon/vmon/internal/membership"
+	"github.com/vibemon/vmon/internal/metrics"
 	"github.com/vibemon/vmon/internal/nodeapi"
 	"github.com/vibemon/vmon/internal/sandboxlog"
 	"github.com/vibemon/vmon/internal/secrets"
@@ -140,6 +141,7 @@ func serveDriver(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
+	m := metrics.New("driver")
 	maxSandboxes := c.MaxSandboxes
 	if maxSandboxes == 0 {
 		// Each node refuses what it has no room for; the cluster's limit is theirs together.
@@ -168,6 +170,7 @@ func serveDriver(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 		DefaultDiskMB:   c.SandboxDiskMB,
 		FeaturesNow:     router.Features,
 		Secrets:         sealer,
+		Observer:        m,
 	}
 	if sandboxLogs != nil {
 		// The driver writes the lifecycle part; the nodes keep what they saw (processes, limits,
@@ -207,7 +210,7 @@ func serveDriver(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 		files := build.NewFiles(c.DataDir)
 		svc := templates.New(templates.Options{DataDir: c.DataDir, Store: st, Engine: cluster.NewBuilds(router, files),
 			Files: files, Resolver: d, MaxConcurrent: c.BuildConcurrency, Log: log.With("component", "templates"),
-			RemoteParents: true})
+			RemoteParents: true, Observe: m.BuildDone})
 		if err := svc.Recover(ctx); err != nil {
 			return fmt.Errorf("recover template builds: %w", err)
 		}
@@ -221,7 +224,8 @@ func serveDriver(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 		return err
 	}
 	ing := ingress.New(log.With("component", "ingress"), &clusterTargets{d: d, r: router}, c.Domain)
-	guarded := httpguard.Handler(apiHandler)
+	checks := []metrics.Check{databaseCheck(st)}
+	guarded := withProbes(httpguard.Handler(apiHandler), checks)
 	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if ing.Match(r) {
 			ing.ServeHTTP(w, r)
@@ -229,6 +233,14 @@ func serveDriver(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 		}
 		guarded.ServeHTTP(w, r)
 	})
+	if err := registerMetrics(m, metrics.SandboxStates(st.TallySandboxes)); err != nil {
+		return err
+	}
+	stopMetrics, err := serveMetrics(c, m, checks, log)
+	if err != nil {
+		return err
+	}
+	defer stopMetrics()
 	return listenAndServe(ctx, c, handler, log, stdout, apiKey)
 }
 

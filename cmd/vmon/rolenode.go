@@ -26,6 +26,7 @@ import (
 	"github.com/vibemon/vmon/internal/errdefs"
 	"github.com/vibemon/vmon/internal/join"
 	"github.com/vibemon/vmon/internal/membership"
+	"github.com/vibemon/vmon/internal/metrics"
 	"github.com/vibemon/vmon/internal/node"
 	"github.com/vibemon/vmon/internal/nodeapi"
 	"github.com/vibemon/vmon/internal/pausedstore"
@@ -105,10 +106,11 @@ func serveNode(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 	}
 	n := ns.n
 	holder.Store(n)
+	m := metrics.New("node")
+	if ns.network != nil {
+		logRefusals(ctx, ns.network.hub, logs, m.EgressRefused)
+	}
 	if logs != nil {
-		if ns.network != nil {
-			logRefusals(ctx, ns.network.hub, logs)
-		}
 		go logs.Run(ctx, nil)
 	}
 	if tpls != nil {
@@ -146,6 +148,14 @@ func serveNode(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 		return nodeapi.Status{Features: n.Features(), FreeMemoryMB: memAvailableMB(), FreeSlots: max(0, maxSandboxes-running),
 			FreeDiskMB: freeDiskMB(c.DataDir), Load: min(1, float64(running)/float64(maxSandboxes)), Templates: templates}
 	}
+	if err := registerMetrics(m, metrics.NodeRoom(func() metrics.Room { return nodeRoom(n, maxSandboxes, c.DataDir) })...); err != nil {
+		return err
+	}
+	stopMetrics, err := serveMetrics(c, m, nodeChecks(n, ns.recovery, c.DataDir), log)
+	if err != nil {
+		return err
+	}
+	defer stopMetrics()
 	gate := capacityGate{Node: n, max: maxSandboxes, recovery: ns.recovery}
 	if art != nil {
 		if gate.paused, err = pausedstore.New(n, art, tpls.Fetch, filepath.Join(c.DataDir, clusterDir), log.With("component", "paused")); err != nil {

@@ -67,12 +67,19 @@ func pruneKilled(ctx context.Context, st *store.Store, log *slog.Logger) func(cu
 const egressLogger = "egressSvc"
 
 // logRefusals copies what the denied hub reports (first refusals and their repeat counts) into
-// the sandboxes' logs. The hub calls its tap under its lock, so events are handed to a goroutine
+// the sandboxes' logs (when logs is set). The hub calls its tap under its lock, so events are handed to a goroutine
 // through a buffer; if it fills, refusals miss the log (never the enforcement, nor the hub's own
 // stream).
-func logRefusals(ctx context.Context, hub *denied.Hub, logs *sandboxlog.Store) {
+// A non-nil count is told of every refusal (metrics) as it happens.
+func logRefusals(ctx context.Context, hub *denied.Hub, logs *sandboxlog.Store, count func(stage string, n int)) {
 	ch := make(chan denied.Event, 1024)
 	hub.SetTap(func(e denied.Event) {
+		if count != nil {
+			count(e.Stage, max(1, e.Count))
+		}
+		if logs == nil {
+			return
+		}
 		select {
 		case ch <- e:
 		default:

@@ -39,6 +39,7 @@ import (
 	"github.com/vibemon/vmon/internal/errdefs"
 	"github.com/vibemon/vmon/internal/httpguard"
 	"github.com/vibemon/vmon/internal/ingress"
+	"github.com/vibemon/vmon/internal/metrics"
 	"github.com/vibemon/vmon/internal/limits"
 	"github.com/vibemon/vmon/internal/mountns"
 	"github.com/vibemon/vmon/internal/netclaim"
@@ -129,8 +130,9 @@ func serve(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if network != nil && sandboxLogs != nil {
-		logRefusals(ctx, network.hub, sandboxLogs)
+	m := metrics.New("all")
+	if network != nil {
+		logRefusals(ctx, network.hub, sandboxLogs, m.EgressRefused)
 	}
 	maxSandboxes := c.MaxSandboxes
 	if maxSandboxes == 0 {
@@ -147,6 +149,7 @@ func serve(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 		Features:        n.Features(),
 		Volumes:         vols,
 		Secrets:         sealer,
+		Observer:        m,
 	}
 	if sandboxLogs != nil {
 		// Set only when on: a nil *sandboxlog.Store in the interface would look like a store.
@@ -234,7 +237,7 @@ func serve(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 	if c.TLSEnabled() {
 		domain = c.Domain
 	}
-	builds, err := startTemplateBuilds(ctx, c, st, n, d, log)
+	builds, err := startTemplateBuilds(ctx, c, st, n, d, m.BuildDone, log)
 	if err != nil {
 		return err
 	}
@@ -247,7 +250,7 @@ func serve(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 	}
 	ing := ingress.New(log.With("component", "ingress"), ingressTargets{d: d, n: n}, c.Domain)
 	// Only the API is guarded: requests to guest ports reach the guest as the client sent them.
-	guarded := httpguard.Handler(apiHandler)
+	guarded := withProbes(httpguard.Handler(apiHandler), append([]metrics.Check{databaseCheck(st)}, nodeChecks(n, recovery, c.DataDir)...))
 	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if ing.Match(r) {
 			ing.ServeHTTP(w, r)
@@ -255,6 +258,17 @@ func serve(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 		}
 		guarded.ServeHTTP(w, r)
 	})
+	if err := registerMetrics(m, metrics.SandboxStates(st.TallySandboxes)); err != nil {
+		return err
+	}
+	if err := registerMetrics(m, metrics.NodeRoom(func() metrics.Room { return nodeRoom(n, maxSandboxes, c.DataDir) })...); err != nil {
+		return err
+	}
+	stopMetrics, err := serveMetrics(c, m, append([]metrics.Check{databaseCheck(st)}, nodeChecks(n, recovery, c.DataDir)...), log)
+	if err != nil {
+		return err
+	}
+	defer stopMetrics()
 	return listenAndServe(ctx, c, handler, log, stdout, apiKey)
 }
 
@@ -998,13 +1012,14 @@ func (t ingressTargets) Targets(ctx context.Context) []ingress.Target {
 
 // startTemplateBuilds sets up the template build flow: image pulls, the build engine over the
 // node's build sandboxes, and the service behind the build API.
-func startTemplateBuilds(ctx context.Context, c *config.Serve, st *store.Store, n *node.Node, d *driver.Driver, log *slog.Logger) (*templates.Service, error) {
+func startTemplateBuilds(ctx context.Context, c *config.Serve, st *store.Store, n *node.Node, d *driver.Driver,
+	observe func(time.Duration, int, int, error), log *slog.Logger) (*templates.Service, error) {
 	engine, files, err := newBuildEngine(c, n, log)
 	if err != nil {
 		return nil, err
 	}
 	svc := templates.New(templates.Options{DataDir: c.DataDir, Store: st, Engine: engine, Files: files, Resolver: d,
-		MaxConcurrent: c.BuildConcurrency, Log: log.With("component", "templates"),
+		MaxConcurrent: c.BuildConcurrency, Log: log.With("component", "templates"), Observe: observe,
 		Rescan: func(ctx context.Context) error {
 			_, err := syncTemplates(ctx, st, c.DataDir, c.SandboxDiskMB)
 			return err

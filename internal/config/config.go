@@ -63,6 +63,8 @@ type Serve struct {
 	EgressInternal    string
 	EgressProxyPort   int
 	EgressDNS         string
+	// MetricsListen serves /metrics, /healthz and /readyz over plain HTTP; "" serves none.
+	MetricsListen string
 	// EgressUpstreamDNS are the servers (host:port) the node's egress resolver and proxy ask;
 	// empty: those of /etc/resolv.conf.
 	EgressUpstreamDNS []string
@@ -128,6 +130,7 @@ const DefaultDataDir = "/var/lib/vmon"
 // BindServe registers the serve flags on fs.
 func BindServe(fs *pflag.FlagSet, c *Serve) {
 	fs.StringVar(&c.Role, "role", "all", "process role: all (driver and node), driver or node")
+	fs.StringVar(&c.MetricsListen, "metrics-listen", "", "address of a plain-HTTP listener for Prometheus (/metrics) and probes (/healthz, /readyz), e.g. 127.0.0.1:9464 (default: none; the API listener serves /healthz and /readyz too)")
 	fs.StringVar(&c.Listen, "listen", "127.0.0.1:3000", "address of the API and ingress listener (--role node: of the node's RPC and tunnel listener, mutual TLS)")
 	fs.StringVar(&c.Name, "name", "", "this member's name in the cluster, a DNS label (default: the host name)")
 	fs.StringVar(&c.Advertise, "advertise", "", "host:port the cluster reaches this member's RPC at (--role node: default --listen when it names a host; --role driver: default --cluster-listen when it names a host)")

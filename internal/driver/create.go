@@ -44,6 +44,13 @@ const defaultUser = "user"
 
 // Create validates req, boots a sandbox on the node and returns its running record.
 func (d *Driver) Create(ctx context.Context, req CreateRequest) (Sandbox, error) {
+	start := time.Now()
+	sb, err := d.create(ctx, req)
+	d.observe("create", sb.TemplateID, start, err)
+	return sb, err
+}
+
+func (d *Driver) create(ctx context.Context, req CreateRequest) (Sandbox, error) {
 	timeout := d.opts.DefaultTimeout
 	if req.Timeout != nil {
 		timeout = *req.Timeout

@@ -110,6 +110,23 @@ type Options struct {
 	// Logs keeps each sandbox's log of what happened to it (internal/sandboxlog); nil: the logs
 	// API answers 501 and nothing is written.
 	Logs SandboxLog
+	// Observer is told how each create, pause, resume and fork ended (internal/metrics); nil:
+	// nobody.
+	Observer Observer
+}
+
+// Observer is told how each sandbox operation ended and how long it took, as its caller saw it,
+// and of the sandboxes a fork made (a create's are counted with the create).
+type Observer interface {
+	SandboxOp(op, template string, took time.Duration, err error)
+	SandboxesMade(template string, count int)
+}
+
+// observe tells the observer, if any, how op on a sandbox of template went since start.
+func (d *Driver) observe(op, template string, start time.Time, err error) {
+	if d.opts.Observer != nil {
+		d.opts.Observer.SandboxOp(op, template, time.Since(start), err)
+	}
 }
 
 // Driver orchestrates sandboxes. Create it with New, call Recover before serving, Close at exit.

@@ -48,6 +48,13 @@ func (d *Driver) pauser() (Pauser, error) {
 // Pause pauses a running sandbox, keeping its memory unless memory is false. Unknown or killed
 // sandboxes are NotFound, paused ones Conflict (the SDK reads 409 as "already paused").
 func (d *Driver) Pause(ctx context.Context, id string, memory bool) error {
+	start := time.Now()
+	err := d.pause(ctx, id, memory)
+	d.observe("pause", "", start, err)
+	return err
+}
+
+func (d *Driver) pause(ctx context.Context, id string, memory bool) error {
 	p, err := d.pauser()
 	if err != nil {
 		return err
@@ -100,6 +107,13 @@ func (d *Driver) pauseLocked(ctx context.Context, p Pauser, sb Sandbox, memory b
 // Resume resumes a paused sandbox with a timeout (nil: the default), through the deprecated
 // POST /sandboxes/{id}/resume. A running sandbox is a Conflict there, as in E2B.
 func (d *Driver) Resume(ctx context.Context, id string, timeout *time.Duration) (Sandbox, error) {
+	start := time.Now()
+	sb, err := d.resume(ctx, id, timeout)
+	d.observe("resume", sb.TemplateID, start, err)
+	return sb, err
+}
+
+func (d *Driver) resume(ctx context.Context, id string, timeout *time.Duration) (Sandbox, error) {
 	t, err := d.timeoutOrDefault(timeout)
 	if err != nil {
 		return Sandbox{}, err

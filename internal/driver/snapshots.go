@@ -263,6 +263,23 @@ type ForkResult struct {
 // and lease, the source's network policy and variables, and lives timeout (nil: the default).
 // A fork that cannot be made (capacity, the node) is an entry with its error; the others stand.
 func (d *Driver) Fork(ctx context.Context, id string, count int, timeout *time.Duration) ([]ForkResult, error) {
+	start := time.Now()
+	results, err := d.fork(ctx, id, count, timeout)
+	template, made := "", 0
+	for _, r := range results {
+		if r.Err == nil && r.Sandbox != nil {
+			template = r.Sandbox.TemplateID
+			made++
+		}
+	}
+	d.observe("fork", template, start, err)
+	if d.opts.Observer != nil && made > 0 {
+		d.opts.Observer.SandboxesMade(template, made)
+	}
+	return results, err
+}
+
+func (d *Driver) fork(ctx context.Context, id string, count int, timeout *time.Duration) ([]ForkResult, error) {
 	s, ok := d.node.(Snapshotter)
 	if !ok {
 		return nil, fmt.Errorf("forking sandboxes on this node is %w", ErrNotImplemented)

@@ -387,3 +387,28 @@ func marshalMap(m map[string]string) (string, error) {
 	}
 	return string(b), nil
 }
+
+// SandboxTally is how many records are in one state for one template.
+type SandboxTally struct {
+	State      SandboxState
+	TemplateID string
+	Count      int
+}
+
+// TallySandboxes counts the records by state and template (for metrics).
+func (s *Store) TallySandboxes(ctx context.Context) ([]SandboxTally, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT state, template_id, COUNT(*) FROM sandboxes GROUP BY state, template_id`)
+	if err != nil {
+		return nil, fmt.Errorf("tally sandboxes: %w", err)
+	}
+	defer rows.Close()
+	var out []SandboxTally
+	for rows.Next() {
+		var t SandboxTally
+		if err := rows.Scan(&t.State, &t.TemplateID, &t.Count); err != nil {
+			return nil, fmt.Errorf("tally sandboxes: %w", err)
+		}
+		out = append(out, t)
+	}
+	return out, rows.Err()
+}

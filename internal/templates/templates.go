@@ -59,6 +59,9 @@ type Options struct {
 	// CheckStart refuses a start command this node cannot run (e.g. one of vmon's own programs
 	// that is not installed), before the build starts and waits for it. Nil: every one is tried.
 	CheckStart func(startCmd string) error
+	// Observe, when set, is told of each build that ran: how long it took, its steps and how
+	// many of them the build cache had (metrics).
+	Observe func(took time.Duration, steps, cached int, err error)
 	// RemoteParents: builds run on nodes that hold the parent template, not in DataDir, so a
 	// build's parent is named by its ids and the node that runs it resolves its layers.
 	RemoteParents bool
@@ -514,8 +517,12 @@ func (s *Service) run(run *running, b store.Build, req build.Request) {
 	s.setTemplateStatus(b.TemplateID, store.TemplateBuilding)
 	run.log.Add("info", "", "building template %s (build %s)", b.TemplateID, b.ID)
 	s.gcMu.RLock()
+	began := time.Now()
 	m, err := s.opts.Engine.Run(ctx, req, run.log)
 	s.gcMu.RUnlock()
+	if s.opts.Observe != nil {
+		s.opts.Observe(time.Since(began), len(req.Steps), cachedSteps(run.log), err)
+	}
 	if err != nil {
 		s.fail(b, run, err)
 		return
@@ -524,6 +531,18 @@ func (s *Service) run(run *running, b store.Build, req build.Request) {
 		s.opts.Log.Error("record finished build", "build", b.ID, "err", err)
 		s.fail(b, run, &build.StepError{Step: "finalize", Msg: "cannot record the build", Cause: err})
 	}
+}
+
+// cachedSteps counts the steps a build's log says the cache had (the engine's "CACHED [i/n]"
+// lines, whichever node ran it).
+func cachedSteps(log *build.Log) int {
+	n := 0
+	for _, e := range log.Since(0, log.Len()) {
+		if strings.HasPrefix(e.Message, "CACHED [") {
+			n++
+		}
+	}
+	return n
 }
 
 func (s *Service) fail(b store.Build, run *running, err error) {

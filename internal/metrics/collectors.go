@@ -1,0 +1,60 @@
+package metrics
+
+import (
+	"context"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/vibemon/vmon/internal/store"
+)
+
+// tallyTimeout bounds the records' count at a scrape.
+const tallyTimeout = 5 * time.Second
+
+var sandboxesDesc = prometheus.NewDesc("vmon_sandboxes", "Sandbox records, by state and template (killed ones until their retention passed).",
+	[]string{"state", "template"}, nil)
+
+// sandboxStates counts the driver's records at each scrape.
+type sandboxStates struct {
+	tally func(ctx context.Context) ([]store.SandboxTally, error)
+}
+
+// SandboxStates reports the records tally counts, by state and template, at each scrape.
+func SandboxStates(tally func(ctx context.Context) ([]store.SandboxTally, error)) prometheus.Collector {
+	return sandboxStates{tally: tally}
+}
+
+func (c sandboxStates) Describe(ch chan<- *prometheus.Desc) { ch <- sandboxesDesc }
+
+func (c sandboxStates) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), tallyTimeout)
+	defer cancel()
+	ts, err := c.tally(ctx)
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(sandboxesDesc, err)
+		return
+	}
+	for _, t := range ts {
+		ch <- prometheus.MustNewConstMetric(sandboxesDesc, prometheus.GaugeValue, float64(t.Count), string(t.State), t.TemplateID)
+	}
+}
+
+// Room is what a node has and uses, as it reports it for placement.
+type Room struct {
+	Running, FreeSlots       int
+	FreeMemoryMB, FreeDiskMB int64
+}
+
+// NodeRoom reports a node's room at each scrape.
+func NodeRoom(room func() Room) []prometheus.Collector {
+	g := func(name, help string, v func(Room) float64) prometheus.Collector {
+		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, func() float64 { return v(room()) })
+	}
+	return []prometheus.Collector{
+		g("vmon_node_sandboxes_running", "Sandboxes running on this node.", func(r Room) float64 { return float64(r.Running) }),
+		g("vmon_node_free_slots", "Sandboxes this node can still take (its limit less those running).", func(r Room) float64 { return float64(r.FreeSlots) }),
+		g("vmon_node_free_memory_bytes", "Host memory available without swapping.", func(r Room) float64 { return float64(r.FreeMemoryMB) * (1 << 20) }),
+		g("vmon_node_free_disk_bytes", "Space left on the data dir's filesystem.", func(r Room) float64 { return float64(r.FreeDiskMB) * (1 << 20) }),
+	}
+}

@@ -1,0 +1,151 @@
+package metrics
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"github.com/vibemon/vmon/internal/errdefs"
+	"github.com/vibemon/vmon/internal/placement"
+	"github.com/vibemon/vmon/internal/store"
+)
+
+// scrape reads /metrics as Prometheus does, with its text parser.
+func scrape(t *testing.T, h http.Handler) map[string]*dto.MetricFamily {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	if rec.Code != http.StatusOK {
+		t.Fatalf("/metrics: %d %s", rec.Code, rec.Body)
+	}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := parser.TextToMetricFamilies(rec.Body)
+	if err != nil {
+		t.Fatalf("/metrics does not parse: %v", err)
+	}
+	return fams
+}
+
+// value is the sample of family name whose labels include want (a histogram's count).
+func value(t *testing.T, fams map[string]*dto.MetricFamily, name string, want map[string]string) float64 {
+	t.Helper()
+	f, ok := fams[name]
+	if !ok {
+		t.Fatalf("no %s in /metrics", name)
+	}
+next:
+	for _, m := range f.GetMetric() {
+		labels := map[string]string{}
+		for _, l := range m.GetLabel() {
+			labels[l.GetName()] = l.GetValue()
+		}
+		for k, v := range want {
+			if labels[k] != v {
+				continue next
+			}
+		}
+		switch {
+		case m.Counter != nil:
+			return m.GetCounter().GetValue()
+		case m.Gauge != nil:
+			return m.GetGauge().GetValue()
+		case m.Histogram != nil:
+			return float64(m.GetHistogram().GetSampleCount())
+		}
+	}
+	t.Fatalf("no %s%v in /metrics", name, want)
+	return 0
+}
+
+// What the driver, a node and the build service report comes out of /metrics under its
+// vmon_ name, as Prometheus parses it: counters by label, histograms' counts, the records'
+// tally and a node's room at the scrape.
+func TestMetrics(t *testing.T) {
+	m := New("all")
+	full := errdefs.WithCode(errdefs.ResourceExhausted("every node is full"), placement.Capacity)
+	m.SandboxOp(OpCreate, "base", 120*time.Millisecond, nil)
+	m.SandboxOp(OpCreate, "base", 80*time.Millisecond, nil)
+	m.SandboxOp(OpCreate, "base", time.Millisecond, full)
+	m.SandboxOp(OpResume, "base", time.Second, errdefs.WithCode(errdefs.Unavailable("none"), placement.NoCompatibleNode))
+	m.SandboxOp(OpPause, "", 300*time.Millisecond, nil)
+	m.SandboxesMade("base", 3)
+	m.EgressRefused("denyOut", 1)
+	m.EgressRefused("denyOut", 4)
+	m.BuildDone(40*time.Second, 7, 5, nil)
+	m.BuildDone(time.Second, 2, 0, errors.New("step 2 failed"))
+	if err := m.Register(SandboxStates(func(context.Context) ([]store.SandboxTally, error) {
+		return []store.SandboxTally{{State: store.StateRunning, TemplateID: "base", Count: 3}, {State: store.StatePaused, TemplateID: "tpl", Count: 1}}, nil
+	})); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range NodeRoom(func() Room { return Room{Running: 2, FreeSlots: 18, FreeMemoryMB: 1024, FreeDiskMB: 2048} }) {
+		if err := m.Register(c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fams := scrape(t, m.Handler())
+	for _, c := range []struct {
+		name   string
+		labels map[string]string
+		want   float64
+	}{
+		{"vmon_sandboxes_created_total", map[string]string{"template": "base"}, 5},
+		{"vmon_sandbox_operations_total", map[string]string{"op": "create", "outcome": "ok"}, 2},
+		{"vmon_sandbox_operations_total", map[string]string{"op": "create", "outcome": "resource_exhausted"}, 1},
+		{"vmon_sandbox_create_duration_seconds", nil, 3},
+		{"vmon_sandbox_pause_duration_seconds", nil, 1},
+		{"vmon_sandbox_fork_duration_seconds", nil, 0},
+		{"vmon_placement_failures_total", map[string]string{"reason": "capacity"}, 1},
+		{"vmon_placement_failures_total", map[string]string{"reason": "no_compatible_node"}, 1},
+		{"vmon_egress_refusals_total", map[string]string{"stage": "denyOut"}, 5},
+		{"vmon_template_build_duration_seconds", map[string]string{"outcome": "ok"}, 1},
+		{"vmon_template_build_steps_total", map[string]string{"result": "cached"}, 5},
+		{"vmon_template_build_steps_total", map[string]string{"result": "built"}, 4},
+		{"vmon_sandboxes", map[string]string{"state": "running", "template": "base"}, 3},
+		{"vmon_sandboxes", map[string]string{"state": "paused", "template": "tpl"}, 1},
+		{"vmon_node_free_slots", nil, 18},
+		{"vmon_node_free_memory_bytes", nil, 1 << 30},
+		{"vmon_info", map[string]string{"role": "all"}, 1},
+	} {
+		if got := value(t, fams, c.name, c.labels); got != c.want {
+			t.Errorf("%s%v = %v, want %v", c.name, c.labels, got, c.want)
+		}
+	}
+	if _, ok := fams["go_goroutines"]; !ok {
+		t.Error("no Go runtime metrics")
+	}
+}
+
+// /healthz answers while the process serves; /readyz only when every check passes, naming
+// those that do not.
+func TestProbes(t *testing.T) {
+	var dbErr error
+	h := New("driver").Handler(Check{Name: "database", Fn: func(context.Context) error { return dbErr }},
+		Check{Name: "templates", Fn: func(context.Context) error { return nil }})
+	get := func(path string) (int, string) {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+		b, _ := io.ReadAll(rec.Body)
+		return rec.Code, string(b)
+	}
+	if code, body := get("/readyz"); code != http.StatusOK || body != "ready\n" {
+		t.Fatalf("/readyz: %d %q", code, body)
+	}
+	dbErr = errdefs.Unavailable("database unavailable")
+	code, body := get("/readyz")
+	if code != http.StatusServiceUnavailable || !strings.Contains(body, "database: database unavailable") || strings.Contains(body, "templates") {
+		t.Fatalf("/readyz with the database down: %d %q", code, body)
+	}
+	if code, _ := get("/healthz"); code != http.StatusOK {
+		t.Fatalf("/healthz: %d", code)
+	}
+}

@@ -1,0 +1,65 @@
+// Metrics and probes of a real vmon serve: /healthz and /readyz on the API listener, and the
+// Prometheus endpoint on --metrics-listen, whose counters move as the SDK makes, pauses and
+// resumes sandboxes. (The Go tests read the same output with Prometheus's own text parser.)
+import assert from 'node:assert/strict';
+import { describe } from 'node:test';
+import { Sandbox } from 'e2b';
+import { useServer, runId, killQuietly } from '../lib/harness.js';
+
+const METRICS = '127.0.0.1:19464';
+
+/** The samples of a text exposition: { 'name{labels}': value }, labels as written. */
+async function scrape() {
+  const res = await fetch(`http://${METRICS}/metrics`);
+  assert.equal(res.status, 200);
+  assert.match(res.headers.get('content-type'), /^text\/plain/);
+  const out = {};
+  for (const line of (await res.text()).split('\n')) {
+    if (!line || line.startsWith('#')) continue;
+    const m = /^([a-zA-Z_:][a-zA-Z0-9_:]*(?:\{[^}]*\})?) (\S+)$/.exec(line);
+    assert.ok(m, `an exposition line that does not parse: ${line}`);
+    out[m[1]] = Number(m[2]);
+  }
+  return out;
+}
+
+describe('metrics and probes', () => {
+  const srv = useServer({ name: 'metrics', args: ['--metrics-listen', METRICS] });
+  const RUN = runId('metrics');
+  const created = [];
+  srv.after(async () => {
+    await killQuietly(srv.sdkOpts, ...created);
+  });
+
+  srv.test('the API listener answers /healthz and /readyz without a key; the metrics listener too', async () => {
+    for (const base of [srv.apiUrl, `http://${METRICS}`]) {
+      const h = await fetch(`${base}/healthz`);
+      assert.equal(h.status, 200);
+      const r = await fetch(`${base}/readyz`);
+      assert.equal(r.status, 200, await r.clone().text());
+      assert.equal(await r.text(), 'ready\n');
+    }
+  });
+
+  srv.test('counters and histograms move as sandboxes are made, paused and resumed', async () => {
+    const before = await scrape();
+    const at = (s, k) => s[k] ?? 0;
+    const a = await Sandbox.create({ ...srv.sdkOpts, metadata: { run: RUN } });
+    const b = await Sandbox.create({ ...srv.sdkOpts, metadata: { run: RUN } });
+    created.push(a, b);
+    assert.equal(await a.pause(), true);
+    await Sandbox.connect(a.sandboxId, srv.sdkOpts);
+    const after = await scrape();
+    assert.equal(at(after, 'vmon_sandboxes_created_total{template="base"}') - at(before, 'vmon_sandboxes_created_total{template="base"}'), 2);
+    assert.equal(at(after, 'vmon_sandbox_operations_total{op="create",outcome="ok"}') - at(before, 'vmon_sandbox_operations_total{op="create",outcome="ok"}'), 2);
+    assert.equal(at(after, 'vmon_sandbox_create_duration_seconds_count') - at(before, 'vmon_sandbox_create_duration_seconds_count'), 2);
+    assert.equal(at(after, 'vmon_sandbox_pause_duration_seconds_count') - at(before, 'vmon_sandbox_pause_duration_seconds_count'), 1);
+    assert.ok(at(after, 'vmon_sandbox_resume_duration_seconds_count') - at(before, 'vmon_sandbox_resume_duration_seconds_count') >= 1);
+    assert.ok(at(after, 'vmon_sandbox_create_duration_seconds_sum') > at(before, 'vmon_sandbox_create_duration_seconds_sum'));
+    assert.ok(at(after, 'vmon_sandboxes{state="running",template="base"}') >= 2, JSON.stringify(after));
+    assert.ok(at(after, 'vmon_node_sandboxes_running') >= 2);
+    assert.ok(at(after, 'vmon_node_free_memory_bytes') > 0);
+    assert.equal(after['vmon_info{role="all"}'], 1);
+    assert.ok(at(after, 'go_goroutines') > 0);
+  });
+});
