@@ -12,6 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/vibemon/vmon/internal/artifacts"
 	"github.com/vibemon/vmon/internal/config"
 	"github.com/vibemon/vmon/internal/driver"
 	"github.com/vibemon/vmon/internal/metrics"
@@ -107,4 +108,48 @@ func registerMetrics(m *metrics.Metrics, cs ...prometheus.Collector) error {
 func nodeRoom(n *node.Node, maxSandboxes int, dataDir string) metrics.Room {
 	running := n.Running()
 	return metrics.Room{Running: running, FreeSlots: max(0, maxSandboxes-running), FreeMemoryMB: memAvailableMB(), FreeDiskMB: freeDiskMB(dataDir)}
+}
+
+// meteredStore is the artifact store with what moves through it counted.
+type meteredStore struct {
+	*artifacts.Store
+	m *metrics.Metrics
+}
+
+func (s meteredStore) failed(op string, err error) {
+	if err != nil && !errors.Is(err, artifacts.ErrNotFound) {
+		s.m.StoreFailed(op)
+	}
+}
+
+func (s meteredStore) Push(ctx context.Context, ref, dir string) (artifacts.PushStats, error) {
+	st, err := s.Store.Push(ctx, ref, dir)
+	s.m.StoreMoved("up", st.UploadedBytes)
+	s.failed("push", err)
+	return st, err
+}
+
+func (s meteredStore) Pull(ctx context.Context, ref, dir string) (artifacts.PullStats, error) {
+	st, err := s.Store.Pull(ctx, ref, dir)
+	s.m.StoreMoved("down", st.FetchedBytes)
+	s.failed("pull", err)
+	return st, err
+}
+
+func (s meteredStore) Resolve(ctx context.Context, ref string) (artifacts.RefInfo, error) {
+	ri, err := s.Store.Resolve(ctx, ref)
+	s.failed("resolve", err)
+	return ri, err
+}
+
+func (s meteredStore) Refs(ctx context.Context, prefix string) ([]artifacts.RefInfo, error) {
+	rs, err := s.Store.Refs(ctx, prefix)
+	s.failed("list", err)
+	return rs, err
+}
+
+func (s meteredStore) Delete(ctx context.Context, ref string) error {
+	err := s.Store.Delete(ctx, ref)
+	s.failed("delete", err)
+	return err
 }

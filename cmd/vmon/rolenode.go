@@ -68,13 +68,16 @@ func serveNode(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
+	m := metrics.New("node")
 	var fetch templateFetcher
 	var tpls *tplstore.Sync
-	var art *artifacts.Store
+	var art meteredStore
 	if c.Store != "" {
-		if art, err = openStore(ctx, c, log); err != nil {
+		store, err := openStore(ctx, c, log)
+		if err != nil {
 			return err
 		}
+		art = meteredStore{Store: store, m: m}
 		tpls = tplstore.New(art, c.DataDir, log.With("component", "templates"))
 		fetch = tpls.Fetch
 		// A node that has no base takes the cluster's rather than building one of its own.
@@ -106,7 +109,6 @@ func serveNode(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 	}
 	n := ns.n
 	holder.Store(n)
-	m := metrics.New("node")
 	if ns.network != nil {
 		logRefusals(ctx, ns.network.hub, logs, m.EgressRefused)
 	}
@@ -157,7 +159,7 @@ func serveNode(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 	}
 	defer stopMetrics()
 	gate := capacityGate{Node: n, max: maxSandboxes, recovery: ns.recovery}
-	if art != nil {
+	if art.Store != nil {
 		if gate.paused, err = pausedstore.New(n, art, tpls.Fetch, filepath.Join(c.DataDir, clusterDir), log.With("component", "paused")); err != nil {
 			return err
 		}

@@ -265,10 +265,17 @@ func (d *Driver) capacityLeft(ctx context.Context, what string) error {
 	return nil
 }
 
+// BootQueue is how many boots are under way and how many wait for a slot.
+func (d *Driver) BootQueue() (booting, waiting int) {
+	return len(d.bootSlots), int(d.bootWaiting.Load())
+}
+
 // acquireBootSlot waits for one of the BootConcurrency slots, at most BootQueueTimeout.
 func (d *Driver) acquireBootSlot(ctx context.Context) (release func(), err error) {
 	t := time.NewTimer(d.opts.BootQueueTimeout)
 	defer t.Stop()
+	d.bootWaiting.Add(1)
+	defer d.bootWaiting.Add(-1)
 	select {
 	case d.bootSlots <- struct{}{}:
 		return func() { <-d.bootSlots }, nil

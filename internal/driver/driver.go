@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/vibemon/vmon/internal/egress"
@@ -139,6 +140,8 @@ type Driver struct {
 	opts     Options
 
 	bootSlots chan struct{}
+	// bootWaiting counts the boots waiting for a slot (metrics).
+	bootWaiting atomic.Int32
 	// createMu makes the capacity check and the insert of the reserving record one step.
 	createMu sync.Mutex
 	// locks serialise operations on one sandbox (kill, timeout changes, expiry).

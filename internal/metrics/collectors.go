@@ -58,3 +58,13 @@ func NodeRoom(room func() Room) []prometheus.Collector {
 		g("vmon_node_free_disk_bytes", "Space left on the data dir's filesystem.", func(r Room) float64 { return float64(r.FreeDiskMB) * (1 << 20) }),
 	}
 }
+
+// BootQueue reports the driver's boots under way and those waiting for a slot at each scrape.
+func BootQueue(queue func() (booting, waiting int)) []prometheus.Collector {
+	return []prometheus.Collector{
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "vmon_boots_in_progress", Help: "Sandbox boots under way (at most --boot-concurrency)."},
+			func() float64 { b, _ := queue(); return float64(b) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "vmon_boot_queue_depth", Help: "Sandbox boots waiting for a boot slot."},
+			func() float64 { _, w := queue(); return float64(w) }),
+	}
+}

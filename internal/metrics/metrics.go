@@ -42,6 +42,8 @@ type Metrics struct {
 	refusals  *prometheus.CounterVec
 	builds    *prometheus.HistogramVec
 	steps     *prometheus.CounterVec
+	storeIO   *prometheus.CounterVec
+	storeErrs *prometheus.CounterVec
 }
 
 // New makes the metrics of a process serving role (all, driver or node), with the Go runtime's
@@ -64,6 +66,11 @@ func New(role string) *Metrics {
 			[]string{"outcome"}),
 		steps: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "vmon_template_build_steps_total",
 			Help: "Steps of template builds, by whether the build cache had their result (cached) or they ran (built)."}, []string{"result"}),
+		storeIO: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "vmon_store_transferred_bytes_total",
+			Help: "Bytes moved to (up) and from (down) the cluster's artifact store; what the store or the local cache already had is not counted."},
+			[]string{"direction"}),
+		storeErrs: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "vmon_store_errors_total",
+			Help: "Artifact store operations that failed (a missing ref is not a failure), by operation."}, []string{"op"}),
 	}
 	for _, op := range []string{OpCreate, OpPause, OpResume, OpFork} {
 		h := prometheus.NewHistogram(prometheus.HistogramOpts{Name: "vmon_sandbox_" + op + "_duration_seconds",
@@ -74,7 +81,7 @@ func New(role string) *Metrics {
 	info := prometheus.NewGauge(prometheus.GaugeOpts{Name: "vmon_info", Help: "Always 1; its labels say what this process is.",
 		ConstLabels: prometheus.Labels{"role": role}})
 	info.Set(1)
-	reg.MustRegister(m.created, m.ops, m.placement, m.refusals, m.builds, m.steps, info,
+	reg.MustRegister(m.created, m.ops, m.placement, m.refusals, m.builds, m.steps, m.storeIO, m.storeErrs, info,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -122,6 +129,16 @@ func (m *Metrics) BuildDone(took time.Duration, steps, cached int, err error) {
 	m.builds.WithLabelValues(o).Observe(took.Seconds())
 	m.steps.WithLabelValues("cached").Add(float64(cached))
 	m.steps.WithLabelValues("built").Add(float64(max(0, steps-cached)))
+}
+
+// StoreMoved records bytes moved to ("up") or from ("down") the artifact store.
+func (m *Metrics) StoreMoved(direction string, bytes int64) {
+	m.storeIO.WithLabelValues(direction).Add(float64(bytes))
+}
+
+// StoreFailed records a failed artifact store operation.
+func (m *Metrics) StoreFailed(op string) {
+	m.storeErrs.WithLabelValues(op).Inc()
 }
 
 // outcome labels an operation's end: ok, or its error's kind.

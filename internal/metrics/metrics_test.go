@@ -2,10 +2,14 @@ package metrics
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -66,10 +70,9 @@ next:
 	return 0
 }
 
-// What the driver, a node and the build service report comes out of /metrics under its
-// vmon_ name, as Prometheus parses it: counters by label, histograms' counts, the records'
-// tally and a node's room at the scrape.
-func TestMetrics(t *testing.T) {
+// filled is a process's metrics after one of each thing they report happened.
+func filled(t *testing.T) *Metrics {
+	t.Helper()
 	m := New("all")
 	full := errdefs.WithCode(errdefs.ResourceExhausted("every node is full"), placement.Capacity)
 	m.SandboxOp(OpCreate, "base", 120*time.Millisecond, nil)
@@ -87,11 +90,23 @@ func TestMetrics(t *testing.T) {
 	})); err != nil {
 		t.Fatal(err)
 	}
-	for _, c := range NodeRoom(func() Room { return Room{Running: 2, FreeSlots: 18, FreeMemoryMB: 1024, FreeDiskMB: 2048} }) {
+	m.StoreMoved("up", 3<<20)
+	m.StoreMoved("down", 1<<20)
+	m.StoreFailed("push")
+	for _, c := range append(NodeRoom(func() Room { return Room{Running: 2, FreeSlots: 18, FreeMemoryMB: 1024, FreeDiskMB: 2048} }),
+		BootQueue(func() (int, int) { return 4, 7 })...) {
 		if err := m.Register(c); err != nil {
 			t.Fatal(err)
 		}
 	}
+	return m
+}
+
+// What the driver, a node and the build service report comes out of /metrics under its
+// vmon_ name, as Prometheus parses it: counters by label, histograms' counts, the records'
+// tally and a node's room at the scrape.
+func TestMetrics(t *testing.T) {
+	m := filled(t)
 	fams := scrape(t, m.Handler())
 	for _, c := range []struct {
 		name   string
@@ -115,6 +130,11 @@ func TestMetrics(t *testing.T) {
 		{"vmon_node_free_slots", nil, 18},
 		{"vmon_node_free_memory_bytes", nil, 1 << 30},
 		{"vmon_info", map[string]string{"role": "all"}, 1},
+		{"vmon_store_transferred_bytes_total", map[string]string{"direction": "up"}, 3 << 20},
+		{"vmon_store_transferred_bytes_total", map[string]string{"direction": "down"}, 1 << 20},
+		{"vmon_store_errors_total", map[string]string{"op": "push"}, 1},
+		{"vmon_boots_in_progress", nil, 4},
+		{"vmon_boot_queue_depth", nil, 7},
 	} {
 		if got := value(t, fams, c.name, c.labels); got != c.want {
 			t.Errorf("%s%v = %v, want %v", c.name, c.labels, got, c.want)
@@ -147,5 +167,49 @@ func TestProbes(t *testing.T) {
 	}
 	if code, _ := get("/healthz"); code != http.StatusOK {
 		t.Fatalf("/healthz: %d", code)
+	}
+}
+
+// The Grafana dashboard in deploy/ is valid JSON and asks only for metrics vmon exposes.
+func TestDashboard(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("..", "..", "deploy", "grafana", "vmon.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dash struct {
+		Panels []struct {
+			Title   string `json:"title"`
+			Targets []struct {
+				Expr string `json:"expr"`
+			} `json:"targets"`
+		} `json:"panels"`
+	}
+	if err := json.Unmarshal(b, &dash); err != nil {
+		t.Fatalf("the dashboard is not JSON: %v", err)
+	}
+	fams := scrape(t, filled(t).Handler())
+	name := regexp.MustCompile(`vmon_[a-z_]+`)
+	asked := 0
+	for _, p := range dash.Panels {
+		if len(p.Targets) == 0 {
+			t.Errorf("panel %q asks for nothing", p.Title)
+		}
+		for _, tg := range p.Targets {
+			for _, n := range name.FindAllString(tg.Expr, -1) {
+				asked++
+				base := n
+				for _, suffix := range []string{"_bucket", "_sum", "_count"} {
+					if b, ok := strings.CutSuffix(n, suffix); ok && fams[b] != nil && fams[b].GetType() == dto.MetricType_HISTOGRAM {
+						base = b
+					}
+				}
+				if fams[base] == nil {
+					t.Errorf("panel %q asks for %s, which vmon does not expose", p.Title, n)
+				}
+			}
+		}
+	}
+	if asked < 10 {
+		t.Fatalf("the dashboard names %d metrics", asked)
 	}
 }
