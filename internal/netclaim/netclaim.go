@@ -58,6 +58,17 @@ func Claim(dir string, w Want) (*Claims, error) {
 	if err := os.MkdirAll(root, 0o700); err != nil {
 		return nil, fmt.Errorf("netclaim: %w", err)
 	}
+	// Looking for overlapping claims and taking one's own are one step: two nodes starting at the
+	// same instant with overlapping (not equal) pools or scopes must not both see the other's
+	// claim missing. Held only while claiming.
+	guard, err := os.OpenFile(filepath.Join(root, ".claiming"), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("netclaim: %w", err)
+	}
+	defer guard.Close()
+	if err := unix.Flock(int(guard.Fd()), unix.LOCK_EX); err != nil {
+		return nil, fmt.Errorf("netclaim: %w", err)
+	}
 	c := &Claims{}
 	take := func(name, what string) error {
 		f, err := lock(filepath.Join(root, name))

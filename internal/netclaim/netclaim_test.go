@@ -1,8 +1,10 @@
 package netclaim
 
 import (
+	"fmt"
 	"net/netip"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -49,4 +51,31 @@ func TestClaim(t *testing.T) {
 		t.Fatalf("after a release: %v", err)
 	}
 	again.Release()
+}
+
+// Two nodes starting at the same instant with overlapping (not equal) pools: exactly one gets
+// its claims, every time.
+func TestClaimRace(t *testing.T) {
+	dir := t.TempDir()
+	for i := range 200 {
+		var wg sync.WaitGroup
+		got := make([]*Claims, 2)
+		for j, pool := range []string{"10.64.0.0/16", "10.64.128.0/17"} {
+			wg.Go(func() {
+				c, err := Claim(dir, Want{Scope: fmt.Sprintf("n%c%d", 'a'+j, i), Pool: netip.MustParsePrefix(pool), LogGroup: uint16(100 + j)})
+				if err == nil {
+					got[j] = c
+				}
+			})
+		}
+		wg.Wait()
+		if (got[0] == nil) == (got[1] == nil) {
+			t.Fatalf("round %d: both or neither of two overlapping pools claimed: %v", i, got)
+		}
+		for _, c := range got {
+			if c != nil {
+				c.Release()
+			}
+		}
+	}
 }
