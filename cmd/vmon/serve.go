@@ -619,16 +619,21 @@ type networkSetup struct {
 	names *egressdns.Resolver // nil with --egress-dns off or without the proxy
 }
 
-// upstreamResolver resolves through servers (host:port, tried in order) instead of those of
+// upstreamResolver resolves through servers (host:port, in turn) instead of those of
 // /etc/resolv.conf; none: nil, the system's resolver.
 func upstreamResolver(servers []string) egressproxy.Resolver {
 	if len(servers) == 0 {
 		return nil
 	}
+	// Go's resolver dials once per try: each dial starts at the next server, so a server that
+	// does not answer (a UDP dial succeeds all the same) costs one try, not every one.
+	var next atomic.Uint32
 	return &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
 		var d net.Dialer
 		var errs []error
-		for _, s := range servers {
+		first := int(next.Add(1)-1) % len(servers)
+		for i := range servers {
+			s := servers[(first+i)%len(servers)]
 			conn, err := d.DialContext(ctx, network, s)
 			if err == nil {
 				return conn, nil

@@ -555,19 +555,38 @@ func (r *Router) CreateFromSnapshot(ctx context.Context, spec node.CreateSpec, s
 	} else if pausedID != "" {
 		return node.Info{}, errdefs.Unavailable("the node holding paused sandbox %q is draining", pausedID)
 	}
+	drained := err == nil // the holder is there, only drained
 	// Another node: it fetches the snapshot from the store, which the holder (when it is still
 	// there) puts it in first. One that is gone may have put it there before.
 	if p, ok := c.(snapshotPublisher); ok {
 		if err := p.PublishSnapshot(ctx, snapID); err != nil {
-			if full != nil && errors.Is(err, driver.ErrNotImplemented) {
+			switch {
+			case full != nil && errors.Is(err, driver.ErrNotImplemented):
 				return node.Info{}, full // no store: the snapshot cannot leave its full node
+			case drained && errors.Is(err, driver.ErrNotImplemented):
+				// No store: a drained holder still starts it, as it still resumes its own.
+				info, err := c.CreateFromSnapshot(ctx, spec, snapID, "")
+				if err != nil {
+					return node.Info{}, err
+				}
+				info.Node = name
+				r.mu.Lock()
+				r.placed[spec.ID] = name
+				r.mu.Unlock()
+				return info, nil
 			}
 			return node.Info{}, fmt.Errorf("share snapshot %s from node %s: %w", snapID, name, err)
 		}
 	}
-	return r.place(ctx, spec, func(nc NodeClient) (node.Info, error) {
+	info, err := r.place(ctx, spec, func(nc NodeClient) (node.Info, error) {
 		return nc.CreateFromSnapshot(ctx, spec, snapID, "")
 	})
+	if errdefs.Is(err, errdefs.KindNotFound) {
+		// Not on the node placement chose, nor in the store: its node, gone, never shared it.
+		// The snapshot's record stands; it is out of reach, not missing.
+		return node.Info{}, errdefs.Unavailable("snapshot %q is on node %s, which is out of reach, and not in the store", snapID, name)
+	}
+	return info, err
 }
 
 // DeleteSnapshot deletes a snapshot on its node, in the store, and on every node that fetched

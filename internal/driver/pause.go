@@ -48,13 +48,6 @@ func (d *Driver) pauser() (Pauser, error) {
 // Pause pauses a running sandbox, keeping its memory unless memory is false. Unknown or killed
 // sandboxes are NotFound, paused ones Conflict (the SDK reads 409 as "already paused").
 func (d *Driver) Pause(ctx context.Context, id string, memory bool) error {
-	start := time.Now()
-	err := d.pause(ctx, id, memory)
-	d.observe("pause", "", start, err)
-	return err
-}
-
-func (d *Driver) pause(ctx context.Context, id string, memory bool) error {
 	p, err := d.pauser()
 	if err != nil {
 		return err
@@ -72,7 +65,16 @@ func (d *Driver) pause(ctx context.Context, id string, memory bool) error {
 }
 
 // pauseLocked pauses a running sandbox; the caller holds its lock.
+// pauseLocked pauses sb on its node, whoever asked (a client, the timeout's auto-pause), and
+// tells the observer.
 func (d *Driver) pauseLocked(ctx context.Context, p Pauser, sb Sandbox, memory bool) error {
+	start := time.Now()
+	err := d.pauseOnNode(ctx, p, sb, memory)
+	d.observe("pause", sb.TemplateID, start, err)
+	return err
+}
+
+func (d *Driver) pauseOnNode(ctx context.Context, p Pauser, sb Sandbox, memory bool) error {
 	// Detached from the client: a hang-up must not leave a half-paused sandbox.
 	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), pauseTimeout)
 	defer cancel()
@@ -107,13 +109,6 @@ func (d *Driver) pauseLocked(ctx context.Context, p Pauser, sb Sandbox, memory b
 // Resume resumes a paused sandbox with a timeout (nil: the default), through the deprecated
 // POST /sandboxes/{id}/resume. A running sandbox is a Conflict there, as in E2B.
 func (d *Driver) Resume(ctx context.Context, id string, timeout *time.Duration) (Sandbox, error) {
-	start := time.Now()
-	sb, err := d.resume(ctx, id, timeout)
-	d.observe("resume", sb.TemplateID, start, err)
-	return sb, err
-}
-
-func (d *Driver) resume(ctx context.Context, id string, timeout *time.Duration) (Sandbox, error) {
 	t, err := d.timeoutOrDefault(timeout)
 	if err != nil {
 		return Sandbox{}, err
@@ -132,7 +127,16 @@ func (d *Driver) resume(ctx context.Context, id string, timeout *time.Duration) 
 
 // resumeLocked brings a paused sandbox back and makes it expire t from now; memory false boots it
 // afresh over its files even when its memory was kept. The caller holds its lock.
+// resumeLocked resumes sb, whoever asked (a client's resume or connect, auto-resume), and tells
+// the observer.
 func (d *Driver) resumeLocked(ctx context.Context, sb Sandbox, t time.Duration, memory bool) (Sandbox, error) {
+	start := time.Now()
+	out, err := d.resumeOnNode(ctx, sb, t, memory)
+	d.observe("resume", sb.TemplateID, start, err)
+	return out, err
+}
+
+func (d *Driver) resumeOnNode(ctx context.Context, sb Sandbox, t time.Duration, memory bool) (Sandbox, error) {
 	p, err := d.pauser()
 	if err != nil {
 		return Sandbox{}, err
