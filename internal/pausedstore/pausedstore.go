@@ -24,6 +24,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -59,6 +60,27 @@ type Node interface {
 
 // Templates fetches a template build the node lacks (tplstore.Sync.Fetch).
 type Templates func(ctx context.Context, id, build string) (template.Manifest, error)
+
+// stackOnTemplate brings the template build the snapshot in dir (fetched from another node)
+// stacks on, and points the snapshot at that build's layers as this node names them: a template
+// built from steps has other layer names on each node that fetched it.
+func stackOnTemplate(ctx context.Context, dir string, templates Templates) error {
+	meta, err := snapshot.Read(dir)
+	if err != nil || templates == nil {
+		return err
+	}
+	tm, err := templates(ctx, meta.TemplateID, meta.BuildID)
+	if errdefs.Is(err, errdefs.KindNotFound) {
+		return nil // a template only this node has, or gone: the layers are what they are
+	}
+	if err != nil {
+		return fmt.Errorf("template %s of snapshot %s: %w", meta.TemplateID, filepath.Base(dir), err)
+	}
+	if len(tm.Layers) > 0 && !slices.Equal(tm.Layers, meta.Lowers) {
+		return snapshot.SetLowers(dir, tm.Layers)
+	}
+	return nil
+}
 
 // pushMargin is what a pause keeps of its caller's deadline to answer in once its push gave up.
 const pushMargin = 10 * time.Second
@@ -217,12 +239,7 @@ func (c *Carrier) fetch(ctx context.Context, id string) error {
 		_ = os.RemoveAll(dir)
 		return err
 	}
-	meta, err := snapshot.Read(dir)
-	if err == nil && c.templates != nil {
-		if _, terr := c.templates(ctx, meta.TemplateID, meta.BuildID); terr != nil && !errdefs.Is(terr, errdefs.KindNotFound) {
-			err = fmt.Errorf("template of paused sandbox %s: %w", id, terr)
-		}
-	}
+	err = stackOnTemplate(ctx, dir, c.templates)
 	if err != nil {
 		// Not resumable here after all: no copy stays behind to be taken for the latest later.
 		_ = os.RemoveAll(dir)

@@ -102,13 +102,7 @@ func (s *Snapshots) fetch(ctx context.Context, id string) error {
 		return fmt.Errorf("fetch snapshot %s: %w", id, err)
 	}
 	s.log.Info("snapshot fetched from the store", "snapshot", id, "bytes", st.Bytes, "fetched", st.FetchedBytes, "took", st.Duration)
-	meta, err := snapshot.Read(dir)
-	if err == nil && s.templates != nil {
-		if _, terr := s.templates(ctx, meta.TemplateID, meta.BuildID); terr != nil && !errdefs.Is(terr, errdefs.KindNotFound) {
-			err = fmt.Errorf("template of snapshot %s: %w", id, terr)
-		}
-	}
-	if err != nil {
+	if err := stackOnTemplate(ctx, dir, s.templates); err != nil {
 		_ = os.RemoveAll(dir)
 		return err
 	}

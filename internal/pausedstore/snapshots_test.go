@@ -5,6 +5,8 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/vibemon/vmon/internal/artifacts"
@@ -37,7 +39,8 @@ func (n *snapNode) take(t *testing.T, id, state string) {
 	if err := os.WriteFile(filepath.Join(dir, "state"), []byte(state), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := snapshot.Seal(dir, snapshot.Meta{SandboxID: "src", TemplateID: "tpl", BuildID: "b7", Memory: true}); err != nil {
+	if err := snapshot.Seal(dir, snapshot.Meta{SandboxID: "src", TemplateID: "tpl", BuildID: "b7", Memory: true,
+		Lowers: []string{"layers/" + strings.Repeat("a", 32), "templates/base/rootfs-b1"}}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -66,9 +69,11 @@ func TestSnapshotsAcrossNodes(t *testing.T) {
 	ctx := context.Background()
 	c := newCluster(t)
 	var fetched []string
+	// The template was built from steps: its layers have other names on the node that fetched it.
+	here := []string{"layers/" + strings.Repeat("c", 32), "templates/base/rootfs-b1"}
 	templates := func(_ context.Context, id, build string) (template.Manifest, error) {
 		fetched = append(fetched, id+"/"+build)
-		return template.Manifest{}, nil
+		return template.Manifest{ID: id, BuildID: build, Layers: here}, nil
 	}
 	na, nb := &snapNode{dataDir: t.TempDir(), running: map[string]string{}}, &snapNode{dataDir: t.TempDir(), running: map[string]string{}}
 	a, b := NewSnapshots(na, c.store, templates, nil), NewSnapshots(nb, c.store, templates, nil)
@@ -96,6 +101,10 @@ func TestSnapshotsAcrossNodes(t *testing.T) {
 	}
 	if len(fetched) != 1 || fetched[0] != "tpl/b7" {
 		t.Fatalf("template fetches: %v, want tpl/b7 once (the second create had the copy)", fetched)
+	}
+	dir, _ := nb.SnapshotDir("snap1")
+	if meta, err := snapshot.Verify(dir); err != nil || !slices.Equal(meta.Lowers, here) {
+		t.Fatalf("the fetched snapshot stacks on %v (%v), want the template's layers as named here %v", meta.Lowers, err, here)
 	}
 
 	for _, s := range []*Snapshots{a, b} {

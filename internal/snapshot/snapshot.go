@@ -431,3 +431,31 @@ func ReferencedLayers(dataDir string) (map[string]bool, error) {
 	}
 	return refs, nil
 }
+
+// SetLowers rewrites the layers a snapshot's writable layer stacks on, for a snapshot fetched
+// from another node whose template layers have other names here. Its files and their checksums
+// stay as they are (the manifest is not one of them).
+func SetLowers(dir string, lowers []string) error {
+	m, err := Read(dir)
+	if err != nil {
+		return err
+	}
+	for _, l := range lowers {
+		if !filepath.IsLocal(l) {
+			return fmt.Errorf("snapshot %s: layer %q lies outside the data directory", filepath.Base(dir), l)
+		}
+	}
+	m.Lowers = append([]string(nil), lowers...)
+	b, err := json.MarshalIndent(m, "", "  ")
+	if err != nil {
+		return fmt.Errorf("encode snapshot meta: %w", err)
+	}
+	tmp := filepath.Join(dir, MetaFile+".new")
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return fmt.Errorf("write snapshot meta: %w", err)
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, MetaFile)); err != nil {
+		return fmt.Errorf("write snapshot meta: %w", err)
+	}
+	return syncDir(dir)
+}

@@ -5,10 +5,13 @@
 // A rootfs template (a manifest and one read-only root filesystem, as base and
 // code-interpreter-v1-rootfs are) is two refs: templates/<id>/<build>/rootfs (the tree) and
 // templates/<id>/<build>/manifest (a tree holding manifest.json). A template built from steps is
-// its layers and started snapshot, each the ref layers/<name> (content-addressed by the build
-// step that made it, so builds share them as they do on a node), and the manifest ref. The
-// manifest is always written last: a reader that finds it finds the whole build. It never builds
-// a template and never touches sandboxes.
+// its layers and started snapshot, each the ref templates/<id>/<build>/layer-<i>, and the
+// manifest ref; a layer that is a rootfs template's tree is that template's rootfs ref. A node
+// names its build-cache layers by the key of the step that made it, and two nodes running one
+// step (a RUN) make different trees under one key, so the published manifest names each layer by
+// its tree's digest instead (layers/<digest>): a node that fetches it never mistakes its own
+// layer for the builder's. The manifest is always written last: a reader that finds it finds the
+// whole build. It never builds a template and never touches sandboxes.
 package tplstore
 
 import (
@@ -17,18 +20,20 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/vibemon/vmon/internal/artifacts"
 	"github.com/vibemon/vmon/internal/build"
 	"github.com/vibemon/vmon/internal/errdefs"
 	"github.com/vibemon/vmon/internal/keylock"
+	"github.com/vibemon/vmon/internal/snapshot"
 	"github.com/vibemon/vmon/internal/template"
 )
 
@@ -46,23 +51,29 @@ func rootfsRef(id, build string) string   { return prefix + id + "/" + build + "
 func manifestRef(id, build string) string { return prefix + id + "/" + build + "/manifest" }
 
 // What a step-built manifest may name as a layer or started snapshot, never a path elsewhere in
-// the data dir: the build cache's content-addressed directories, or the root filesystem of a
-// rootfs template build (the bottom layer of a template built from base).
+// the data dir: the build cache's directories (a step key, or in a published manifest a tree
+// digest), or the root filesystem of a rootfs template build (the bottom layer of a template
+// built from base).
 var (
 	cacheLayerRe  = regexp.MustCompile(`^` + build.LayersDir + `/[0-9a-f]{32}$`)
 	rootfsLayerRe = regexp.MustCompile(`^templates/([a-z0-9][a-z0-9_-]*)/rootfs-([a-zA-Z0-9][a-zA-Z0-9_-]{0,63})$`)
 )
 
-// layerRef is where layer rel (relative to the data dir) is kept in the store: a rootfs
-// template's tree is its build's rootfs ref, shared with that template.
-func layerRef(rel string) (string, error) {
-	if cacheLayerRe.MatchString(rel) {
-		return "layers/" + filepath.Base(rel), nil
+// checkLayer refuses a layer path that is neither the build cache's nor a template's tree.
+func checkLayer(rel string) error {
+	if cacheLayerRe.MatchString(rel) || rootfsLayerRe.MatchString(rel) {
+		return nil
 	}
+	return fmt.Errorf("layer %q is neither the build cache's nor a template's root filesystem", rel)
+}
+
+// layerRef is where layer i of a build from steps (its started snapshot last) is kept: its own
+// ref, or, for a rootfs template's tree, that template's.
+func layerRef(id, build string, i int, rel string) string {
 	if m := rootfsLayerRe.FindStringSubmatch(rel); m != nil {
-		return rootfsRef(m[1], m[2]), nil
+		return rootfsRef(m[1], m[2])
 	}
-	return "", fmt.Errorf("layer %q is neither the build cache's nor a template's root filesystem", rel)
+	return prefix + id + "/" + build + "/layer-" + strconv.Itoa(i)
 }
 
 // layersOf are a step-built build's directories: its layers and its started snapshot.
@@ -83,7 +94,7 @@ type Sync struct {
 	mu sync.Mutex
 	// fetching serialises fetches of one template (two creates need it at once). +checklocks:mu
 	fetching map[string]*sync.Mutex
-	// layers serialises fetches of one layer (two templates sharing it).
+	// layers serialises pulls to one place (two templates sharing a layer).
 	layers keylock.Map
 }
 
@@ -120,22 +131,38 @@ func (s *Sync) PublishBuild(ctx context.Context, m template.Manifest) error {
 	}
 	var st artifacts.PushStats
 	if len(m.Layers) > 0 {
-		for _, l := range layersOf(m) {
-			ref, err := layerRef(l)
-			if err != nil {
+		// The published manifest names each build-cache layer by its tree's digest.
+		pub := m
+		pub.Layers = make([]string, len(m.Layers))
+		for i, l := range layersOf(m) {
+			if err := checkLayer(l); err != nil {
 				return fmt.Errorf("publish template %s build %s: %w", m.ID, m.BuildID, err)
 			}
-			if _, err := s.store.Resolve(ctx, ref); err == nil {
-				continue // another build's, or an earlier push of this one's
-			} else if !errors.Is(err, artifacts.ErrNotFound) {
-				return fmt.Errorf("template %s: %w", m.ID, err)
+			ref, name := layerRef(m.ID, m.BuildID, i, l), l
+			if rootfsLayerRe.MatchString(l) {
+				if _, err := s.store.Resolve(ctx, ref); err == nil {
+					ref = "" // that template's build is there already
+				} else if !errors.Is(err, artifacts.ErrNotFound) {
+					return fmt.Errorf("template %s: %w", m.ID, err)
+				}
 			}
-			ls, err := s.store.Push(ctx, ref, filepath.Join(s.dataDir, l))
-			if err != nil {
-				return fmt.Errorf("publish template %s build %s: %w", m.ID, m.BuildID, err)
+			if ref != "" {
+				ls, err := s.store.Push(ctx, ref, filepath.Join(s.dataDir, l))
+				if err != nil {
+					return fmt.Errorf("publish template %s build %s: %w", m.ID, m.BuildID, err)
+				}
+				st.Files, st.Bytes = st.Files+ls.Files, st.Bytes+ls.Bytes
+				if !rootfsLayerRe.MatchString(l) {
+					name = build.LayersDir + "/" + strings.TrimPrefix(ls.Manifest, "sha256:")[:32]
+				}
 			}
-			st.Files, st.Bytes = st.Files+ls.Files, st.Bytes+ls.Bytes
+			if i < len(m.Layers) {
+				pub.Layers[i] = name
+			} else {
+				pub.StartSnapshot = name
+			}
 		}
+		m = pub
 	} else {
 		var err error
 		if st, err = s.store.Push(ctx, rootfsRef(m.ID, m.BuildID), m.RootfsDir()); err != nil {
@@ -218,7 +245,7 @@ func (s *Sync) manifest(ctx context.Context, id, build string) (template.Manifes
 		return template.Manifest{}, fmt.Errorf("manifest of %s/%s is inconsistent", id, build)
 	}
 	for _, l := range layersOf(m) {
-		if _, err := layerRef(l); err != nil {
+		if err := checkLayer(l); err != nil {
 			return template.Manifest{}, fmt.Errorf("manifest of %s/%s: %w", id, build, err)
 		}
 	}
@@ -267,7 +294,7 @@ func (s *Sync) Fetch(ctx context.Context, id, build string) (template.Manifest, 
 	dir := template.Dir(s.dataDir, id)
 	rootfs := filepath.Join(dir, m.Rootfs)
 	if _, err := os.Stat(rootfs); errors.Is(err, os.ErrNotExist) {
-		st, err := s.store.Pull(ctx, rootfsRef(id, build), rootfs)
+		st, err := s.pullInto(ctx, rootfsRef(id, build), rootfs)
 		if err != nil {
 			return template.Manifest{}, fmt.Errorf("fetch template %s build %s: %w", id, build, err)
 		}
@@ -290,15 +317,21 @@ func (s *Sync) Fetch(ctx context.Context, id, build string) (template.Manifest, 
 }
 
 // fetchLayered brings a build made from steps: the layers and started snapshot the data dir
-// lacks, then its build manifest, which names them.
+// lacks (named in the manifest by their trees' digests), then its build manifest, which names
+// them. The started snapshot is told its layers' names here.
 func (s *Sync) fetchLayered(ctx context.Context, m template.Manifest) (template.Manifest, error) {
 	var pulled artifacts.PullStats
-	for _, l := range layersOf(m) {
-		st, err := s.fetchLayer(ctx, l)
+	for i, l := range layersOf(m) {
+		st, err := s.pullInto(ctx, layerRef(m.ID, m.BuildID, i, l), filepath.Join(s.dataDir, l))
 		if err != nil {
 			return template.Manifest{}, fmt.Errorf("fetch template %s build %s: %w", m.ID, m.BuildID, err)
 		}
 		pulled.Files, pulled.Bytes = pulled.Files+st.Files, pulled.Bytes+st.Bytes
+	}
+	if m.StartSnapshot != "" {
+		if err := snapshot.SetLowers(filepath.Join(s.dataDir, m.StartSnapshot), m.Layers); err != nil {
+			return template.Manifest{}, fmt.Errorf("fetch template %s build %s: %w", m.ID, m.BuildID, err)
+		}
 	}
 	if err := template.WriteBuild(s.dataDir, m); err != nil {
 		return template.Manifest{}, err
@@ -308,29 +341,17 @@ func (s *Sync) fetchLayered(ctx context.Context, m template.Manifest) (template.
 	return template.LoadBuild(s.dataDir, m.ID, m.BuildID)
 }
 
-// fetchLayer pulls one layer unless the data dir has it. It is assembled beside its place under a
-// temporary name (in the build cache, one its sweep at start removes after a crash) and renamed
-// in. A rootfs template's tree comes without its manifest: the node's own build of that
-// template stays the one its sandboxes get.
-func (s *Sync) fetchLayer(ctx context.Context, rel string) (artifacts.PullStats, error) {
-	unlock := s.layers.Lock(rel)
+// pullInto pulls ref to dst unless dst is there. artifacts.Pull assembles the tree beside dst and
+// renames it in whole; pulls to one place here wait for each other.
+func (s *Sync) pullInto(ctx context.Context, ref, dst string) (artifacts.PullStats, error) {
+	unlock := s.layers.Lock(dst)
 	defer unlock()
-	dst := filepath.Join(s.dataDir, rel)
 	if fi, err := os.Stat(dst); err == nil && fi.IsDir() {
 		return artifacts.PullStats{}, nil
 	}
-	ref, err := layerRef(rel)
-	if err != nil {
-		return artifacts.PullStats{}, err
+	st, err := s.store.Pull(ctx, ref, dst)
+	if errors.Is(err, fs.ErrExist) {
+		return st, nil // placed meanwhile by a pull that does not share the lock
 	}
-	tmp := filepath.Join(filepath.Dir(dst), fmt.Sprintf(".tmp-fetch-%s-%d", filepath.Base(rel), time.Now().UnixNano()))
-	st, err := s.store.Pull(ctx, ref, tmp)
-	if err != nil {
-		return st, err
-	}
-	if err := os.Rename(tmp, dst); err != nil {
-		_ = os.RemoveAll(tmp)
-		return st, fmt.Errorf("place layer %s: %w", rel, err)
-	}
-	return st, nil
+	return st, err
 }

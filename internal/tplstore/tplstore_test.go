@@ -5,12 +5,14 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/vibemon/vmon/internal/artifacts"
 	"github.com/vibemon/vmon/internal/errdefs"
+	"github.com/vibemon/vmon/internal/snapshot"
 	"github.com/vibemon/vmon/internal/template"
 )
 
@@ -101,9 +103,11 @@ func TestPublishAndFetch(t *testing.T) {
 }
 
 // A template built from steps on base goes through the store with its layers, its started
-// snapshot and base's root filesystem: another data dir that has none of them gets them all, the
-// build manifest naming them, and base's own build there is left as it was. The store's template
-// list (what a driver records) leaves step-built templates to the driver that ran their build.
+// snapshot and base's root filesystem: another data dir gets them all, under their trees' digests
+// (it has a different layer of its own under the builder's step key, which it keeps and does not
+// take for the builder's), the build manifest naming them and the snapshot stacked on them; its
+// own base is left as it was. The store's template list (what a driver records) leaves
+// step-built templates to the driver that ran their build.
 func TestPublishAndFetchLayered(t *testing.T) {
 	ctx := context.Background()
 	store := newStore(t)
@@ -112,14 +116,23 @@ func TestPublishAndFetchLayered(t *testing.T) {
 	writeTemplate(t, a, "base", "b1", t0)
 	writeTemplate(t, b, "base", "b0", t0.Add(-time.Hour)) // b's own, older base
 	step, snap := "layers/"+strings.Repeat("a", 32), "layers/"+strings.Repeat("b", 32)
-	for _, l := range []string{step, snap} {
-		if err := os.MkdirAll(filepath.Join(a, l, "opt"), 0o755); err != nil {
+	put := func(dataDir, rel, content string) {
+		t.Helper()
+		if err := os.MkdirAll(filepath.Join(dataDir, rel, "opt"), 0o755); err != nil {
 			t.Fatal(err)
 		}
-		if err := os.WriteFile(filepath.Join(a, l, "opt", "what"), []byte(l), 0o644); err != nil {
+		if err := os.WriteFile(filepath.Join(dataDir, rel, "opt", "what"), []byte(content), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
+	put(a, step, "a's step")
+	put(a, snap, "a's started sandbox")
+	if err := snapshot.Seal(filepath.Join(a, snap), snapshot.Meta{TemplateID: "tpl", BuildID: "bd1",
+		Lowers: []string{step, "templates/base/rootfs-b1"}, Memory: true}); err != nil {
+		t.Fatal(err)
+	}
+	// b ran the same step itself, to another result (a RUN is not reproducible).
+	put(b, step, "b's step")
 	m := template.Manifest{ID: "tpl", BuildID: "bd1", Layers: []string{step, "templates/base/rootfs-b1"}, StartSnapshot: snap,
 		StartCmd: "sleep infinity", DefaultUser: "user", BuiltAt: t0}
 	if err := template.WriteBuild(a, m); err != nil {
@@ -136,13 +149,19 @@ func TestPublishAndFetchLayered(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got.StartSnapshot != snap || len(got.Layers) != 2 {
-		t.Fatalf("fetched manifest: %+v", got)
+	if len(got.Layers) != 2 || got.Layers[0] == step || got.Layers[1] != "templates/base/rootfs-b1" || got.StartSnapshot == snap || got.StartSnapshot == "" {
+		t.Fatalf("fetched manifest: %+v; want its own layer and snapshot under digest names, base's tree by name", got)
 	}
-	for _, l := range []string{step, snap} {
-		if c, err := os.ReadFile(filepath.Join(b, l, "opt", "what")); err != nil || string(c) != l {
-			t.Fatalf("layer %s: %q %v", l, c, err)
+	for rel, want := range map[string]string{got.Layers[0]: "a's step", got.StartSnapshot: "a's started sandbox", step: "b's step"} {
+		if c, err := os.ReadFile(filepath.Join(b, rel, "opt", "what")); err != nil || string(c) != want {
+			t.Fatalf("%s: %q %v, want %q", rel, c, err, want)
 		}
+	}
+	if meta, err := snapshot.Read(filepath.Join(b, got.StartSnapshot)); err != nil || !slices.Equal(meta.Lowers, got.Layers) {
+		t.Fatalf("the fetched started snapshot stacks on %v (%v), want %v", meta.Lowers, err, got.Layers)
+	}
+	if _, err := snapshot.Verify(filepath.Join(b, got.StartSnapshot)); err != nil {
+		t.Fatalf("the fetched started snapshot does not verify: %v", err)
 	}
 	if c, err := os.ReadFile(filepath.Join(b, "templates", "base", "rootfs-b1", "release")); err != nil || string(c) != "build b1\n" {
 		t.Fatalf("base's rootfs of the build: %q %v", c, err)
@@ -150,12 +169,12 @@ func TestPublishAndFetchLayered(t *testing.T) {
 	if local, err := template.Load(b, "base"); err != nil || local.BuildID != "b0" {
 		t.Fatalf("the data dir's own base changed: %+v %v", local, err)
 	}
-	if loaded, err := template.LoadBuild(b, "tpl", "bd1"); err != nil || loaded.StartCmd != "sleep infinity" {
+	if loaded, err := template.LoadBuild(b, "tpl", "bd1"); err != nil || loaded.StartCmd != "sleep infinity" || !slices.Equal(loaded.Layers, got.Layers) {
 		t.Fatalf("the build is not the data dir's: %+v %v", loaded, err)
 	}
 	ents, _ := os.ReadDir(filepath.Join(b, "layers"))
-	if len(ents) != 2 {
-		t.Fatalf("layers dir holds %d entries, want the 2 layers and nothing left over", len(ents))
+	if len(ents) != 3 {
+		t.Fatalf("layers dir holds %d entries, want its own and the 2 fetched, nothing left over", len(ents))
 	}
 
 	// A manifest naming a path outside the build cache and the templates' trees is refused.
