@@ -238,8 +238,33 @@ func serveNode(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 	}
 	if c.DrainOnExit {
 		drainBeforeExit(cl, c, n, gate.paused, log)
+		publishSnapshots(n, gate.snaps, c.DrainTimeout, log)
 	}
 	return nil
+}
+
+// publishSnapshots puts the node's snapshots in the store before it leaves: a snapshot goes
+// there only when another node needs it, and a node that is drained to be retired would take the
+// rest with it.
+func publishSnapshots(n *node.Node, snaps *pausedstore.Snapshots, timeout time.Duration, log *slog.Logger) {
+	if snaps == nil {
+		return
+	}
+	ids, err := n.Snapshots()
+	if err != nil {
+		log.Warn("listing snapshots to put in the store before exit", "err", err)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	for _, id := range ids {
+		if err := snaps.PublishSnapshot(ctx, id); err != nil {
+			log.Warn("a snapshot could not be put in the store before exit; it stays on this node", "snapshot", id, "err", err)
+		}
+	}
+	if len(ids) > 0 {
+		log.Info("snapshots in the store before exit", "snapshots", len(ids))
+	}
 }
 
 // drainBeforeExit tells the drivers, by gossip, that the node is draining, and waits until they
