@@ -209,6 +209,17 @@ func (r *Router) Refresh(ctx context.Context) {
 	}
 }
 
+// slotsChanged moves node name's free slots by delta as of a call it answered, so that placement
+// between two refreshes neither skips a node whose sandbox just ended nor piles onto one that
+// just took its last slot; the next refresh tells the truth again.
+func (r *Router) slotsChanged(name string, delta int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if m, ok := r.nodes[name]; ok && !m.statusAt.IsZero() {
+		m.status.FreeSlots = max(0, m.status.FreeSlots+delta)
+	}
+}
+
 // Features is the union of the ready nodes' features: what the cluster can enforce at all.
 func (r *Router) Features() []string {
 	r.mu.Lock()
@@ -281,6 +292,7 @@ func (r *Router) place(ctx context.Context, spec node.CreateSpec, boot func(Node
 			r.mu.Lock()
 			r.placed[spec.ID] = n.Name
 			r.mu.Unlock()
+			r.slotsChanged(n.Name, -1)
 			return info, nil
 		}
 		// Full, or gone since gossip last spoke: the next candidate may take it. Anything else
@@ -379,7 +391,7 @@ func (r *Router) CreateSandbox(ctx context.Context, spec node.CreateSpec) (node.
 }
 
 func (r *Router) DestroySandbox(ctx context.Context, id string) error {
-	c, err := r.holder(ctx, id)
+	name, c, err := r.holderName(ctx, id)
 	if errdefs.KindOf(err) == errdefs.KindNotFound {
 		return nil // never placed, or its record is gone: nothing to destroy
 	}
@@ -389,6 +401,7 @@ func (r *Router) DestroySandbox(ctx context.Context, id string) error {
 	err = c.DestroySandbox(ctx, id)
 	if err == nil {
 		r.forget(id)
+		r.slotsChanged(name, +1)
 	}
 	return err
 }
@@ -402,11 +415,15 @@ func (r *Router) UpdateEgress(ctx context.Context, id string, p egress.Policy) e
 }
 
 func (r *Router) PauseSandbox(ctx context.Context, id string, memory bool) (node.PauseInfo, error) {
-	c, err := r.holder(ctx, id)
+	name, c, err := r.holderName(ctx, id)
 	if err != nil {
 		return node.PauseInfo{}, err
 	}
-	return c.PauseSandbox(ctx, id, memory)
+	info, err := c.PauseSandbox(ctx, id, memory)
+	if err == nil {
+		r.slotsChanged(name, +1)
+	}
+	return info, err
 }
 
 // ResumeSandbox resumes on the node that paused the sandbox (its copy is there, warm) when that
@@ -425,6 +442,7 @@ func (r *Router) ResumeSandbox(ctx context.Context, spec node.CreateSpec, memory
 			r.mu.Lock()
 			r.placed[spec.ID] = name
 			r.mu.Unlock()
+			r.slotsChanged(name, -1)
 		}
 		return info, err
 	}
@@ -544,6 +562,7 @@ func (r *Router) CreateFromSnapshot(ctx context.Context, spec node.CreateSpec, s
 			r.mu.Lock()
 			r.placed[spec.ID] = name
 			r.mu.Unlock()
+			r.slotsChanged(name, -1)
 			return info, nil
 		}
 		if pausedID != "" || errdefs.KindOf(err) != errdefs.KindResourceExhausted {
@@ -573,6 +592,7 @@ func (r *Router) CreateFromSnapshot(ctx context.Context, spec node.CreateSpec, s
 				r.mu.Lock()
 				r.placed[spec.ID] = name
 				r.mu.Unlock()
+				r.slotsChanged(name, -1)
 				return info, nil
 			}
 			return node.Info{}, fmt.Errorf("share snapshot %s from node %s: %w", snapID, name, err)

@@ -355,3 +355,36 @@ func TestVolumesPinPlacement(t *testing.T) {
 		t.Fatalf("resume of a sandbox with a volume: on %q, %v; want node-b", info.Node, err)
 	}
 }
+
+// Between two refreshes the router keeps its view of the nodes' slots with what it did: a node
+// that took its last sandbox is not offered the next one, and one whose sandbox was killed takes
+// a create at once (before, every create failed until the next refresh said so).
+func TestSlotsFollowCreatesAndKills(t *testing.T) {
+	ctx := context.Background()
+	d, r, nodes := threeNodes(t)
+	for _, n := range nodes {
+		n.slots = 1
+	}
+	r.Refresh(ctx)
+	var made []driver.Sandbox
+	for range nodes {
+		sb, err := d.Create(ctx, driver.CreateRequest{Template: "base"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		made = append(made, sb)
+	}
+	if _, err := d.Create(ctx, driver.CreateRequest{Template: "base"}); !errdefs.Is(err, errdefs.KindResourceExhausted) {
+		t.Fatalf("a create with every node's one slot taken: %v, want the capacity error", err)
+	}
+	if err := d.Kill(ctx, made[1].ID); err != nil {
+		t.Fatal(err)
+	}
+	sb, err := d.Create(ctx, driver.CreateRequest{Template: "base"})
+	if err != nil {
+		t.Fatalf("a create right after a kill freed a slot: %v", err)
+	}
+	if sb.NodeID != made[1].NodeID {
+		t.Fatalf("placed on %s, the freed slot is on %s", sb.NodeID, made[1].NodeID)
+	}
+}
