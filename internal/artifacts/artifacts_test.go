@@ -554,7 +554,10 @@ func TestResumePush(t *testing.T) {
 		cb.reset()
 		ps, err := s.Push(context.Background(), "templates/resumed", src)
 		must(t, err)
-		if got := cb.get("put chunks"); got != total-stored || ps.Uploaded != total-stored+1 {
+		// An upload the cancel cut off can still land on an S3 server afterwards (it finishes a
+		// request it received): at most the store's concurrency (4 here) more chunks than were
+		// counted may be there by the resumed push, which uploads only what it finds missing.
+		if got := cb.get("put chunks"); got > total-stored || got < total-stored-4 || ps.Uploaded != got+1 {
 			t.Fatalf("the resumed push uploaded %d chunks (stats %+v); %d of %d were stored", got, ps, stored, total)
 		}
 		if got := cb.get("stat chunks"); got != total {
