@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"path/filepath"
-	"regexp"
 
 	"github.com/vibemon/vmon/internal/build"
 	"github.com/vibemon/vmon/internal/errdefs"
@@ -26,22 +25,19 @@ type nodeBuilds struct {
 	checkStart func(startCmd string) error
 }
 
-// buildIDRe is a build's id as a file name: the driver's are UUIDs.
-var buildIDRe = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_-]{0,63}$`)
-
 func (b nodeBuilds) PutFile(_ context.Context, templateID, hash string, r io.Reader, size int64) error {
 	return b.files.Put(templateID, hash, r, size)
 }
 
 func (b nodeBuilds) LogPath(buildID string) string {
-	if !buildIDRe.MatchString(buildID) {
+	if !template.ValidBuildID(buildID) {
 		buildID = "invalid-build-id"
 	}
 	return filepath.Join(b.dataDir, "build-logs", buildID+".jsonl")
 }
 
 func (b nodeBuilds) Build(ctx context.Context, req build.Request, log *build.Log) (template.Manifest, error) {
-	if !buildIDRe.MatchString(req.BuildID) {
+	if !template.ValidBuildID(req.BuildID) {
 		return template.Manifest{}, errdefs.InvalidArgument("invalid build id %q", req.BuildID)
 	}
 	if req.StartCmd != "" && b.checkStart != nil {

@@ -249,8 +249,9 @@ func serve(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 		return err
 	}
 	ing := ingress.New(log.With("component", "ingress"), ingressTargets{d: d, n: n}, c.Domain)
+	checks := append([]metrics.Check{databaseCheck(st)}, nodeChecks(n, recovery, c.DataDir)...)
 	// Only the API is guarded: requests to guest ports reach the guest as the client sent them.
-	guarded := withProbes(httpguard.Handler(apiHandler), append([]metrics.Check{databaseCheck(st)}, nodeChecks(n, recovery, c.DataDir)...))
+	guarded := withProbes(httpguard.Handler(apiHandler), checks)
 	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if ing.Match(r) {
 			ing.ServeHTTP(w, r)
@@ -261,10 +262,10 @@ func serve(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 	if err := registerMetrics(m, append(metrics.BootQueue(d.BootQueue), metrics.SandboxStates(st.TallySandboxes))...); err != nil {
 		return err
 	}
-	if err := registerMetrics(m, metrics.NodeRoom(func() metrics.Room { return nodeRoom(n, maxSandboxes, c.DataDir) })...); err != nil {
+	if err := registerMetrics(m, metrics.NodeRoom(func() metrics.Room { return nodeRoom(n, maxSandboxes, c.DataDir) })); err != nil {
 		return err
 	}
-	stopMetrics, err := serveMetrics(c, m, append([]metrics.Check{databaseCheck(st)}, nodeChecks(n, recovery, c.DataDir)...), log)
+	stopMetrics, err := serveMetrics(c, m, checks, log)
 	if err != nil {
 		return err
 	}

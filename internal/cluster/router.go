@@ -220,6 +220,17 @@ func (r *Router) slotsChanged(name string, delta int) {
 	}
 }
 
+// started records that sandbox id now runs on node name, as info says: later calls for it go
+// there, and the node has one slot less.
+func (r *Router) started(info node.Info, id, name string) node.Info {
+	info.Node = name
+	r.mu.Lock()
+	r.placed[id] = name
+	r.mu.Unlock()
+	r.slotsChanged(name, -1)
+	return info
+}
+
 // Features is the union of the ready nodes' features: what the cluster can enforce at all.
 func (r *Router) Features() []string {
 	r.mu.Lock()
@@ -288,12 +299,7 @@ func (r *Router) place(ctx context.Context, spec node.CreateSpec, boot func(Node
 	for _, n := range order {
 		info, err := boot(clients[n.Name])
 		if err == nil {
-			info.Node = n.Name
-			r.mu.Lock()
-			r.placed[spec.ID] = n.Name
-			r.mu.Unlock()
-			r.slotsChanged(n.Name, -1)
-			return info, nil
+			return r.started(info, spec.ID, n.Name), nil
 		}
 		// Full, or gone since gossip last spoke: the next candidate may take it. Anything else
 		// (a bad spec, a failed boot) would fail there too.
@@ -437,14 +443,10 @@ func (r *Router) ResumeSandbox(ctx context.Context, spec node.CreateSpec, memory
 	}
 	onHolder := func() (node.Info, error) {
 		info, err := c.ResumeSandbox(ctx, spec, memory)
-		if err == nil {
-			info.Node = name
-			r.mu.Lock()
-			r.placed[spec.ID] = name
-			r.mu.Unlock()
-			r.slotsChanged(name, -1)
+		if err != nil {
+			return info, err
 		}
-		return info, err
+		return r.started(info, spec.ID, name), nil
 	}
 	if pin, err := r.pinOf(ctx, spec); err != nil {
 		return node.Info{}, err
@@ -558,12 +560,7 @@ func (r *Router) CreateFromSnapshot(ctx context.Context, spec node.CreateSpec, s
 	if err == nil && !r.isDrained(name) {
 		info, err := c.CreateFromSnapshot(ctx, spec, snapID, pausedID)
 		if err == nil {
-			info.Node = name
-			r.mu.Lock()
-			r.placed[spec.ID] = name
-			r.mu.Unlock()
-			r.slotsChanged(name, -1)
-			return info, nil
+			return r.started(info, spec.ID, name), nil
 		}
 		if pausedID != "" || errdefs.KindOf(err) != errdefs.KindResourceExhausted {
 			return node.Info{}, err
@@ -574,7 +571,7 @@ func (r *Router) CreateFromSnapshot(ctx context.Context, spec node.CreateSpec, s
 	} else if pausedID != "" {
 		return node.Info{}, errdefs.Unavailable("the node holding paused sandbox %q is draining", pausedID)
 	}
-	drained := err == nil // the holder is there, only drained
+	drained := err == nil && full == nil // the holder is there, drained
 	// Another node: it fetches the snapshot from the store, which the holder (when it is still
 	// there) puts it in first. One that is gone may have put it there before.
 	if p, ok := c.(snapshotPublisher); ok {
@@ -588,12 +585,7 @@ func (r *Router) CreateFromSnapshot(ctx context.Context, spec node.CreateSpec, s
 				if err != nil {
 					return node.Info{}, err
 				}
-				info.Node = name
-				r.mu.Lock()
-				r.placed[spec.ID] = name
-				r.mu.Unlock()
-				r.slotsChanged(name, -1)
-				return info, nil
+				return r.started(info, spec.ID, name), nil
 			}
 			return node.Info{}, fmt.Errorf("share snapshot %s from node %s: %w", snapID, name, err)
 		}

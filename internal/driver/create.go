@@ -272,10 +272,15 @@ func (d *Driver) BootQueue() (booting, waiting int) {
 
 // acquireBootSlot waits for one of the BootConcurrency slots, at most BootQueueTimeout.
 func (d *Driver) acquireBootSlot(ctx context.Context) (release func(), err error) {
-	t := time.NewTimer(d.opts.BootQueueTimeout)
-	defer t.Stop()
+	select {
+	case d.bootSlots <- struct{}{}:
+		return func() { <-d.bootSlots }, nil
+	default:
+	}
 	d.bootWaiting.Add(1)
 	defer d.bootWaiting.Add(-1)
+	t := time.NewTimer(d.opts.BootQueueTimeout)
+	defer t.Stop()
 	select {
 	case d.bootSlots <- struct{}{}:
 		return func() { <-d.bootSlots }, nil

@@ -46,17 +46,31 @@ type Room struct {
 	FreeMemoryMB, FreeDiskMB int64
 }
 
+var (
+	runningDesc    = prometheus.NewDesc("vmon_node_sandboxes_running", "Sandboxes running on this node.", nil, nil)
+	freeSlotsDesc  = prometheus.NewDesc("vmon_node_free_slots", "Sandboxes this node can still take (its limit less those running).", nil, nil)
+	freeMemoryDesc = prometheus.NewDesc("vmon_node_free_memory_bytes", "Host memory available without swapping.", nil, nil)
+	freeDiskDesc   = prometheus.NewDesc("vmon_node_free_disk_bytes", "Space left on the data dir's filesystem.", nil, nil)
+)
+
+// nodeRoom asks for a node's room once per scrape (it reads /proc and the filesystem).
+type nodeRoom struct{ room func() Room }
+
 // NodeRoom reports a node's room at each scrape.
-func NodeRoom(room func() Room) []prometheus.Collector {
-	g := func(name, help string, v func(Room) float64) prometheus.Collector {
-		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, func() float64 { return v(room()) })
+func NodeRoom(room func() Room) prometheus.Collector { return nodeRoom{room: room} }
+
+func (c nodeRoom) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{runningDesc, freeSlotsDesc, freeMemoryDesc, freeDiskDesc} {
+		ch <- d
 	}
-	return []prometheus.Collector{
-		g("vmon_node_sandboxes_running", "Sandboxes running on this node.", func(r Room) float64 { return float64(r.Running) }),
-		g("vmon_node_free_slots", "Sandboxes this node can still take (its limit less those running).", func(r Room) float64 { return float64(r.FreeSlots) }),
-		g("vmon_node_free_memory_bytes", "Host memory available without swapping.", func(r Room) float64 { return float64(r.FreeMemoryMB) * (1 << 20) }),
-		g("vmon_node_free_disk_bytes", "Space left on the data dir's filesystem.", func(r Room) float64 { return float64(r.FreeDiskMB) * (1 << 20) }),
-	}
+}
+
+func (c nodeRoom) Collect(ch chan<- prometheus.Metric) {
+	r := c.room()
+	ch <- prometheus.MustNewConstMetric(runningDesc, prometheus.GaugeValue, float64(r.Running))
+	ch <- prometheus.MustNewConstMetric(freeSlotsDesc, prometheus.GaugeValue, float64(r.FreeSlots))
+	ch <- prometheus.MustNewConstMetric(freeMemoryDesc, prometheus.GaugeValue, float64(r.FreeMemoryMB)*(1<<20))
+	ch <- prometheus.MustNewConstMetric(freeDiskDesc, prometheus.GaugeValue, float64(r.FreeDiskMB)*(1<<20))
 }
 
 // BootQueue reports the driver's boots under way and those waiting for a slot at each scrape.

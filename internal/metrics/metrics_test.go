@@ -93,8 +93,8 @@ func filled(t *testing.T) *Metrics {
 	m.StoreMoved("up", 3<<20)
 	m.StoreMoved("down", 1<<20)
 	m.StoreFailed("push")
-	for _, c := range append(NodeRoom(func() Room { return Room{Running: 2, FreeSlots: 18, FreeMemoryMB: 1024, FreeDiskMB: 2048} }),
-		BootQueue(func() (int, int) { return 4, 7 })...) {
+	for _, c := range append(BootQueue(func() (int, int) { return 4, 7 }),
+		NodeRoom(func() Room { return Room{Running: 2, FreeSlots: 18, FreeMemoryMB: 1024, FreeDiskMB: 2048} })) {
 		if err := m.Register(c); err != nil {
 			t.Fatal(err)
 		}

@@ -121,17 +121,25 @@ func Seal(dir string, meta Meta) error {
 		return err
 	}
 	meta.Files = files
+	// The files are synced before the manifest that vouches for them takes its place.
+	return writeMeta(dir, meta, func() error { return syncTree(dir) })
+}
+
+// writeMeta replaces dir's manifest with meta through a rename (Seal also refreshes a published
+// snapshot in place); beforeRename runs once the new manifest is written.
+func writeMeta(dir string, meta Meta, beforeRename func() error) error {
 	b, err := json.MarshalIndent(meta, "", "  ")
 	if err != nil {
 		return fmt.Errorf("encode snapshot meta: %w", err)
 	}
-	// Through a rename: Seal also refreshes a published snapshot in place.
 	tmp := filepath.Join(dir, MetaFile+".new")
 	if err := os.WriteFile(tmp, b, 0o600); err != nil {
 		return fmt.Errorf("write snapshot meta: %w", err)
 	}
-	if err := syncTree(dir); err != nil {
-		return err
+	if beforeRename != nil {
+		if err := beforeRename(); err != nil {
+			return err
+		}
 	}
 	if err := os.Rename(tmp, filepath.Join(dir, MetaFile)); err != nil {
 		return fmt.Errorf("write snapshot meta: %w", err)
@@ -446,16 +454,5 @@ func SetLowers(dir string, lowers []string) error {
 		}
 	}
 	m.Lowers = append([]string(nil), lowers...)
-	b, err := json.MarshalIndent(m, "", "  ")
-	if err != nil {
-		return fmt.Errorf("encode snapshot meta: %w", err)
-	}
-	tmp := filepath.Join(dir, MetaFile+".new")
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return fmt.Errorf("write snapshot meta: %w", err)
-	}
-	if err := os.Rename(tmp, filepath.Join(dir, MetaFile)); err != nil {
-		return fmt.Errorf("write snapshot meta: %w", err)
-	}
-	return syncDir(dir)
+	return writeMeta(dir, m, nil)
 }

@@ -96,6 +96,9 @@ func (m Manifest) LowerDirs(dataDir string) []string {
 // buildsDir keeps one manifest per build of a template built from steps; tags point at builds.
 func buildsDir(dataDir, id string) string { return filepath.Join(Dir(dataDir, id), "builds") }
 
+// ValidBuildID reports whether id can name a build (and its files).
+func ValidBuildID(id string) bool { return buildIDPattern.MatchString(id) }
+
 // LoadBuild returns the manifest of one build of a template. An empty buildID, or the build the
 // template's own manifest describes, is Load.
 func LoadBuild(dataDir, id, buildID string) (Manifest, error) {

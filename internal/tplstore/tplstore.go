@@ -138,8 +138,8 @@ func (s *Sync) PublishBuild(ctx context.Context, m template.Manifest) error {
 			if err := checkLayer(l); err != nil {
 				return fmt.Errorf("publish template %s build %s: %w", m.ID, m.BuildID, err)
 			}
-			ref, name := layerRef(m.ID, m.BuildID, i, l), l
-			if rootfsLayerRe.MatchString(l) {
+			ref, name, rootfs := layerRef(m.ID, m.BuildID, i, l), l, rootfsLayerRe.MatchString(l)
+			if rootfs {
 				if _, err := s.store.Resolve(ctx, ref); err == nil {
 					ref = "" // that template's build is there already
 				} else if !errors.Is(err, artifacts.ErrNotFound) {
@@ -152,8 +152,8 @@ func (s *Sync) PublishBuild(ctx context.Context, m template.Manifest) error {
 					return fmt.Errorf("publish template %s build %s: %w", m.ID, m.BuildID, err)
 				}
 				st.Files, st.Bytes = st.Files+ls.Files, st.Bytes+ls.Bytes
-				if !rootfsLayerRe.MatchString(l) {
-					name = build.LayersDir + "/" + strings.TrimPrefix(ls.Manifest, "sha256:")[:32]
+				if !rootfs {
+					name = build.LayersDir + "/" + ls.Manifest[:32] // the tree's sha256, hex
 				}
 			}
 			if i < len(m.Layers) {
