@@ -14,10 +14,12 @@
 #   node-typescript   the parser the service's JavaScript runner uses for top-level await and import
 #   openjdk-17-jdk-headless  java and jshell, for the service's Java runner tests
 #   systemd           runs the units in deploy/systemd; its systemd-analyze checks them in the tests
+#   postgresql        the database several drivers share (--database); the tests start their own
+#                     server from its binaries (the package's own cluster is not used)
 # Node.js and npm (for the SDK end-to-end tests) are expected to be installed already.
 set -eu
 
-PACKAGES="make git mmdebstrap iproute2 iptables e2fsprogs libnss-myhostname busybox-static bash-static ca-certificates curl file python3-ipykernel node-typescript openjdk-17-jdk-headless systemd"
+PACKAGES="make git mmdebstrap iproute2 iptables e2fsprogs libnss-myhostname busybox-static bash-static ca-certificates curl file python3-ipykernel node-typescript openjdk-17-jdk-headless systemd postgresql"
 
 missing=""
 for p in $PACKAGES; do

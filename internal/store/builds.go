@@ -151,7 +151,7 @@ func (s *Store) FailUnfinishedBuilds(ctx context.Context, reason string, at time
 
 // SetTags points each tag of a template at buildID, replacing where the tag was before.
 func (s *Store) SetTags(ctx context.Context, templateID, buildID string, tags []string, at time.Time) error {
-	return s.tx(ctx, func(tx *sql.Tx) error {
+	return s.tx(ctx, func(tx *tx) error {
 		for _, tag := range tags {
 			if _, err := tx.ExecContext(ctx, `INSERT INTO template_tags (template_id, tag, build_id, created_at)
 VALUES (?, ?, ?, ?) ON CONFLICT (template_id, tag) DO UPDATE SET build_id = excluded.build_id,
@@ -165,7 +165,7 @@ VALUES (?, ?, ?, ?) ON CONFLICT (template_id, tag) DO UPDATE SET build_id = excl
 
 // RemoveTags removes tags from a template. Removing a tag it does not have is NotFound.
 func (s *Store) RemoveTags(ctx context.Context, templateID string, tags []string) error {
-	return s.tx(ctx, func(tx *sql.Tx) error {
+	return s.tx(ctx, func(tx *tx) error {
 		for _, tag := range tags {
 			res, err := tx.ExecContext(ctx, `DELETE FROM template_tags WHERE template_id = ? AND tag = ?`, templateID, tag)
 			if err != nil {

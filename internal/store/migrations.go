@@ -177,4 +177,15 @@ CREATE TABLE nodes (
 	`
 ALTER TABLE volumes ADD COLUMN node_id TEXT NOT NULL DEFAULT '';
 `,
+	// 10: what drivers sharing a database need: the cluster's keys, and which driver is making a
+	// sandbox or running a build (another driver starting must not take them for interrupted).
+	`
+CREATE TABLE cluster_keys (
+	name        TEXT PRIMARY KEY,
+	value       BLOB NOT NULL,
+	created_at  INTEGER NOT NULL
+);
+ALTER TABLE sandboxes ADD COLUMN driver TEXT NOT NULL DEFAULT '';
+ALTER TABLE template_builds ADD COLUMN driver TEXT NOT NULL DEFAULT '';
+`,
 }

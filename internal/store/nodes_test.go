@@ -11,8 +11,7 @@ import (
 
 // A node's record follows its reports; the time of its state moves only when the state changes,
 // and an operator's drain survives the reports that follow.
-func TestNodes(t *testing.T) {
-	s, _ := openTest(t)
+func testNodes(t *testing.T, s *Store) {
 	ctx := context.Background()
 	t0 := time.Date(2026, 12, 5, 9, 0, 0, 0, time.UTC)
 	n := Node{Name: "node-a", RPC: "10.0.0.2:3001", Gossip: "10.0.0.2:7946", State: NodeReady,

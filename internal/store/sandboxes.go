@@ -110,7 +110,7 @@ VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
 		sb.EnvdVersion, toMillis(sb.StartedAt), toMillis(sb.EndAt), nullMillis(sb.KilledAt),
 		sb.KillReason, sb.NodeID, network, sb.AutoPause, sb.AutoPauseMemory, sb.AutoResume, mounts)
 	if err != nil {
-		if strings.Contains(err.Error(), "UNIQUE constraint failed") {
+		if isUnique(err) {
 			return errdefs.Conflict("sandbox %q already exists", sb.ID)
 		}
 		return fmt.Errorf("insert sandbox: %w", err)
@@ -247,7 +247,7 @@ type SandboxQuery struct {
 
 // ListSandboxes returns the records matching q in q's order.
 func (s *Store) ListSandboxes(ctx context.Context, q SandboxQuery) ([]Sandbox, error) {
-	where, args := q.where()
+	where, args := q.where(s.db)
 	order := "ASC"
 	if q.Desc {
 		order = "DESC"
@@ -278,7 +278,7 @@ func (s *Store) ListSandboxes(ctx context.Context, q SandboxQuery) ([]Sandbox, e
 // CountSandboxes counts the records matching q's filters (order, cursor and limit are ignored).
 func (s *Store) CountSandboxes(ctx context.Context, q SandboxQuery) (int, error) {
 	q.After, q.Limit = nil, 0
-	where, args := q.where()
+	where, args := q.where(s.db)
 	var n int
 	if err := s.db.QueryRowContext(ctx, `SELECT count(*) FROM sandboxes`+where, args...).Scan(&n); err != nil {
 		return 0, fmt.Errorf("count sandboxes: %w", err)
@@ -286,7 +286,7 @@ func (s *Store) CountSandboxes(ctx context.Context, q SandboxQuery) (int, error)
 	return n, nil
 }
 
-func (q SandboxQuery) where() (string, []any) {
+func (q SandboxQuery) where(d *db) (string, []any) {
 	var (
 		conds []string
 		args  []any
@@ -304,9 +304,7 @@ func (q SandboxQuery) where() (string, []any) {
 		args = append(args, q.NodeID)
 	}
 	for k, v := range q.Metadata {
-		// json_each yields keys and string values as plain text, so arbitrary keys need no
-		// JSON-path quoting.
-		conds = append(conds, "EXISTS (SELECT 1 FROM json_each(sandboxes.metadata) WHERE key = ? AND value = ?)")
+		conds = append(conds, d.jsonMetadataMatch("sandboxes.metadata"))
 		args = append(args, k, v)
 	}
 	if q.Template != "" {

@@ -50,7 +50,7 @@ func (s *Store) InsertSecret(ctx context.Context, sec Secret) error {
 	_, err = s.db.ExecContext(ctx, `INSERT INTO secrets (`+secretCols+`) VALUES (?, ?, ?, ?, ?, ?, ?)`,
 		sec.ID, sec.Name, string(meta), sec.Version, sec.Sealed, toMillis(sec.CreatedAt), toMillis(sec.UpdatedAt))
 	if err != nil {
-		if strings.Contains(err.Error(), "UNIQUE constraint failed") {
+		if isUnique(err) {
 			return errdefs.Conflict("a secret named %q already exists", sec.Name)
 		}
 		return fmt.Errorf("insert secret: %w", err)

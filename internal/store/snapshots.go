@@ -53,7 +53,7 @@ VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		sn.ID, name, sn.SandboxID, sn.TemplateID, sn.Alias, sn.CPU, sn.MemoryMB, sn.DiskMB, env,
 		sn.EnvdVersion, sn.Bytes, sn.NodeID, toMillis(sn.CreatedAt), mounts)
 	if err != nil {
-		if strings.Contains(err.Error(), "UNIQUE constraint failed") {
+		if isUnique(err) {
 			return errdefs.Conflict("a snapshot named %q already exists", sn.Name)
 		}
 		return fmt.Errorf("insert snapshot: %w", err)

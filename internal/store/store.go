@@ -1,10 +1,17 @@
-// Package store owns vmon's persistent state: one embedded SQLite database (modernc.org/sqlite, no
-// cgo) under the data dir holding API keys, templates and sandbox records, and its schema
-// migrations.
+// Package store owns vmon's persistent state: API keys, templates, sandbox and snapshot records,
+// volumes, secrets, join tokens, nodes, and the schema migrations. By default it is one embedded
+// SQLite database (modernc.org/sqlite, no cgo) under the data dir; with --database it is a
+// PostgreSQL database (pgx) that several drivers share. Both run the same queries and the same
+// migrations (db.go adapts the few places the engines differ), and the same test suite.
+//
+// On PostgreSQL it also carries what drivers sharing it need from each other: a notification per
+// changed sandbox record (Listen), leadership for the work one driver must do alone (Leader), and
+// the cluster's shared keys (SharedKey).
 //
 // It only stores and loads typed records; it never decides lifecycle (that is the driver's job),
-// never touches runtimes, files other than its own database, or the network. Errors carry errdefs
-// kinds (NotFound, Conflict, ...) so the edges can map them without knowing SQL.
+// never touches runtimes, files other than its own database, or the network beyond its database.
+// Errors carry errdefs kinds (NotFound, Conflict, ...) so the edges can map them without knowing
+// SQL.
 package store
 
 import (
@@ -17,6 +24,8 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
 	_ "modernc.org/sqlite" // registers the "sqlite" database/sql driver
 )
 
@@ -25,7 +34,10 @@ const FileName = "vmon.db"
 
 // Store is the database handle. It is safe for concurrent use.
 type Store struct {
-	db *sql.DB
+	db *db
+	// dsn is the PostgreSQL connection string ("" on SQLite): Listen and Leader hold connections
+	// of their own.
+	dsn string
 }
 
 // Open opens (creating if needed) the database under dataDir and applies pending migrations.
@@ -48,22 +60,49 @@ func Open(ctx context.Context, dataDir string) (*Store, error) {
 	q.Add("_pragma", "synchronous(NORMAL)")
 	q.Add("_pragma", "foreign_keys(1)")
 	q.Set("_txlock", "immediate")
-	db, err := sql.Open("sqlite", "file:"+path+"?"+q.Encode())
+	sqldb, err := sql.Open("sqlite", "file:"+path+"?"+q.Encode())
 	if err != nil {
 		return nil, fmt.Errorf("open database: %w", err)
 	}
 	// One connection: SQLite serialises writers anyway, and a single connection rules out
 	// SQLITE_BUSY between our own goroutines. Every query here is short; the hot read path
 	// (ingress lookups) is served from the driver's memory, not from here.
-	db.SetMaxOpenConns(1)
-	db.SetConnMaxIdleTime(0)
-	s := &Store{db: db}
+	sqldb.SetMaxOpenConns(1)
+	sqldb.SetConnMaxIdleTime(0)
+	s := &Store{db: &db{DB: sqldb}}
 	if err := s.migrate(ctx); err != nil {
-		db.Close()
+		sqldb.Close()
 		return nil, err
 	}
 	return s, nil
 }
+
+// OpenPostgres connects to the PostgreSQL database dsn names (a postgres:// URL or key=value
+// string, as libpq takes) and applies pending migrations; drivers starting together take turns.
+func OpenPostgres(ctx context.Context, dsn string) (*Store, error) {
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("--database: %w", err)
+	}
+	sqldb := stdlib.OpenDB(*cfg)
+	sqldb.SetMaxOpenConns(maxPostgresConns)
+	sqldb.SetMaxIdleConns(maxPostgresConns)
+	sqldb.SetConnMaxIdleTime(5 * time.Minute)
+	s := &Store{db: &db{DB: sqldb, pg: true}, dsn: dsn}
+	if err := s.Ping(ctx); err != nil {
+		sqldb.Close()
+		return nil, err
+	}
+	if err := s.migrate(ctx); err != nil {
+		sqldb.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// maxPostgresConns bounds one driver's connections: creates, the API and expiry share them;
+// operators size max_connections for their drivers times this.
+const maxPostgresConns = 16
 
 // Close closes the database.
 func (s *Store) Close() error { return s.db.Close() }
@@ -76,50 +115,117 @@ func (s *Store) Ping(ctx context.Context) error {
 	return nil
 }
 
-// SchemaVersion returns the applied schema version (SQLite user_version).
+// SchemaVersion returns the applied schema version (SQLite's user_version; a one-row table on
+// PostgreSQL).
 func (s *Store) SchemaVersion(ctx context.Context) (int, error) {
+	return s.schemaVersion(ctx, s.db.DB)
+}
+
+type rowQuerier interface {
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+func (s *Store) schemaVersion(ctx context.Context, q rowQuerier) (int, error) {
 	var v int
-	if err := s.db.QueryRowContext(ctx, "PRAGMA user_version").Scan(&v); err != nil {
+	query := "PRAGMA user_version"
+	if s.db.pg {
+		query = "SELECT version FROM vmon_schema"
+	}
+	if err := q.QueryRowContext(ctx, query).Scan(&v); err != nil {
 		return 0, fmt.Errorf("read schema version: %w", err)
 	}
 	return v, nil
 }
 
+// pgMigrationLock is the advisory lock drivers starting together take while they migrate.
+const pgMigrationLock = 0x766d6f6e // "vmon"
+
 func (s *Store) migrate(ctx context.Context) error {
-	cur, err := s.SchemaVersion(ctx)
-	if err != nil {
-		return err
-	}
-	if cur > len(migrations) {
-		return fmt.Errorf("database schema version %d is newer than this binary supports (%d)", cur, len(migrations))
-	}
-	for v := cur; v < len(migrations); v++ {
-		if err := s.tx(ctx, func(tx *sql.Tx) error {
-			if _, err := tx.ExecContext(ctx, migrations[v]); err != nil {
-				return err
+	if s.db.pg {
+		if _, err := s.db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS vmon_schema (version INTEGER NOT NULL);
+INSERT INTO vmon_schema (version) SELECT 0 WHERE NOT EXISTS (SELECT 1 FROM vmon_schema)`); err != nil {
+			// Two drivers creating the table at once: one loses the race, and the table is there.
+			if !isUnique(err) {
+				return fmt.Errorf("create schema version table: %w", err)
 			}
-			// user_version lives in the database header and is written inside the transaction, so a
-			// crash never leaves a half-applied migration marked as done.
-			_, err := tx.ExecContext(ctx, fmt.Sprintf("PRAGMA user_version = %d", v+1))
-			return err
-		}); err != nil {
-			return fmt.Errorf("apply migration %d: %w", v+1, err)
 		}
 	}
-	return nil
+	// Read committed, not serializable: a driver that waited for the lock below must read the
+	// version the one before it wrote, not the one of its transaction's start.
+	return s.tryTx(ctx, nil, func(tx *tx) error {
+		if s.db.pg {
+			// Migrations run inside one transaction under a lock, so a second driver starting now
+			// waits and then finds them applied.
+			if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(?)`, pgMigrationLock); err != nil {
+				return fmt.Errorf("lock for migrations: %w", err)
+			}
+		}
+		cur, err := s.schemaVersion(ctx, tx.Tx)
+		if err != nil {
+			return err
+		}
+		if cur > len(migrations) {
+			return fmt.Errorf("database schema version %d is newer than this binary supports (%d)", cur, len(migrations))
+		}
+		for v := cur; v < len(migrations); v++ {
+			if _, err := tx.ExecContext(ctx, s.db.migration(migrations[v])); err != nil {
+				return fmt.Errorf("apply migration %d: %w", v+1, err)
+			}
+			// The version is written inside the transaction (SQLite keeps user_version in the
+			// database header), so a crash never leaves a half-applied migration marked as done.
+			set := fmt.Sprintf("PRAGMA user_version = %d", v+1)
+			if s.db.pg {
+				set = fmt.Sprintf("UPDATE vmon_schema SET version = %d", v+1)
+			}
+			if _, err := tx.ExecContext(ctx, set); err != nil {
+				return fmt.Errorf("apply migration %d: %w", v+1, err)
+			}
+		}
+		if s.db.pg {
+			return pgSetup(ctx, tx)
+		}
+		return nil
+	})
 }
 
-// tx runs fn in a transaction and commits it if fn returns nil.
-func (s *Store) tx(ctx context.Context, fn func(*sql.Tx) error) error {
-	tx, err := s.db.BeginTx(ctx, nil)
+// txRetries bounds how often a PostgreSQL transaction is run again after losing a race.
+const txRetries = 10
+
+// tx runs fn in a transaction and commits it if fn returns nil. On PostgreSQL the transaction is
+// serializable, so the store's read-then-write steps (a volume's users, a template's aliases)
+// stay as atomic across drivers as SQLite's single writer keeps them in one; one that loses a race
+// runs again.
+func (s *Store) tx(ctx context.Context, fn func(*tx) error) error {
+	var opts *sql.TxOptions
+	if s.db.pg {
+		opts = &sql.TxOptions{Isolation: sql.LevelSerializable}
+	}
+	for attempt := 0; ; attempt++ {
+		err := s.tryTx(ctx, opts, fn)
+		if err == nil || !retryable(err) {
+			return err
+		}
+		if attempt == txRetries {
+			return fmt.Errorf("%w: %w", errTxRetries, err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Duration(attempt+1) * 5 * time.Millisecond):
+		}
+	}
+}
+
+func (s *Store) tryTx(ctx context.Context, opts *sql.TxOptions, fn func(*tx) error) error {
+	t, err := s.db.BeginTx(ctx, opts)
 	if err != nil {
 		return fmt.Errorf("begin transaction: %w", err)
 	}
-	if err := fn(tx); err != nil {
-		tx.Rollback()
+	if err := fn(&tx{Tx: t, d: s.db}); err != nil {
+		t.Rollback()
 		return err
 	}
-	if err := tx.Commit(); err != nil {
+	if err := t.Commit(); err != nil {
 		return fmt.Errorf("commit: %w", err)
 	}
 	return nil

@@ -100,9 +100,8 @@ func TestMigrationFromPartialVersion(t *testing.T) {
 	}
 }
 
-func TestAPIKeys(t *testing.T) {
+func testAPIKeys(t *testing.T, s *Store) {
 	ctx := context.Background()
-	s, _ := openTest(t)
 	k, plain, err := s.CreateAPIKey(ctx, "admin", t0)
 	if err != nil {
 		t.Fatal(err)
@@ -138,9 +137,8 @@ func TestAPIKeys(t *testing.T) {
 	}
 }
 
-func TestTemplates(t *testing.T) {
+func testTemplates(t *testing.T, s *Store) {
 	ctx := context.Background()
-	s, _ := openTest(t)
 	base := Template{ID: "tpl1", Aliases: []string{"base", "base:v1"}, CPU: 2, MemoryMB: 512, DiskMB: 1024,
 		EnvdVersion: "0.6.13", Status: TemplateReady, Rootfs: "/x", CreatedAt: t0, UpdatedAt: t0}
 	if err := s.PutTemplate(ctx, base); err != nil {
@@ -196,9 +194,8 @@ func testSandbox(id string, started time.Time, meta map[string]string) Sandbox {
 		NodeID: "n1", Network: json.RawMessage(`{"allowOut":["1.1.1.1"]}`)}
 }
 
-func TestSandboxLifecycle(t *testing.T) {
+func testSandboxLifecycle(t *testing.T, s *Store) {
 	ctx := context.Background()
-	s, _ := openTest(t)
 	yes := true
 	sb := testSandbox("sb1", t0, map[string]string{"k": "v"})
 	sb.State = StateCreating
@@ -258,9 +255,8 @@ func TestSandboxLifecycle(t *testing.T) {
 	}
 }
 
-func TestListSandboxes(t *testing.T) {
+func testListSandboxes(t *testing.T, s *Store) {
 	ctx := context.Background()
-	s, _ := openTest(t)
 	// sb0..sb4 one second apart; sb2 and sb3 share a start time to exercise the id tie-break.
 	starts := []time.Duration{0, time.Second, 2 * time.Second, 2 * time.Second, 4 * time.Second}
 	for i, d := range starts {
@@ -331,9 +327,8 @@ func TestListSandboxes(t *testing.T) {
 	}
 }
 
-func TestSetSandboxNetwork(t *testing.T) {
+func testSetSandboxNetwork(t *testing.T, s *Store) {
 	ctx := context.Background()
-	s, _ := openTest(t)
 	sb := testSandbox("sb1", t0, nil)
 	if err := s.InsertSandbox(ctx, sb); err != nil {
 		t.Fatal(err)

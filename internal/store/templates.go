@@ -56,7 +56,7 @@ func (s *Store) PutTemplate(ctx context.Context, t Template) error {
 	default:
 		return errdefs.InvalidArgument("invalid template status %q", t.Status)
 	}
-	return s.tx(ctx, func(tx *sql.Tx) error {
+	return s.tx(ctx, func(tx *tx) error {
 		_, err := tx.ExecContext(ctx, `
 INSERT INTO templates (id, build_id, cpu, memory_mb, disk_mb, envd_version, status, rootfs,
 	default_user, default_workdir, public, created_at, updated_at)

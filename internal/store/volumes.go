@@ -2,9 +2,7 @@ package store
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/vibemon/vmon/internal/errdefs"
@@ -25,7 +23,7 @@ func (s *Store) InsertVolume(ctx context.Context, v Volume) error {
 	_, err := s.db.ExecContext(ctx, `INSERT INTO volumes (id, name, token, created_at, node_id) VALUES (?, ?, ?, ?, ?)`,
 		v.ID, v.Name, v.Token, toMillis(v.CreatedAt), v.NodeID)
 	if err != nil {
-		if strings.Contains(err.Error(), "UNIQUE constraint failed") {
+		if isUnique(err) {
 			return errdefs.Conflict("a volume named %q already exists", v.Name)
 		}
 		return fmt.Errorf("insert volume: %w", err)
@@ -72,13 +70,11 @@ func (s *Store) ListVolumes(ctx context.Context) ([]Volume, error) {
 // DeleteVolume removes a volume record unless a live sandbox (creating, running or paused) or a
 // snapshot mounts it (Conflict). The check and the delete are one transaction.
 func (s *Store) DeleteVolume(ctx context.Context, id string) error {
-	return s.tx(ctx, func(tx *sql.Tx) error {
+	return s.tx(ctx, func(tx *tx) error {
 		var users int
 		err := tx.QueryRowContext(ctx, `
-SELECT (SELECT count(*) FROM sandboxes, json_each(sandboxes.volume_mounts) m
-        WHERE sandboxes.state != 'killed' AND json_extract(m.value, '$.id') = ?)
-     + (SELECT count(*) FROM snapshots, json_each(snapshots.volume_mounts) m
-        WHERE json_extract(m.value, '$.id') = ?)`, id, id).Scan(&users)
+SELECT `+s.db.jsonArrayIDCount("sandboxes", "volume_mounts", "sandboxes.state != 'killed'")+`
+     + `+s.db.jsonArrayIDCount("snapshots", "volume_mounts", "")+``, id, id).Scan(&users)
 		if err != nil {
 			return fmt.Errorf("count volume users: %w", err)
 		}
