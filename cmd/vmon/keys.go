@@ -1,7 +1,9 @@
 package main
 
 import (
+	"context"
 	"fmt"
+	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -93,7 +95,13 @@ func keysCmd() *cobra.Command {
 // withStore opens the store of *dataDir (read when the command runs, after flag parsing) around fn.
 func withStore(dataDir *string, fn func(*cobra.Command, *store.Store, []string) error) func(*cobra.Command, []string) error {
 	return func(cmd *cobra.Command, args []string) error {
-		st, err := store.Open(cmd.Context(), *dataDir)
+		// Drivers sharing a PostgreSQL database are told so by VMON_DATABASE (as `vmon serve
+		// --database` may be); the commands that work on the records then work on it.
+		open := func(ctx context.Context) (*store.Store, error) { return store.Open(ctx, *dataDir) }
+		if dsn := os.Getenv("VMON_DATABASE"); dsn != "" {
+			open = func(ctx context.Context) (*store.Store, error) { return store.OpenPostgres(ctx, dsn) }
+		}
+		st, err := open(cmd.Context())
 		if err != nil {
 			return err
 		}

@@ -2,6 +2,8 @@ package main
 
 import (
 	"bytes"
+	"context"
+	"crypto/rand"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -28,7 +30,24 @@ const gossipKeyFile = "gossip.key"
 
 // clusterAuthority is the driver's join authority over its data dir: its cluster CA and gossip
 // key (made on first use) and its store's tokens.
-func clusterAuthority(dataDir string, st *store.Store) (*join.Authority, error) {
+func clusterAuthority(ctx context.Context, dataDir string, st *store.Store) (*join.Authority, error) {
+	if st.Shared() {
+		// Drivers sharing a database are one authority: the first makes the CA and the gossip
+		// key, the others use them.
+		caPEM, err := st.SharedKey(ctx, "cluster-ca", func() ([]byte, error) { return tlsutil.NewCAPEM("vmon cluster CA") })
+		if err != nil {
+			return nil, fmt.Errorf("cluster CA: %w", err)
+		}
+		ca, err := tlsutil.CAFromPEM(caPEM)
+		if err != nil {
+			return nil, fmt.Errorf("cluster CA: %w", err)
+		}
+		key, err := st.SharedKey(ctx, "gossip-key", randomKey(32))
+		if err != nil {
+			return nil, fmt.Errorf("gossip key: %w", err)
+		}
+		return &join.Authority{CA: ca, Tokens: st, GossipKey: key}, nil
+	}
 	dir := filepath.Join(dataDir, clusterCADir)
 	ca, err := tlsutil.LoadOrCreateCA(dir, "vmon cluster CA")
 	if err != nil {
@@ -39,6 +58,28 @@ func clusterAuthority(dataDir string, st *store.Store) (*join.Authority, error) 
 		return nil, fmt.Errorf("gossip key: %w", err)
 	}
 	return &join.Authority{CA: ca, Tokens: st, GossipKey: key}, nil
+}
+
+// randomKey makes n random bytes, for a shared key the first driver creates.
+func randomKey(n int) func() ([]byte, error) {
+	return func() ([]byte, error) {
+		b := make([]byte, n)
+		_, err := rand.Read(b)
+		return b, err
+	}
+}
+
+// secretsSealer returns the key secrets are sealed with: the database's when drivers share one
+// (any of them must open what another sealed), else the data dir's.
+func secretsSealer(ctx context.Context, dataDir string, st *store.Store) (*secrets.Sealer, error) {
+	if !st.Shared() {
+		return secrets.LoadOrCreateKey(filepath.Join(dataDir, secrets.KeyFile))
+	}
+	key, err := st.SharedKey(ctx, "secrets-key", randomKey(32))
+	if err != nil {
+		return nil, fmt.Errorf("secrets key: %w", err)
+	}
+	return secrets.NewSealer(key)
 }
 
 func nodeCmd() *cobra.Command {
@@ -64,7 +105,7 @@ func nodeCmd() *cobra.Command {
 				tok = t
 			} else {
 				err := withStore(&dataDir, func(cmd *cobra.Command, st *store.Store, _ []string) error {
-					auth, err := clusterAuthority(dataDir, st)
+					auth, err := clusterAuthority(cmd.Context(), dataDir, st)
 					if err != nil {
 						return err
 					}

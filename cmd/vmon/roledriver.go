@@ -12,7 +12,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -32,7 +31,6 @@ import (
 	"github.com/vibemon/vmon/internal/metrics"
 	"github.com/vibemon/vmon/internal/nodeapi"
 	"github.com/vibemon/vmon/internal/sandboxlog"
-	"github.com/vibemon/vmon/internal/secrets"
 	"github.com/vibemon/vmon/internal/store"
 	"github.com/vibemon/vmon/internal/template"
 	"github.com/vibemon/vmon/internal/templates"
@@ -77,7 +75,7 @@ func serveDriver(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 			return err
 		}
 	}
-	auth, err := clusterAuthority(c.DataDir, st)
+	auth, err := clusterAuthority(ctx, c.DataDir, st)
 	if err != nil {
 		return err
 	}
@@ -137,7 +135,7 @@ func serveDriver(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 			return err
 		}
 	}
-	sealer, err := secrets.LoadOrCreateKey(filepath.Join(c.DataDir, secrets.KeyFile))
+	sealer, err := secretsSealer(ctx, c.DataDir, st)
 	if err != nil {
 		return err
 	}
@@ -171,6 +169,14 @@ func serveDriver(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 		FeaturesNow:     router.Features,
 		Secrets:         sealer,
 		Observer:        m,
+		Name:            c.Name,
+	}
+	var leader *store.Leadership
+	if st.Shared() {
+		// One driver among those sharing the database expires sandboxes and sweeps what drivers
+		// that went away left; the others take over when it goes.
+		leader = st.Leader(ctx, "expiry", log.With("component", "leader"))
+		dopts.Leader = leader
 	}
 	if sandboxLogs != nil {
 		// The driver writes the lifecycle part; the nodes keep what they saw (processes, limits,
@@ -184,6 +190,10 @@ func serveDriver(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 	defer d.Close()
 	if err := d.Adopt(ctx); err != nil {
 		return err
+	}
+	if st.Shared() {
+		go followRecords(ctx, st, d, router, log.With("component", "records"))
+		go sweepLeftovers(ctx, st, leader, d, cl, log.With("component", "leader"))
 	}
 	f := fleet.New(fleet.Options{Router: router, Records: st, Sandboxes: d, Grace: c.NodeLostGrace, Every: refreshEvery,
 		Log: log.With("component", "fleet"), Connect: func(name, rpc string) cluster.NodeClient { return connectNode(toNodes, name, rpc) }})
@@ -210,7 +220,7 @@ func serveDriver(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 		files := build.NewFiles(c.DataDir)
 		svc := templates.New(templates.Options{DataDir: c.DataDir, Store: st, Engine: cluster.NewBuilds(router, files),
 			Files: files, Resolver: d, MaxConcurrent: c.BuildConcurrency, Log: log.With("component", "templates"),
-			RemoteParents: true, Observe: m.BuildDone})
+			RemoteParents: true, Observe: m.BuildDone, Driver: sharedName(st, c.Name)})
 		if err := svc.Recover(ctx); err != nil {
 			return fmt.Errorf("recover template builds: %w", err)
 		}
@@ -242,6 +252,76 @@ func serveDriver(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 	}
 	defer stopMetrics()
 	return listenAndServe(ctx, c, handler, log, stdout, apiKey)
+}
+
+// sharedName is the driver's name where drivers share the store, "" where it is alone.
+func sharedName(st *store.Store, name string) string {
+	if st.Shared() {
+		return name
+	}
+	return ""
+}
+
+// followRecords keeps the driver's memory (routes, expiries) and the router's placements in line
+// with sandbox records other drivers sharing the database change.
+func followRecords(ctx context.Context, st *store.Store, d *driver.Driver, router *cluster.Router, log *slog.Logger) {
+	st.Listen(ctx, log, func(ctx context.Context) {
+		recs, err := d.Resync(ctx)
+		if err != nil {
+			log.Warn("reload the running sandboxes", "err", err)
+			return
+		}
+		for _, sb := range recs {
+			router.Recorded(sb.ID, sb.NodeID, false)
+		}
+	}, func(ctx context.Context, id string) {
+		sb, ok := d.Changed(ctx, id)
+		router.Recorded(id, sb.NodeID, !ok || sb.State == store.StateKilled)
+	})
+}
+
+// sweepEvery is how often the leading driver looks for what drivers that went away left.
+const sweepEvery = 30 * time.Second
+
+// sweepLeftovers, while this driver leads, ends the creates and fails the builds of drivers that
+// went away mid-way (each driver does so for its own when it starts again, but a replaced one,
+// under a new name, never does).
+func sweepLeftovers(ctx context.Context, st *store.Store, leader *store.Leadership, d *driver.Driver, cl *membership.Cluster, log *slog.Logger) {
+	t := time.NewTicker(sweepEvery)
+	defer t.Stop()
+	var ledSince time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if !leader.Leading() {
+			ledSince = time.Time{}
+			continue
+		}
+		if ledSince.IsZero() {
+			// Not on the first tick of a lead: gossip, which tells which drivers are alive, has
+			// had a sweep interval to settle first.
+			ledSince = time.Now()
+			continue
+		}
+		if _, err := d.SweepCreates(ctx); err != nil {
+			log.Warn("end creates left behind", "err", err)
+		}
+		var drivers []string
+		for _, m := range cl.Members() {
+			if m.Alive && m.Meta.Role == membership.RoleDriver {
+				drivers = append(drivers, m.Name)
+			}
+		}
+		n, err := st.FailUnfinishedBuilds(ctx, "the driver running the build went away", time.Now(), store.BuildsOf{NotAmong: drivers})
+		if err != nil {
+			log.Warn("fail builds left behind", "err", err)
+		} else if n > 0 {
+			log.Warn("failed builds their driver left behind", "builds", n)
+		}
+	}
 }
 
 // storeTemplatesEvery is how often a driver looks for template builds nodes published.

@@ -417,7 +417,12 @@ func openDataDir(ctx context.Context, c *config.Serve) (*store.Store, func(), er
 	if err != nil {
 		return nil, nil, err
 	}
-	st, err := store.Open(ctx, c.DataDir)
+	var st *store.Store
+	if c.Database != "" {
+		st, err = store.OpenPostgres(ctx, c.Database)
+	} else {
+		st, err = store.Open(ctx, c.DataDir)
+	}
 	if err != nil {
 		unlock()
 		return nil, nil, err

@@ -643,3 +643,21 @@ func (r *Router) WatchDenied(id string) ([]node.DeniedEvent, <-chan node.DeniedE
 	}
 	return c.WatchDenied(id)
 }
+
+// Recorded tells the router what a sandbox's record now says, after a driver sharing the store
+// changed it: where this router remembers placing the sandbox gives way to the node the record
+// names (another driver may have resumed it elsewhere), and a sandbox whose record is gone or
+// killed is forgotten. Sandboxes this router never placed are left to locate.
+func (r *Router) Recorded(id, node string, gone bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.placed[id]; !ok {
+		return
+	}
+	switch {
+	case gone:
+		delete(r.placed, id)
+	case node != "":
+		r.placed[id] = node
+	}
+}

@@ -39,6 +39,9 @@ type Serve struct {
 	// DrainTimeout).
 	DrainOnExit  bool
 	DrainTimeout time.Duration
+	// Database is a PostgreSQL DSN that several drivers share; "" keeps the embedded SQLite
+	// database in the data dir.
+	Database string
 	// Store is the artifact store the cluster shares (a directory, or s3://bucket/prefix);
 	// StoreCacheMB bounds a node's local copies of its chunks.
 	Store             string
@@ -141,6 +144,7 @@ func BindServe(fs *pflag.FlagSet, c *Serve) {
 	fs.DurationVar(&c.NodeLostGrace, "node-lost-grace", 10*time.Minute, "--role driver: how long a node may stay out of reach before its running sandboxes are ended (back sooner, they run on)")
 	fs.BoolVar(&c.DrainOnExit, "drain-on-exit", false, "--role node: on SIGTERM, have the drivers pause this node's sandboxes before exiting, so they resume elsewhere")
 	fs.DurationVar(&c.DrainTimeout, "drain-timeout", 5*time.Minute, "--role node: how long --drain-on-exit waits for the sandboxes to be paused")
+	fs.StringVar(&c.Database, "database", "", "--role driver: the PostgreSQL database several drivers share (postgres://user:pass@host/db or libpq key=value; usually from VMON_DATABASE, as it may hold a password); empty: an embedded SQLite database in the data dir")
 	fs.StringVar(&c.Store, "store", "", "--role driver/node: the artifact store the cluster shares for templates: a directory (a shared filesystem such as NFS) or s3://bucket/prefix (endpoint and keys the usual AWS way: AWS_ENDPOINT_URL_S3, AWS_ACCESS_KEY_ID, …); empty: each node keeps its own")
 	fs.Int64Var(&c.StoreCacheMB, "store-cache-mb", 10240, "--role node: size of the local cache of the store's chunks, in MiB (0: no cache)")
 	fs.StringVar(&c.JoinToken, "join-token", "", "--role node: the token `vmon node join-token` printed on the driver's host; needed only for the first start")
@@ -225,6 +229,9 @@ func ApplyEnv(fs *pflag.FlagSet) error {
 func (c *Serve) Validate() error {
 	switch c.Role {
 	case "all":
+		if c.Database != "" {
+			return fmt.Errorf("--database is for --role driver (drivers sharing one database); --role all keeps its records in its data dir")
+		}
 	case "driver", "node":
 		if err := c.validateCluster(); err != nil {
 			return err
@@ -351,6 +358,9 @@ func (c *Serve) validateCluster() error {
 	}
 	if c.Role == "node" && len(c.Join) == 0 {
 		return fmt.Errorf("--role node needs --join: the drivers' cluster endpoints (host:port)")
+	}
+	if c.Role == "node" && c.Database != "" {
+		return fmt.Errorf("--database is the drivers' (a node keeps no records)")
 	}
 	return nil
 }

@@ -240,6 +240,7 @@ func (d *Driver) reserve(ctx context.Context, sb Sandbox) error {
 	if err := d.capacityLeft(ctx, "for another sandbox"); err != nil {
 		return err
 	}
+	sb.Driver = d.opts.Name
 	return d.store.InsertSandbox(ctx, sb)
 }
 

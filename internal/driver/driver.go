@@ -114,6 +114,20 @@ type Options struct {
 	// Observer is told how each create, pause, resume and fork ended (internal/metrics); nil:
 	// nobody.
 	Observer Observer
+	// Name is this driver's name, recorded on the records it makes: several drivers may share one
+	// store, and each must tell its own interrupted creates from another's creates under way.
+	Name string
+	// Leader, when set, is whether this driver is the one among those sharing the store that
+	// expires sandboxes; the others keep the same schedule and take over when it changes. nil:
+	// this driver is alone and always expires.
+	Leader Leader
+}
+
+// Leader is the expiry leadership (store.Leadership).
+type Leader interface {
+	Leading() bool
+	// Changed returns a channel closed at the next change of Leading.
+	Changed() <-chan struct{}
 }
 
 // Observer is told how each sandbox operation ended and how long it took, as its caller saw it,

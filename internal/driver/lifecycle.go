@@ -43,7 +43,7 @@ func live(sb Sandbox) bool {
 // Kill destroys a live sandbox and marks its record killed. Unknown or already killed sandboxes
 // are NotFound (the SDK reads that as kill() == false).
 func (d *Driver) Kill(ctx context.Context, id string) error {
-	unlock := d.locks.Lock(id)
+	unlock := d.lock(id)
 	defer unlock()
 	sb, err := d.Get(ctx, id)
 	if err != nil {
@@ -117,7 +117,7 @@ func (d *Driver) Connect(ctx context.Context, id string, timeout *time.Duration,
 	if err != nil {
 		return Sandbox{}, false, err
 	}
-	unlock := d.locks.Lock(id)
+	unlock := d.lock(id)
 	defer unlock()
 	sb, err = d.Get(ctx, id)
 	if err != nil {
@@ -133,7 +133,7 @@ func (d *Driver) Connect(ctx context.Context, id string, timeout *time.Duration,
 
 // extend sets a running sandbox's end to now+t, or to max(end, now+t) unless allowShorter.
 func (d *Driver) extend(ctx context.Context, id string, t time.Duration, allowShorter bool) (Sandbox, error) {
-	unlock := d.locks.Lock(id)
+	unlock := d.lock(id)
 	defer unlock()
 	sb, err := d.Get(ctx, id)
 	if err != nil {
@@ -220,7 +220,7 @@ func (d *Driver) forget(id string) {
 
 // expire kills id if it is still running and past its end; called by the expiry loop.
 func (d *Driver) expire(ctx context.Context, id string) {
-	unlock := d.locks.Lock(id)
+	unlock := d.lock(id)
 	defer unlock()
 	sb, err := d.store.GetSandbox(ctx, id)
 	if err != nil || sb.State != store.StateRunning {
@@ -263,7 +263,7 @@ func (d *Driver) SandboxStopped(ctx context.Context, id, reason string) {
 	// Before taking the lock (a kill or timeout change may hold it for a while): from now on
 	// ingress treats the sandbox as gone.
 	d.forget(id)
-	unlock := d.locks.Lock(id)
+	unlock := d.lock(id)
 	defer unlock()
 	sb, err := d.store.GetSandbox(ctx, id)
 	if err != nil || sb.State != store.StateRunning {
@@ -285,5 +285,22 @@ func (d *Driver) SandboxStopped(ctx context.Context, id, reason string) {
 	defer cancel()
 	if err := d.node.DestroySandbox(kctx, id); err != nil && !errdefs.Is(err, errdefs.KindNotFound) {
 		d.log.Error("clean up stopped sandbox", "sandbox", id, "err", err)
+	}
+}
+
+// lock serialises one sandbox's lifecycle steps: within this driver, and across the drivers
+// sharing its store (store.LockSandbox). Without the database the step could not be recorded
+// anyway, so a failure to take the shared part is logged and the step goes on under the local
+// lock; its store calls then fail and report why.
+func (d *Driver) lock(id string) (unlock func()) {
+	local := d.locks.Lock(id)
+	shared, err := d.store.LockSandbox(context.Background(), id)
+	if err != nil {
+		d.log.Warn("sandbox lock across drivers", "sandbox", id, "err", err)
+		return local
+	}
+	return func() {
+		shared()
+		local()
 	}
 }

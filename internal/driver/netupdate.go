@@ -42,7 +42,7 @@ func (d *Driver) UpdateNetwork(ctx context.Context, id string, c NetworkUpdate) 
 	if err != nil {
 		return fmt.Errorf("re-parse normalised egress config: %w", err)
 	}
-	unlock := d.locks.Lock(id)
+	unlock := d.lock(id)
 	defer unlock()
 	if err := d.checkRecovered(id); err != nil {
 		return err

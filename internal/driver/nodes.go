@@ -113,10 +113,15 @@ func (d *Driver) NodeBack(ctx context.Context, node string, held Holdings, c Cle
 // from node with remove, under the sandbox's lock (a pause or resume of it in flight finishes
 // first, and its record then says where it is).
 func (d *Driver) placedOn(ctx context.Context, id, node string, state store.SandboxState, remove func() error) (bool, error) {
-	unlock := d.locks.Lock(id)
+	unlock := d.lock(id)
 	defer unlock()
 	sb, err := d.store.GetSandbox(ctx, id)
 	if err == nil && sb.State == state && sb.NodeID == node {
+		return true, nil
+	}
+	if err == nil && sb.State == store.StateCreating {
+		// A create under way (this driver's, or another's sharing the store) that the node
+		// already runs: it finishes, or its failure or interruption removes it.
 		return true, nil
 	}
 	if err != nil && !errdefs.Is(err, errdefs.KindNotFound) {
@@ -157,7 +162,7 @@ func (d *Driver) RunningOn(ctx context.Context, node string) ([]string, error) {
 
 // pausedOnNode records sandbox id paused if its record still says running on node.
 func (d *Driver) pausedOnNode(ctx context.Context, id, node string) {
-	unlock := d.locks.Lock(id)
+	unlock := d.lock(id)
 	defer unlock()
 	sb, err := d.store.GetSandbox(ctx, id)
 	if err != nil || sb.State != store.StateRunning || sb.NodeID != node {
@@ -175,7 +180,7 @@ func (d *Driver) pausedOnNode(ctx context.Context, id, node string) {
 
 // endOnNode marks sandbox id killed for reason if it still runs on node, without asking the node.
 func (d *Driver) endOnNode(ctx context.Context, id, node, reason string) {
-	unlock := d.locks.Lock(id)
+	unlock := d.lock(id)
 	defer unlock()
 	sb, err := d.store.GetSandbox(ctx, id)
 	if err != nil || sb.State != store.StateRunning || sb.NodeID != node {

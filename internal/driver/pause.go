@@ -52,7 +52,7 @@ func (d *Driver) Pause(ctx context.Context, id string, memory bool) error {
 	if err != nil {
 		return err
 	}
-	unlock := d.locks.Lock(id)
+	unlock := d.lock(id)
 	defer unlock()
 	sb, err := d.Get(ctx, id)
 	if err != nil {
@@ -113,7 +113,7 @@ func (d *Driver) Resume(ctx context.Context, id string, timeout *time.Duration) 
 	if err != nil {
 		return Sandbox{}, err
 	}
-	unlock := d.locks.Lock(id)
+	unlock := d.lock(id)
 	defer unlock()
 	sb, err := d.Get(ctx, id)
 	if err != nil {

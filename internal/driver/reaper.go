@@ -49,10 +49,24 @@ func (d *Driver) current(e deadline) bool {
 }
 
 // reapLoop is the single goroutine that expires sandboxes: it sleeps until the earliest deadline
-// (or until a new one is armed), then kills everything due.
+// (or until a new one is armed), then kills everything due. A driver that shares its store and
+// does not lead keeps the schedule but fires nothing: the leader expires every sandbox, once.
 func (d *Driver) reapLoop(ctx context.Context) {
 	slots := make(chan struct{}, maxConcurrentExpiries)
 	for {
+		var lost <-chan struct{}
+		if l := d.opts.Leader; l != nil {
+			// The channel first: a change between the two calls then still wakes the wait.
+			lost = l.Changed()
+			if !l.Leading() {
+				select {
+				case <-ctx.Done():
+					return
+				case <-lost:
+				}
+				continue
+			}
+		}
 		d.mu.Lock()
 		for d.heap.Len() > 0 && !d.current(d.heap[0]) {
 			heap.Pop(&d.heap)
@@ -67,6 +81,8 @@ func (d *Driver) reapLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-d.wake:
+			continue
+		case <-lost:
 			continue
 		case <-fire:
 		}

@@ -99,7 +99,7 @@ func (d *Driver) checkRecovered(id string) error {
 //     once when only a snapshot or fork had stopped it (nobody asked for a pause);
 //   - gone: the record is marked killed.
 func (d *Driver) Recovered(ctx context.Context, r node.Recovered) {
-	unlock := d.locks.Lock(r.ID)
+	unlock := d.lock(r.ID)
 	defer unlock()
 	// Answered 503 until the end: a snapshot's source is paused, then resumed, and nobody may
 	// see it paused in between.
@@ -201,20 +201,67 @@ func (d *Driver) Adopt(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("load sandboxes to adopt: %w", err)
 	}
-	var tracked, killed int
+	var tracked, killed, others int
 	for _, sb := range recs {
 		if sb.State == store.StateRunning {
 			d.track(sb)
 			tracked++
 			continue
 		}
-		d.destroyQuietly(ctx, sb.ID)
-		if err := d.store.MarkKilled(ctx, sb.ID, d.now(), ReasonInterrupted); err != nil {
-			return fmt.Errorf("mark sandbox %s killed: %w", sb.ID, err)
+		if !d.interrupted(sb) {
+			others++
+			continue
 		}
-		d.sbEnded(sb.ID, ReasonInterrupted)
+		if err := d.interrupt(ctx, sb); err != nil {
+			return err
+		}
 		killed++
 	}
-	d.log.Info("adopted sandbox records", "running", tracked, "interrupted", killed)
+	d.log.Info("adopted sandbox records", "running", tracked, "interrupted", killed, "other drivers' creates", others)
 	return nil
+}
+
+// interrupted reports whether a creating record belongs to a create nobody is running any more:
+// one of this driver's (it just started), one no driver was recorded for, or one older than
+// any create may take (its driver went away without finishing it).
+func (d *Driver) interrupted(sb Sandbox) bool {
+	return sb.Driver == "" || sb.Driver == d.opts.Name || d.now().Sub(sb.StartedAt) > d.staleCreate()
+}
+
+// staleCreate is longer than any create can last: its wait for a boot slot, its node call, and
+// a margin for the records around them.
+func (d *Driver) staleCreate() time.Duration {
+	return d.opts.BootQueueTimeout + d.opts.CreateTimeout + time.Minute
+}
+
+// interrupt ends the record of a create that will never finish: whatever the node got as far as
+// starting goes, and the record is killed.
+func (d *Driver) interrupt(ctx context.Context, sb Sandbox) error {
+	d.destroyQuietly(ctx, sb.ID)
+	if err := d.store.MarkKilled(ctx, sb.ID, d.now(), ReasonInterrupted); err != nil {
+		return fmt.Errorf("mark sandbox %s killed: %w", sb.ID, err)
+	}
+	d.sbEnded(sb.ID, ReasonInterrupted)
+	return nil
+}
+
+// SweepCreates ends the creates that drivers sharing the store left behind when they went away
+// mid-create (Adopt does it for this driver's own at its start). The leader calls it now and then.
+func (d *Driver) SweepCreates(ctx context.Context) (int, error) {
+	recs, err := d.store.ListSandboxes(ctx, store.SandboxQuery{States: []store.SandboxState{store.StateCreating}})
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, sb := range recs {
+		if sb.Driver == d.opts.Name || d.now().Sub(sb.StartedAt) <= d.staleCreate() {
+			continue // this driver's own are under way: it is running
+		}
+		if err := d.interrupt(ctx, sb); err != nil {
+			return n, err
+		}
+		d.log.Warn("ended a create its driver left behind", "sandbox", sb.ID, "driver", sb.Driver)
+		n++
+	}
+	return n, nil
 }

@@ -75,7 +75,7 @@ func (d *Driver) CreateSnapshot(ctx context.Context, id, name string) (SnapshotI
 			return SnapshotInfo{}, errdefs.Conflict("a snapshot named %q already exists", name)
 		}
 	}
-	unlock := d.locks.Lock(id)
+	unlock := d.lock(id)
 	defer unlock()
 	sb, err := d.Get(ctx, id)
 	if err != nil {
@@ -294,7 +294,7 @@ func (d *Driver) fork(ctx context.Context, id string, count int, timeout *time.D
 	if err != nil {
 		return nil, err
 	}
-	unlock := d.locks.Lock(id)
+	unlock := d.lock(id)
 	src, err := d.Get(ctx, id)
 	if err != nil {
 		unlock()

@@ -148,6 +148,15 @@ func LoadOrCreateKey(path string) (*Sealer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("secrets key: %w", err)
 	}
+	return NewSealer(key)
+}
+
+// NewSealer seals with a 32-byte key kept elsewhere than in a file (drivers sharing a database
+// keep theirs there).
+func NewSealer(key []byte) (*Sealer, error) {
+	if len(key) != 32 {
+		return nil, fmt.Errorf("secrets key: want 32 bytes, got %d", len(key))
+	}
 	block, err := aes.NewCipher(key)
 	if err != nil {
 		return nil, err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/vibemon/vmon/internal/errdefs"
@@ -26,6 +27,9 @@ type Build struct {
 	CreatedAt      time.Time
 	UpdatedAt      time.Time
 	FinishedAt     time.Time
+	// Driver is the driver running the build (several may share a database); kept as first
+	// recorded.
+	Driver string
 }
 
 // Tag names one build of a template ("default" is the implicit tag).
@@ -48,15 +52,15 @@ func (s *Store) PutBuild(ctx context.Context, b Build) error {
 	}
 	_, err := s.db.ExecContext(ctx, `
 INSERT INTO template_builds (id, template_id, status, reason_message, reason_step, cpu, memory_mb,
-	disk_mb, default_user, default_workdir, created_at, updated_at, finished_at)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+	disk_mb, default_user, default_workdir, created_at, updated_at, finished_at, driver)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (id) DO UPDATE SET status = excluded.status, reason_message = excluded.reason_message,
 	reason_step = excluded.reason_step, cpu = excluded.cpu, memory_mb = excluded.memory_mb,
 	disk_mb = excluded.disk_mb, default_user = excluded.default_user,
 	default_workdir = excluded.default_workdir, updated_at = excluded.updated_at,
 	finished_at = excluded.finished_at`,
 		b.ID, b.TemplateID, string(b.Status), b.ReasonMessage, b.ReasonStep, b.CPU, b.MemoryMB, b.DiskMB,
-		b.DefaultUser, b.DefaultWorkdir, toMillis(b.CreatedAt), toMillis(b.UpdatedAt), finished)
+		b.DefaultUser, b.DefaultWorkdir, toMillis(b.CreatedAt), toMillis(b.UpdatedAt), finished, b.Driver)
 	if err != nil {
 		return fmt.Errorf("put build: %w", err)
 	}
@@ -64,7 +68,7 @@ ON CONFLICT (id) DO UPDATE SET status = excluded.status, reason_message = exclud
 }
 
 const buildCols = `SELECT id, template_id, status, reason_message, reason_step, cpu, memory_mb, disk_mb,
-	default_user, default_workdir, created_at, updated_at, finished_at FROM template_builds`
+	default_user, default_workdir, created_at, updated_at, finished_at, driver FROM template_builds`
 
 func scanBuild(r scanner) (Build, error) {
 	var (
@@ -74,7 +78,7 @@ func scanBuild(r scanner) (Build, error) {
 		finished         sql.NullInt64
 	)
 	if err := r.Scan(&b.ID, &b.TemplateID, &status, &b.ReasonMessage, &b.ReasonStep, &b.CPU, &b.MemoryMB,
-		&b.DiskMB, &b.DefaultUser, &b.DefaultWorkdir, &created, &updated, &finished); err != nil {
+		&b.DiskMB, &b.DefaultUser, &b.DefaultWorkdir, &created, &updated, &finished, &b.Driver); err != nil {
 		return Build{}, err
 	}
 	b.Status = TemplateStatus(status)
@@ -128,10 +132,17 @@ func (s *Store) ListBuilds(ctx context.Context, templateID string) ([]Build, err
 }
 
 // FailUnfinishedBuilds marks every build still waiting or building as failed with reason: after
-// a restart nothing is running them.
-func (s *Store) FailUnfinishedBuilds(ctx context.Context, reason string, at time.Time) (int64, error) {
+// a restart nothing is running them. With drivers sharing the database, it takes only the builds
+// of those it is told of (BuildsOf); with none, every unfinished build.
+func (s *Store) FailUnfinishedBuilds(ctx context.Context, reason string, at time.Time, of ...BuildsOf) (int64, error) {
+	cond, args := "", []any{reason, toMillis(at), toMillis(at)}
+	for _, o := range of {
+		c, a := o.cond()
+		cond += " AND " + c
+		args = append(args, a...)
+	}
 	res, err := s.db.ExecContext(ctx, `UPDATE template_builds SET status = 'error', reason_message = ?,
-	updated_at = ?, finished_at = ? WHERE status IN ('waiting', 'building')`, reason, toMillis(at), toMillis(at))
+	updated_at = ?, finished_at = ? WHERE status IN ('waiting', 'building')`+cond, args...)
 	if err != nil {
 		return 0, fmt.Errorf("fail unfinished builds: %w", err)
 	}
@@ -147,6 +158,31 @@ func (s *Store) FailUnfinishedBuilds(ctx context.Context, reason string, at time
 		return n, fmt.Errorf("fail unfinished templates: %w", err)
 	}
 	return n, nil
+}
+
+// BuildsOf selects unfinished builds by the driver running them.
+type BuildsOf struct {
+	// Driver, when set, takes that driver's builds (and those no driver was recorded for: an
+	// older binary's, alone on its database).
+	Driver string
+	// NotAmong, when Driver is empty, takes the builds of every driver not listed (drivers gone
+	// without failing theirs).
+	NotAmong []string
+}
+
+func (o BuildsOf) cond() (string, []any) {
+	if o.Driver != "" {
+		return "driver IN ('', ?)", []any{o.Driver}
+	}
+	if len(o.NotAmong) == 0 {
+		return "1 = 1", nil
+	}
+	ph := strings.TrimSuffix(strings.Repeat("?, ", len(o.NotAmong)), ", ")
+	args := make([]any, len(o.NotAmong))
+	for i, n := range o.NotAmong {
+		args[i] = n
+	}
+	return "driver NOT IN (" + ph + ")", args
 }
 
 // SetTags points each tag of a template at buildID, replacing where the tag was before.

@@ -176,8 +176,22 @@ func testRecords(t *testing.T, s *Store) {
 	if tags, _ := s.ListTags(ctx, "tpl"); len(tags) != 2 {
 		t.Fatalf("a failed RemoveTags removed some: %+v", tags)
 	}
-	if n, err := s.FailUnfinishedBuilds(ctx, "restart", t0); err != nil || n != 1 {
-		t.Fatalf("FailUnfinishedBuilds = %d, %v", n, err)
+	// Another driver's build under way is not this driver's to fail at its restart; once that
+	// driver is gone, it is.
+	if err := s.PutBuild(ctx, Build{ID: "b2", TemplateID: "tpl", Status: TemplateBuilding, CPU: 1, MemoryMB: 512, CreatedAt: t0, UpdatedAt: t0, Driver: "d2"}); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := s.FailUnfinishedBuilds(ctx, "restart", t0, BuildsOf{Driver: "d1"}); err != nil || n != 1 {
+		t.Fatalf("FailUnfinishedBuilds(d1) = %d, %v", n, err)
+	}
+	if b, _ := s.GetBuild(ctx, "tpl", "b2"); b.Status != TemplateBuilding || b.Driver != "d2" {
+		t.Fatalf("d2's build after d1's restart: %+v", b)
+	}
+	if n, err := s.FailUnfinishedBuilds(ctx, "restart", t0, BuildsOf{NotAmong: []string{"d1", "d2"}}); err != nil || n != 0 {
+		t.Fatalf("FailUnfinishedBuilds(not d1, d2) = %d, %v", n, err)
+	}
+	if n, err := s.FailUnfinishedBuilds(ctx, "its driver is gone", t0, BuildsOf{NotAmong: []string{"d1"}}); err != nil || n != 1 {
+		t.Fatalf("FailUnfinishedBuilds(not d1) = %d, %v", n, err)
 	}
 }
 

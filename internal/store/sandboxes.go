@@ -60,6 +60,10 @@ type Sandbox struct {
 	PausedBytes  int64
 	// VolumeMounts are the volumes mounted into the sandbox.
 	VolumeMounts []VolumeMount
+	// Driver is the driver that made the record (several may share a database): while the record
+	// is still creating, that driver's create is under way, and another driver starting up must
+	// not take it for one a restart interrupted.
+	Driver string
 }
 
 // VolumeMount is a volume mounted at Path in a sandbox.
@@ -103,12 +107,12 @@ func (s *Store) InsertSandbox(ctx context.Context, sb Sandbox) error {
 INSERT INTO sandboxes (id, template_id, alias, state, metadata, env_vars, envd_access_token,
 	traffic_access_token, allow_public_traffic, allow_internet_access, cpu, memory_mb, disk_mb,
 	envd_version, started_at, end_at, killed_at, kill_reason, node_id, network,
-	auto_pause, auto_pause_memory, auto_resume, volume_mounts)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+	auto_pause, auto_pause_memory, auto_resume, volume_mounts, driver)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		sb.ID, sb.TemplateID, sb.Alias, string(sb.State), meta, env, sb.EnvdAccessToken,
 		sb.TrafficAccessToken, sb.AllowPublicTraffic, internet, sb.CPU, sb.MemoryMB, sb.DiskMB,
 		sb.EnvdVersion, toMillis(sb.StartedAt), toMillis(sb.EndAt), nullMillis(sb.KilledAt),
-		sb.KillReason, sb.NodeID, network, sb.AutoPause, sb.AutoPauseMemory, sb.AutoResume, mounts)
+		sb.KillReason, sb.NodeID, network, sb.AutoPause, sb.AutoPauseMemory, sb.AutoResume, mounts, sb.Driver)
 	if err != nil {
 		if isUnique(err) {
 			return errdefs.Conflict("sandbox %q already exists", sb.ID)
@@ -335,7 +339,7 @@ var sandboxCols = `SELECT ` + strings.Join([]string{"id", "template_id", "alias"
 	"env_vars", "envd_access_token", "traffic_access_token", "allow_public_traffic",
 	"allow_internet_access", "cpu", "memory_mb", "disk_mb", "envd_version", "started_at", "end_at",
 	"killed_at", "kill_reason", "node_id", "network", "auto_pause", "auto_pause_memory", "auto_resume",
-	"paused_at", "paused_memory", "paused_bytes", "volume_mounts"}, ", ") + ` FROM sandboxes`
+	"paused_at", "paused_memory", "paused_bytes", "volume_mounts", "driver"}, ", ") + ` FROM sandboxes`
 
 func scanSandbox(r scanner) (Sandbox, error) {
 	var (
@@ -349,7 +353,7 @@ func scanSandbox(r scanner) (Sandbox, error) {
 	err := r.Scan(&sb.ID, &sb.TemplateID, &sb.Alias, &state, &meta, &env, &sb.EnvdAccessToken,
 		&sb.TrafficAccessToken, &sb.AllowPublicTraffic, &internet, &sb.CPU, &sb.MemoryMB, &sb.DiskMB,
 		&sb.EnvdVersion, &started, &end, &killed, &sb.KillReason, &sb.NodeID, &network,
-		&sb.AutoPause, &sb.AutoPauseMemory, &sb.AutoResume, &paused, &sb.PausedMemory, &sb.PausedBytes, &mounts)
+		&sb.AutoPause, &sb.AutoPauseMemory, &sb.AutoResume, &paused, &sb.PausedMemory, &sb.PausedBytes, &mounts, &sb.Driver)
 	if err != nil {
 		return Sandbox{}, err
 	}

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"database/sql/driver"
 	"fmt"
 	"hash/fnv"
 	"log/slog"
@@ -34,6 +35,41 @@ CREATE OR REPLACE TRIGGER vmon_sandbox_changed AFTER INSERT OR UPDATE OR DELETE 
 
 // Shared reports whether other drivers may share this database (PostgreSQL).
 func (s *Store) Shared() bool { return s.db.pg }
+
+// sandboxLockClass is the first key of the advisory locks LockSandbox takes (the second is a hash
+// of the id), so they never meet the leadership locks, which use one bigint key.
+const sandboxLockClass = 0x766d
+
+// LockSandbox serialises one sandbox's lifecycle steps (kill, pause, resume, expiry, a node's
+// reconciliation) across the drivers sharing the database: a session advisory lock, held on a
+// connection of the lock pool until unlock. The lock pool is apart from the query pool, so that
+// steps holding locks can always still query. On SQLite there is one driver, whose own locks
+// suffice: it returns at once.
+func (s *Store) LockSandbox(ctx context.Context, id string) (unlock func(), err error) {
+	if !s.db.pg {
+		return func() {}, nil
+	}
+	h := fnv.New32a()
+	h.Write([]byte(id))
+	key := int32(h.Sum32())
+	conn, err := s.locks.Conn(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("lock sandbox %s: %w", id, err)
+	}
+	if _, err := conn.ExecContext(ctx, "SELECT pg_advisory_lock($1, $2)", sandboxLockClass, key); err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("lock sandbox %s: %w", id, err)
+	}
+	return func() {
+		uctx, cancel := context.WithTimeout(context.Background(), leaderPingTimeout)
+		defer cancel()
+		if _, err := conn.ExecContext(uctx, "SELECT pg_advisory_unlock($1, $2)", sandboxLockClass, key); err != nil {
+			// The session is in doubt: end it, which releases every lock it holds.
+			_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+		}
+		conn.Close()
+	}, nil
+}
 
 // SharedKey returns the cluster-wide secret called name, making it with create if no driver has
 // yet. Two drivers starting together both call create, and both end up with the one that was

@@ -38,6 +38,8 @@ type Store struct {
 	// dsn is the PostgreSQL connection string ("" on SQLite): Listen and Leader hold connections
 	// of their own.
 	dsn string
+	// locks is the PostgreSQL pool LockSandbox holds its connections in.
+	locks *sql.DB
 }
 
 // Open opens (creating if needed) the database under dataDir and applies pending migrations.
@@ -88,13 +90,16 @@ func OpenPostgres(ctx context.Context, dsn string) (*Store, error) {
 	sqldb.SetMaxOpenConns(maxPostgresConns)
 	sqldb.SetMaxIdleConns(maxPostgresConns)
 	sqldb.SetConnMaxIdleTime(5 * time.Minute)
-	s := &Store{db: &db{DB: sqldb, pg: true}, dsn: dsn}
+	locks := stdlib.OpenDB(*cfg)
+	locks.SetMaxOpenConns(maxPostgresLocks)
+	locks.SetMaxIdleConns(4)
+	s := &Store{db: &db{DB: sqldb, pg: true}, dsn: dsn, locks: locks}
 	if err := s.Ping(ctx); err != nil {
-		sqldb.Close()
+		s.Close()
 		return nil, err
 	}
 	if err := s.migrate(ctx); err != nil {
-		sqldb.Close()
+		s.Close()
 		return nil, err
 	}
 	return s, nil
@@ -104,8 +109,17 @@ func OpenPostgres(ctx context.Context, dsn string) (*Store, error) {
 // operators size max_connections for their drivers times this.
 const maxPostgresConns = 16
 
+// maxPostgresLocks bounds the connections holding sandbox locks (one per sandbox being paused,
+// resumed, killed or expired at that moment through this driver).
+const maxPostgresLocks = 64
+
 // Close closes the database.
-func (s *Store) Close() error { return s.db.Close() }
+func (s *Store) Close() error {
+	if s.locks != nil {
+		s.locks.Close()
+	}
+	return s.db.Close()
+}
 
 // Ping checks that the database answers (used by the health endpoint).
 func (s *Store) Ping(ctx context.Context) error {
@@ -141,15 +155,6 @@ func (s *Store) schemaVersion(ctx context.Context, q rowQuerier) (int, error) {
 const pgMigrationLock = 0x766d6f6e // "vmon"
 
 func (s *Store) migrate(ctx context.Context) error {
-	if s.db.pg {
-		if _, err := s.db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS vmon_schema (version INTEGER NOT NULL);
-INSERT INTO vmon_schema (version) SELECT 0 WHERE NOT EXISTS (SELECT 1 FROM vmon_schema)`); err != nil {
-			// Two drivers creating the table at once: one loses the race, and the table is there.
-			if !isUnique(err) {
-				return fmt.Errorf("create schema version table: %w", err)
-			}
-		}
-	}
 	// Read committed, not serializable: a driver that waited for the lock below must read the
 	// version the one before it wrote, not the one of its transaction's start.
 	return s.tryTx(ctx, nil, func(tx *tx) error {
@@ -158,6 +163,10 @@ INSERT INTO vmon_schema (version) SELECT 0 WHERE NOT EXISTS (SELECT 1 FROM vmon_
 			// waits and then finds them applied.
 			if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(?)`, pgMigrationLock); err != nil {
 				return fmt.Errorf("lock for migrations: %w", err)
+			}
+			if _, err := tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS vmon_schema (version INTEGER NOT NULL);
+INSERT INTO vmon_schema (version) SELECT 0 WHERE NOT EXISTS (SELECT 1 FROM vmon_schema)`); err != nil {
+				return fmt.Errorf("create schema version table: %w", err)
 			}
 		}
 		cur, err := s.schemaVersion(ctx, tx.Tx)

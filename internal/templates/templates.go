@@ -65,6 +65,9 @@ type Options struct {
 	// RemoteParents: builds run on nodes that hold the parent template, not in DataDir, so a
 	// build's parent is named by its ids and the node that runs it resolves its layers.
 	RemoteParents bool
+	// Driver names this driver on the builds it runs, when drivers share the store: a restart
+	// then fails only its own unfinished builds, not those another driver is running. "": alone.
+	Driver string
 }
 
 // Service runs the template build API.
@@ -128,7 +131,11 @@ func New(o Options) *Service {
 
 // Recover fails builds a previous run left unfinished: nothing runs them any more.
 func (s *Service) Recover(ctx context.Context) error {
-	n, err := s.opts.Store.FailUnfinishedBuilds(ctx, "the build was interrupted by a server restart", time.Now())
+	var of []store.BuildsOf
+	if s.opts.Driver != "" {
+		of = append(of, store.BuildsOf{Driver: s.opts.Driver})
+	}
+	n, err := s.opts.Store.FailUnfinishedBuilds(ctx, "the build was interrupted by a server restart", time.Now(), of...)
 	if n > 0 {
 		s.opts.Log.Warn("failed builds interrupted by a restart", "builds", n)
 	}
@@ -266,7 +273,7 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (Created, error
 		return Created{}, err
 	}
 	if err := s.opts.Store.PutBuild(ctx, store.Build{ID: buildID, TemplateID: tpl.ID, Status: store.TemplateWaiting,
-		CPU: req.CPUs, MemoryMB: req.MemoryMB, CreatedAt: now, UpdatedAt: now}); err != nil {
+		CPU: req.CPUs, MemoryMB: req.MemoryMB, CreatedAt: now, UpdatedAt: now, Driver: s.opts.Driver}); err != nil {
 		return Created{}, err
 	}
 	s.mu.Lock()

@@ -56,12 +56,7 @@ func LoadOrCreateCA(dir, commonName string) (*CA, error) {
 	if err != nil {
 		return nil, err
 	}
-	leafKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return nil, err
-	}
-	return &CA{cert: cert, key: key, leafKey: leafKey, cache: map[string]*tls.Certificate{},
-		CertPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: cert.Raw})}, nil
+	return newCA(cert, key)
 }
 
 // Leaf returns a certificate for name (and ips), chained to the CA, minted on first use and
@@ -100,19 +95,75 @@ func (ca *CA) Leaf(name string, ips ...net.IP) (*tls.Certificate, error) {
 	return c, nil
 }
 
+// CAFromPEM loads a CA kept elsewhere than in files (drivers sharing a database keep theirs
+// there): pemData holds its certificate and its key, as NewCAPEM makes them.
+func CAFromPEM(pemData []byte) (*CA, error) {
+	pair, err := tls.X509KeyPair(pemData, pemData)
+	if err != nil {
+		return nil, fmt.Errorf("load CA: %w", err)
+	}
+	cert, key, err := caOf(pair)
+	if err != nil {
+		return nil, err
+	}
+	return newCA(cert, key)
+}
+
+// NewCAPEM makes a new CA and returns its certificate and key as PEM, for CAFromPEM.
+func NewCAPEM(commonName string) ([]byte, error) {
+	cert, key, err := createCA(commonName)
+	if err != nil {
+		return nil, err
+	}
+	der, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return nil, err
+	}
+	return append(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: cert.Raw}),
+		pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der})...), nil
+}
+
+func newCA(cert *x509.Certificate, key *ecdsa.PrivateKey) (*CA, error) {
+	leafKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	return &CA{cert: cert, key: key, leafKey: leafKey, cache: map[string]*tls.Certificate{},
+		CertPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: cert.Raw})}, nil
+}
+
+func caOf(pair tls.Certificate) (*x509.Certificate, *ecdsa.PrivateKey, error) {
+	cert, err := x509.ParseCertificate(pair.Certificate[0])
+	if err != nil {
+		return nil, nil, fmt.Errorf("parse CA: %w", err)
+	}
+	key, ok := pair.PrivateKey.(*ecdsa.PrivateKey)
+	if !ok || !cert.IsCA {
+		return nil, nil, errors.New("CA key is not an ECDSA certificate authority")
+	}
+	return cert, key, nil
+}
+
 func loadOrCreateCA(dir, commonName string) (*x509.Certificate, *ecdsa.PrivateKey, error) {
 	certPath, keyPath := filepath.Join(dir, CACertFile), filepath.Join(dir, CAKeyFile)
 	if pair, err := tls.LoadX509KeyPair(certPath, keyPath); err == nil {
-		cert, err := x509.ParseCertificate(pair.Certificate[0])
-		if err != nil {
-			return nil, nil, fmt.Errorf("parse CA: %w", err)
-		}
-		key, ok := pair.PrivateKey.(*ecdsa.PrivateKey)
-		if !ok || !cert.IsCA {
-			return nil, nil, errors.New("CA key is not an ECDSA certificate authority")
-		}
-		return cert, key, nil
+		return caOf(pair)
 	}
+	cert, key, err := createCA(commonName)
+	if err != nil {
+		return nil, nil, err
+	}
+	// The key goes first: a certificate without its key would be unusable after a crash.
+	if err := writeKey(keyPath, key); err != nil {
+		return nil, nil, err
+	}
+	if err := writePEM(certPath, "CERTIFICATE", cert.Raw, 0o644); err != nil {
+		return nil, nil, err
+	}
+	return cert, key, nil
+}
+
+func createCA(commonName string) (*x509.Certificate, *ecdsa.PrivateKey, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, nil, err
@@ -130,13 +181,6 @@ func loadOrCreateCA(dir, commonName string) (*x509.Certificate, *ecdsa.PrivateKe
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
 	if err != nil {
 		return nil, nil, fmt.Errorf("create CA: %w", err)
-	}
-	// The key goes first: a certificate without its key would be unusable after a crash.
-	if err := writeKey(keyPath, key); err != nil {
-		return nil, nil, err
-	}
-	if err := writePEM(certPath, "CERTIFICATE", der, 0o644); err != nil {
-		return nil, nil, err
 	}
 	cert, err := x509.ParseCertificate(der)
 	return cert, key, err
