@@ -31,8 +31,12 @@ test-go: build
 $(BIN)/vmon-test-registry: FORCE
 	$(GO) build -trimpath -o $@ ./test/registry
 
+# The PostgreSQL server the cluster tests run their drivers on (Debian's binaries, a temp dir).
+$(BIN)/vmon-test-pg: FORCE
+	$(GO) build -trimpath -o $@ ./test/pgserver
+
 # The official e2b SDK against a real `vmon serve` (needs the base template; see scripts/test.sh).
-test-e2e: build $(BIN)/vmon-test-registry
+test-e2e: build $(BIN)/vmon-test-registry $(BIN)/vmon-test-pg
 	bash scripts/test-e2e.sh
 
 test: lint test-go test-e2e

@@ -123,6 +123,9 @@ func serveDriver(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 		_ = cl.Shutdown()
 	}()
 	auth.Gossip = func() []string { return gossipSeeds(cl) }
+	if st.Shared() {
+		go meetDrivers(ctx, st, c.Name, cl, log.With("component", "membership"))
+	}
 	stopCluster, err := serveClusterEndpoint(ctx, c, own, auth, cl, log)
 	if err != nil {
 		return err
@@ -278,6 +281,53 @@ func followRecords(ctx context.Context, st *store.Store, d *driver.Driver, route
 		sb, ok := d.Changed(ctx, id)
 		router.Recorded(id, sb.NodeID, !ok || sb.State == store.StateKilled)
 	})
+}
+
+// driverBeat is how often a driver sharing the database says where it gossips, and joins the
+// gossip of those it does not see there; driverSeen is how recent a word counts.
+const (
+	driverBeat   = 15 * time.Second
+	driverSeen   = 4 * driverBeat
+	driverForget = 24 * time.Hour
+)
+
+// meetDrivers makes the drivers sharing a database one gossip: each records where it gossips,
+// and joins those others it does not already see (at its start, and after a partition healed).
+func meetDrivers(ctx context.Context, st *store.Store, name string, cl *membership.Cluster, log *slog.Logger) {
+	t := time.NewTicker(driverBeat)
+	defer t.Stop()
+	for {
+		now := time.Now()
+		if err := st.SeenDriver(ctx, name, cl.LocalGossip(), now); err != nil && ctx.Err() == nil {
+			log.Warn("record this driver's gossip address", "err", err)
+		}
+		others, err := st.Drivers(ctx, now.Add(-driverSeen), now.Add(-driverForget))
+		if err != nil && ctx.Err() == nil {
+			log.Warn("list the other drivers", "err", err)
+		}
+		known := map[string]bool{}
+		for _, m := range cl.Members() {
+			if m.Alive {
+				known[m.Name] = true
+			}
+		}
+		var join []string
+		for _, d := range others {
+			if !known[d.Name] {
+				join = append(join, d.Gossip)
+			}
+		}
+		if len(join) > 0 {
+			if n, err := cl.Join(join); err != nil {
+				log.Warn("join the other drivers' gossip", "drivers", join, "answered", n, "err", err)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }
 
 // sweepEvery is how often the leading driver looks for what drivers that went away left.

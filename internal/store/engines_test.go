@@ -26,6 +26,27 @@ var suite = map[string]func(t *testing.T, s *Store){
 	"Nodes":             testNodes,
 	"Records":           testRecords,
 	"SharedKey":         testSharedKey,
+	"Drivers":           testDrivers,
+}
+
+func testDrivers(t *testing.T, s *Store) {
+	ctx := context.Background()
+	for i, d := range []Driver{{"d1", "10.0.0.1:7946", t0}, {"d2", "10.0.0.2:7946", t0.Add(time.Minute)}, {"old", "10.0.0.9:7946", t0.Add(-time.Hour)}} {
+		if err := s.SeenDriver(ctx, d.Name, d.Gossip, d.SeenAt); err != nil {
+			t.Fatal(i, err)
+		}
+	}
+	if err := s.SeenDriver(ctx, "d1", "10.0.0.3:7946", t0.Add(2*time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.Drivers(ctx, t0.Add(30*time.Second), t0.Add(-10*time.Minute))
+	if err != nil || len(got) != 2 || got[0].Name != "d1" || got[0].Gossip != "10.0.0.3:7946" || got[1].Name != "d2" {
+		t.Fatalf("Drivers = %+v, %v", got, err)
+	}
+	all, _ := s.Drivers(ctx, time.Time{}, time.Time{})
+	if len(all) != 2 {
+		t.Fatalf("the long-gone driver was kept: %+v", all)
+	}
 }
 
 func openPostgres(t *testing.T, dsn string) *Store {

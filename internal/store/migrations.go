@@ -177,9 +177,15 @@ CREATE TABLE nodes (
 	`
 ALTER TABLE volumes ADD COLUMN node_id TEXT NOT NULL DEFAULT '';
 `,
-	// 10: what drivers sharing a database need: the cluster's keys, and which driver is making a
-	// sandbox or running a build (another driver starting must not take them for interrupted).
+	// 10: what drivers sharing a database need: the cluster's keys, where each driver gossips (so
+	// they find each other), and which driver is making a sandbox or running a build (another
+	// driver starting must not take them for interrupted).
 	`
+CREATE TABLE drivers (
+	name     TEXT PRIMARY KEY,
+	gossip   TEXT NOT NULL,
+	seen_at  INTEGER NOT NULL
+);
 CREATE TABLE cluster_keys (
 	name        TEXT PRIMARY KEY,
 	value       BLOB NOT NULL,

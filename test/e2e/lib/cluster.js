@@ -80,6 +80,32 @@ async function startWeed(root) {
 }
 
 /**
+ * A PostgreSQL server for drivers sharing a database (bin/vmon-test-pg: Debian's binaries, a
+ * temporary directory, a Unix socket), and the DSN of a fresh database on it.
+ */
+async function startPostgres() {
+  const bin = process.env.VMON_TEST_PG_BIN || path.join(REPO, 'bin', 'vmon-test-pg');
+  const proc = spawn(bin, [], { stdio: ['pipe', 'pipe', 'inherit'] });
+  const line = await new Promise((resolve, reject) => {
+    let buf = '';
+    proc.stdout.on('data', (d) => {
+      buf += d;
+      const i = buf.indexOf('\n');
+      if (i >= 0) resolve(buf.slice(0, i));
+    });
+    proc.once('exit', (code) => reject(new Error(`vmon-test-pg exited (${code}) before it was ready`)));
+  });
+  const { dsn } = JSON.parse(line);
+  return {
+    dsn,
+    stop: () => new Promise((resolve) => {
+      proc.once('exit', resolve);
+      proc.stdin.end();
+    }),
+  };
+}
+
+/**
  * The nodes' fake internet, in the test's own namespace: HTTP servers on documentation addresses
  * (INTERNET hosts, put on the bridge; each answers "hello from <address>") and a DNS server on the
  * bridge (DNS_ADDR) answering INTERNET_NAMES, the nodes' upstream (--egress-upstream-dns). Nothing
@@ -151,12 +177,24 @@ async function startInternet() {
 /**
  * Starts a driver and `nodes` ({ name, ip, base, args }) on a store ('dir' or 's3'). Only nodes
  * with `base` start with a base template: the first of them publishes it, and the others wait
- * until it is in the store, then fetch it from there.
+ * until it is in the store, then fetch it from there. With `drivers` > 1 the drivers share a
+ * PostgreSQL database (c.drivers; c.driver is the first); nodes join through the first.
  */
-export async function startCluster(root, { nodes: spec, store = 'dir', driverArgs = [], sharedNetns = false }) {
+export async function startCluster(root, opts) {
+  const c = { root, nodes: [], drivers: [], netns: [], driver: null, weed: null };
+  try {
+    return await start(c, opts);
+  } catch (err) {
+    // Whatever came up goes: the test's after hook never sees a cluster that failed to start.
+    await stopCluster(c);
+    throw err;
+  }
+}
+
+async function start(c, { nodes: spec, store = 'dir', driverArgs = [], sharedNetns = false, drivers = 1 }) {
+  const { root } = c;
   // With sharedNetns, every node runs in one network namespace, on the first node's address.
-  const nsNames = sharedNetns ? [`vmcl-${process.pid}-shared`] : spec.map((n) => `vmcl-${process.pid}-${n.name}`);
-  const c = { root, nodes: [], netns: nsNames, driver: null, weed: null };
+  c.netns = sharedNetns ? [`vmcl-${process.pid}-shared`] : spec.map((n) => `vmcl-${process.pid}-${n.name}`);
   c.nsOf = (i) => c.netns[sharedNetns ? 0 : i];
   // A run killed before its teardown leaves its bridge behind.
   try {
@@ -170,6 +208,7 @@ export async function startCluster(root, { nodes: spec, store = 'dir', driverArg
   c.netns.forEach((_, i) => {
     const n = spec[i];
     ip('netns', 'add', c.netns[i]);
+    c.made = i + 1;
     ip('link', 'add', `vmcl-${i}`, 'type', 'veth', 'peer', 'name', 'eth0', 'netns', c.netns[i]);
     ip('link', 'set', `vmcl-${i}`, 'master', BRIDGE, 'up');
     ip('-n', c.netns[i], 'addr', 'add', `${n.ip}/24`, 'dev', 'eth0');
@@ -187,16 +226,33 @@ export async function startCluster(root, { nodes: spec, store = 'dir', driverArg
     env = c.weed.env;
   }
   c.store = storeSpec;
+  // The drivers' environment: the store's, and the database they share (nodes get the store's).
+  let denv = env;
+  if (drivers > 1) {
+    c.pg = await startPostgres();
+    denv = { ...env, VMON_DATABASE: c.pg.dsn };
+  }
+  c.env = denv;
   const driverDir = memberDir(root, 'driver');
-  // The token is issued before the driver runs: it makes the cluster CA the driver then serves.
-  const tokens = [(await runVmon(['node', 'join-token', '--data-dir', driverDir])).stdout.trim()];
+  // The token is issued before the driver runs: it makes the cluster CA the driver then serves
+  // (in the database the drivers share, if they do).
+  const tokens = [(await runVmon(['node', 'join-token', '--data-dir', driverDir], { env: denv })).stdout.trim()];
   assert.match(tokens[0], /^vmonjoin\./);
-  c.driver = new VmonServer({
-    name: 'driver', dir: driverDir, env,
-    args: ['--role', 'driver', '--name', 'driver', '--cluster-listen', `${DRIVER_IP}:3100`,
-      '--gossip-listen', `${DRIVER_IP}:7946`, '--store', storeSpec, ...driverArgs],
-  });
-  await c.driver.start();
+  c.drivers = [];
+  for (let i = 0; i < drivers; i++) {
+    const name = i === 0 ? 'driver' : `driver-${i + 1}`;
+    const dir = i === 0 ? driverDir : memberDir(root, name);
+    // The first driver made the admin key; the others serve with it (the database knows it).
+    if (i > 0) fs.copyFileSync(path.join(driverDir, 'api-key'), path.join(dir, 'api-key'));
+    const d = new VmonServer({
+      name, dir, env: denv,
+      args: ['--role', 'driver', '--name', name, '--cluster-listen', `${DRIVER_IP}:${3100 + i}`,
+        '--gossip-listen', `${DRIVER_IP}:${7946 + i}`, '--store', storeSpec, ...driverArgs],
+    });
+    await d.start();
+    c.drivers.push(d);
+  }
+  c.driver = c.drivers[0];
   // The others through the driver's API, as from another host (the key is the data dir's).
   while (tokens.length < spec.length) {
     tokens.push((await runVmon(['node', 'join-token', '--api-url', c.driver.apiUrl, '--data-dir', driverDir])).stdout.trim());
@@ -210,7 +266,7 @@ export async function startCluster(root, { nodes: spec, store = 'dir', driverArg
     const node = new VmonServer({
       name: n.name, role: 'node', dir: memberDir(root, n.name, n.base), host, port: n.port ?? 3001, env,
       wrap: ['nsenter', `--net=/run/netns/${c.nsOf(i)}`],
-      args: ['--role', 'node', '--name', n.name, '--gossip-listen', `${host}:${n.gossipPort ?? 7946}`, '--join', `${DRIVER_IP}:3100`,
+      args: ['--role', 'node', '--name', n.name, '--gossip-listen', `${host}:${n.gossipPort ?? 7946}`, ...c.drivers.flatMap((_, j) => ['--join', `${DRIVER_IP}:${3100 + j}`]),
         '--join-token', tokens[i], '--warm-pool', '0', '--store', storeSpec, '--egress-upstream-dns', DNS_ADDR, ...(n.args ?? [])],
     });
     c.nodes.push(node);
@@ -221,7 +277,7 @@ export async function startCluster(root, { nodes: spec, store = 'dir', driverArg
         { timeoutMs: 300_000, intervalMs: 500, what: `${n.name}'s base template published to the store` });
     }
   }
-  await waitFor(async () => (await fetch(`${c.driver.apiUrl}/health`)).ok, { what: 'the driver healthy' });
+  for (const d of c.drivers) await waitFor(async () => (await fetch(`${d.apiUrl}/health`)).ok, { what: `${d.name} healthy` });
   return c;
 }
 
@@ -229,7 +285,7 @@ export async function startCluster(root, { nodes: spec, store = 'dir', driverArg
 export async function stopCluster(c) {
   if (!c) return;
   for (const n of c.nodes) await n.stop({ cleanup: false }).catch(() => {});
-  await c.driver?.stop().catch(() => {});
+  for (const d of c.drivers ?? []) await d.stop().catch(() => {});
   for (const pid of await pgrep(`${c.root}/`).catch(() => [])) {
     try {
       process.kill(pid, 'SIGKILL');
@@ -238,6 +294,7 @@ export async function stopCluster(c) {
     }
   }
   c.internet?.close();
+  await c.pg?.stop();
   if (c.weed) {
     try {
       process.kill(-c.weed.proc.pid, 'SIGKILL');
@@ -245,7 +302,7 @@ export async function stopCluster(c) {
       // gone
     }
   }
-  for (const ns of c.netns) {
+  for (const ns of c.netns.slice(0, c.made ?? c.netns.length)) {
     try {
       ip('netns', 'del', ns);
     } catch {
@@ -269,8 +326,28 @@ export function holderIn(c, id) {
   return c.nodes.find((n) => handedOut(n.dataDir, id))?.name;
 }
 
-/** `vmon <args> --json` on the driver's data dir, one object per line. */
+/** `vmon <args> --json` on the driver's data dir (or database), one object per line. */
 export async function lsJSON(c, ...args) {
-  return (await runVmon([...args, '--json', '--data-dir', c.driver.dataDir])).stdout
+  return (await runVmon([...args, '--json', '--data-dir', c.driver.dataDir], { env: c.env })).stdout
     .split('\n').filter(Boolean).map((l) => JSON.parse(l));
+}
+
+/**
+ * Sandbox sbx resumed on node `on` of cluster c, which runs it now: a file written before its
+ * pause (/tmp/kept), a background loop still counting (/tmp/count), and the records agree.
+ */
+export async function assertCameBack(c, sbx, on) {
+  assert.equal(holderIn(c, sbx.sandboxId), on);
+  assert.equal((await sbx.commands.run('cat /tmp/kept')).stdout, 'kept\n');
+  const count = async () => Number((await sbx.commands.run('cat /tmp/count')).stdout);
+  const c1 = await count();
+  await new Promise((r) => setTimeout(r, 1000));
+  assert.ok((await count()) > c1, 'the background loop does not count after the resume');
+  assert.equal((await lsJSON(c, 'sandbox', 'ls')).find((r) => r.sandboxId === sbx.sandboxId)?.node, on);
+}
+
+/** Writes /tmp/kept and starts a loop counting in /tmp/count, for assertCameBack. */
+export async function leaveTraces(sbx) {
+  await sbx.commands.run('echo kept > /tmp/kept');
+  await sbx.commands.run("sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done'", { background: true });
 }

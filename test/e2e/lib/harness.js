@@ -106,11 +106,14 @@ export async function waitFor(fn, { timeoutMs = 10_000, intervalMs = 100, what =
   }
 }
 
-/** Run `vmon <args…>` to completion; resolves { stdout, stderr }, rejects with both on failure. */
-export function runVmon(args, { timeoutMs = 60_000 } = {}) {
+/**
+ * Run `vmon <args…>` to completion (with env added to the environment); resolves { stdout,
+ * stderr }, rejects with both on failure.
+ */
+export function runVmon(args, { timeoutMs = 60_000, env = {} } = {}) {
   const bin = vmonBin();
   return new Promise((resolve, reject) => {
-    execFile(bin, args, { timeout: timeoutMs, maxBuffer: 16 << 20 }, (err, stdout, stderr) => {
+    execFile(bin, args, { timeout: timeoutMs, maxBuffer: 16 << 20, env: { ...process.env, ...env } }, (err, stdout, stderr) => {
       if (err) {
         err.message = `\`vmon ${args.join(' ')}\` failed: ${err.message}\nstdout:\n${stdout}\nstderr:\n${stderr}`;
         reject(err);

@@ -9,7 +9,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { Sandbox, Template, Volume } from 'e2b';
 import { MiB, hashStream, randomStream } from '../lib/data.js';
-import { DRIVER_IP, holderIn, lsJSON as clusterLs, startCluster, stopCluster } from '../lib/cluster.js';
+import { DRIVER_IP, assertCameBack, holderIn, leaveTraces, lsJSON as clusterLs, startCluster, stopCluster } from '../lib/cluster.js';
 import {
   apiFetch,
   handedOut,
@@ -19,20 +19,6 @@ import {
   waitFor,
   withLogTail,
 } from '../lib/harness.js';
-
-/**
- * Sandbox sbx resumed on node `on` of cluster c, which runs it now: a file written before its
- * pause (/tmp/kept), a background loop still counting (/tmp/count), and the records agree.
- */
-async function assertCameBack(c, sbx, on) {
-  assert.equal(holderIn(c, sbx.sandboxId), on);
-  assert.equal((await sbx.commands.run('cat /tmp/kept')).stdout, 'kept\n');
-  const count = async () => Number((await sbx.commands.run('cat /tmp/count')).stdout);
-  const c1 = await count();
-  await new Promise((r) => setTimeout(r, 1000));
-  assert.ok((await count()) > c1, 'the background loop does not count after the resume');
-  assert.equal((await clusterLs(c, 'sandbox', 'ls')).find((r) => r.sandboxId === sbx.sandboxId)?.node, on);
-}
 
 /**
  * Sandbox sbx of cluster c is reached through the driver as a client reaches it: output streamed
@@ -58,12 +44,6 @@ async function assertReachable(c, sbx) {
     return g.status === 200 ? g : null;
   }, { what: 'the guest HTTP server through the driver' });
   assert.equal(await res.text(), `served by ${sbx.sandboxId}`);
-}
-
-/** Writes /tmp/kept and starts a loop counting in /tmp/count, for assertCameBack. */
-async function leaveTraces(sbx) {
-  await sbx.commands.run('echo kept > /tmp/kept');
-  await sbx.commands.run("sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done'", { background: true });
 }
 
 const NODES = [
