@@ -3,11 +3,13 @@ GO ?= go
 BIN := bin
 PREFIX ?= /usr/local
 export CGO_ENABLED := 0
+# What `vmon version` prints: the git description of the tree built (dev outside a git checkout).
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 
 .PHONY: build install test test-go test-e2e lint proto clean FORCE
 
 build:
-	$(GO) build -trimpath -o $(BIN)/vmon ./cmd/vmon
+	$(GO) build -trimpath -ldflags='-X main.version=$(VERSION)' -o $(BIN)/vmon ./cmd/vmon
 	$(GO) build -trimpath -ldflags='-s -w' -o $(BIN)/envd ./cmd/envd
 	$(GO) build -trimpath -ldflags='-s -w' -o $(BIN)/vmon-code-interpreter ./cmd/vmon-code-interpreter
 
