@@ -9,12 +9,12 @@
 
 import assert from 'node:assert/strict';
 import { describe, before, after } from 'node:test';
-import { spawn, execFileSync } from 'node:child_process';
+import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
 import readline from 'node:readline';
 import { Sandbox, Template, CommandExitError } from 'e2b';
-import { useServer, runId, killQuietly, apiFetch, vmonBin, REPO_ROOT } from '../lib/harness.js';
+import { useServer, runId, killQuietly, apiFetch, REPO_ROOT } from '../lib/harness.js';
 
 const LAYOUT = process.env.VMON_IMAGE_LAYOUT || path.join(REPO_ROOT, 'bin', 'image');
 
@@ -29,6 +29,14 @@ async function startRegistry() {
   });
   const info = JSON.parse(line);
   return { addr: info.addr, ref: info.images.vmon, proc };
+}
+
+/** The config of the layout's one image. */
+function layoutConfig() {
+  const blob = (digest) => JSON.parse(fs.readFileSync(path.join(LAYOUT, 'blobs', ...digest.split(':')), 'utf8'));
+  const index = JSON.parse(fs.readFileSync(path.join(LAYOUT, 'index.json'), 'utf8'));
+  assert.equal(index.manifests.length, 1);
+  return blob(blob(index.manifests[0].digest).config.digest);
 }
 
 /** `vmon doctor` output as { name: level } ("[ok  ] name: detail" lines). */
@@ -94,8 +102,12 @@ describe('container image (make image)', () => {
       }
     };
 
-    // The image's vmon is the one built here: the same version string.
-    const want = execFileSync(vmonBin(), ['version'], { encoding: 'utf8' }).trim();
+    // The image's vmon is the one make image put in: the version its label records (make build's
+    // git description, never the unset "dev").
+    const cfg = layoutConfig();
+    const want = cfg.config.Labels['org.opencontainers.image.version'];
+    assert.notEqual(want, 'dev');
+    assert.deepEqual([cfg.config.Entrypoint, cfg.config.Cmd], [['vmon'], ['serve']]);
     const version = await run('vmon version');
     assert.equal(version.exitCode, 0, version.stderr);
     assert.equal(version.stdout.trim(), want);
