@@ -147,7 +147,14 @@ func run(ctx context.Context, o options) error {
 		Created:    epoch,
 		Entrypoint: []string{"vmon"},
 		Cmd:        []string{"serve"},
-		Env:        []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
+		Env: []string{
+			"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+			// vmon stays in the container's mount namespace (internal/mountns): it cannot pin one
+			// of its own there, as container runtimes pivot_root and detach the old root, after
+			// which the pin's bind mount (made back in the namespace vmon started in) fails with
+			// EINVAL. Seen with unshare + pivot_root + umount -l; with the old root kept it works.
+			"VMON_MOUNT_NAMESPACE_MODE=inherit",
+		},
 		WorkingDir: "/",
 		Volumes:    []string{"/var/lib/vmon"},
 		Labels: map[string]string{

@@ -108,6 +108,7 @@ describe('container image (make image)', () => {
     const want = cfg.config.Labels['org.opencontainers.image.version'];
     assert.notEqual(want, 'dev');
     assert.deepEqual([cfg.config.Entrypoint, cfg.config.Cmd], [['vmon'], ['serve']]);
+    assert.ok(cfg.config.Env.includes('VMON_MOUNT_NAMESPACE_MODE=inherit'), cfg.config.Env.join(' '));
     const version = await run('vmon version');
     assert.equal(version.exitCode, 0, version.stderr);
     assert.equal(version.stdout.trim(), want);
