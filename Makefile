@@ -3,11 +3,13 @@ GO ?= go
 BIN := bin
 PREFIX ?= /usr/local
 export CGO_ENABLED := 0
+# What `vmon version` prints: the git description of the tree built (dev outside a git checkout).
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: build install test test-go test-e2e lint proto clean FORCE
+.PHONY: build install image image-check test test-go test-e2e lint proto clean FORCE
 
 build:
-	$(GO) build -trimpath -o $(BIN)/vmon ./cmd/vmon
+	$(GO) build -trimpath -ldflags='-X main.version=$(VERSION)' -o $(BIN)/vmon ./cmd/vmon
 	$(GO) build -trimpath -ldflags='-s -w' -o $(BIN)/envd ./cmd/envd
 	$(GO) build -trimpath -ldflags='-s -w' -o $(BIN)/vmon-code-interpreter ./cmd/vmon-code-interpreter
 
@@ -15,6 +17,26 @@ install: build
 	install -m 0755 $(BIN)/vmon $(PREFIX)/bin/vmon
 	install -m 0755 $(BIN)/envd $(PREFIX)/bin/envd
 	install -m 0755 $(BIN)/vmon-code-interpreter $(PREFIX)/bin/vmon-code-interpreter
+
+# vmon's container image, assembled without a container engine (cmd/vmon-image): an OCI image
+# layout at bin/image, its digest in bin/image.digest. Needs root, mmdebstrap and runsc; the
+# Debian root is cached in IMAGE_CACHE. SOURCE_DATE_EPOCH is the commit's time, so the same tree
+# gives the same digest.
+IMAGE_CACHE ?= /var/cache/vmon-image
+SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
+image: build
+	$(GO) build -trimpath -o $(BIN)/vmon-image ./cmd/vmon-image
+	SOURCE_DATE_EPOCH=$(SOURCE_DATE_EPOCH) $(BIN)/vmon-image --bin $(BIN) --out $(BIN)/image --cache-dir $(IMAGE_CACHE)
+
+# Reproducibility: a second `make image` must give the digest of the first.
+image-check: image
+	cp $(BIN)/image.digest $(BIN)/image.digest.first
+	$(MAKE) image
+	@if cmp -s $(BIN)/image.digest.first $(BIN)/image.digest; then \
+		echo "image-check: two builds, one digest: $$(cat $(BIN)/image.digest)"; \
+	else \
+		echo "image-check: the image is not reproducible: $$(cat $(BIN)/image.digest.first) then $$(cat $(BIN)/image.digest)" >&2; exit 1; \
+	fi
 
 lint:
 	test -z "$$(gofmt -l $$(git ls-files '*.go'))"
@@ -36,7 +58,8 @@ $(BIN)/vmon-test-pg: FORCE
 	$(GO) build -trimpath -o $@ ./test/pgserver
 
 # The official e2b SDK against a real `vmon serve` (needs the base template; see scripts/test.sh).
-test-e2e: build $(BIN)/vmon-test-registry $(BIN)/vmon-test-pg
+# tests/image.test.js runs the container image image-check built.
+test-e2e: build $(BIN)/vmon-test-registry $(BIN)/vmon-test-pg image-check
 	bash scripts/test-e2e.sh
 
 test: lint test-go test-e2e

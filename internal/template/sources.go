@@ -176,3 +176,8 @@ func hasWord(s, w string) bool {
 	}
 	return false
 }
+
+// HostSources returns this machine's apt entries for suite as one-line sources (Debian's public
+// mirrors if it has none), as the base template's build uses them: other builds from Debian
+// packages (the container image's root, cmd/vmon-image) take the same mirror.
+func HostSources(suite string) ([]string, error) { return hostSources("/etc/apt", suite) }

@@ -22,6 +22,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/registry"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
@@ -38,6 +39,9 @@ type Config struct {
 	Busybox, Bash string
 	// Log receives the registry's request log; nil discards it.
 	Log io.Writer
+	// Layouts maps a name to an OCI image layout on disk (one image, e.g. `make image`'s
+	// bin/image) pushed as vmon-test/<name>:latest and announced under that name.
+	Layouts map[string]string
 }
 
 // Server is a running fixture registry with its images pushed.
@@ -254,7 +258,37 @@ func (s *Server) push(ctx context.Context, cfg Config, busybox, bash []byte, app
 	}
 	s.Images["busybox"] = busyboxRef.String()
 	s.Images["busybox-root"] = rootRef.String()
+	for n, dir := range cfg.Layouts {
+		img, err := layoutImage(dir)
+		if err != nil {
+			return err
+		}
+		ref, err := name.ParseReference(s.Addr + "/vmon-test/" + n + ":latest")
+		if err != nil {
+			return err
+		}
+		if err := remote.Write(ref, img, opts...); err != nil {
+			return fmt.Errorf("push %s: %w", ref, err)
+		}
+		s.Images[n] = ref.String()
+	}
 	return nil
+}
+
+// layoutImage is the one image of the OCI image layout at dir.
+func layoutImage(dir string) (v1.Image, error) {
+	idx, err := layout.ImageIndexFromPath(dir)
+	if err != nil {
+		return nil, fmt.Errorf("OCI layout %s: %w", dir, err)
+	}
+	m, err := idx.IndexManifest()
+	if err != nil {
+		return nil, fmt.Errorf("OCI layout %s: %w", dir, err)
+	}
+	if len(m.Manifests) != 1 {
+		return nil, fmt.Errorf("OCI layout %s holds %d manifests, want one image", dir, len(m.Manifests))
+	}
+	return idx.Image(m.Manifests[0].Digest)
 }
 
 // baseLayer is the shell userland both amd64 fixtures share.

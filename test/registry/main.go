@@ -1,7 +1,7 @@
 // Command registry serves the container images the end-to-end tests build templates from: an
 // in-memory OCI registry on a loopback address with fixture images pushed into it.
 //
-//	go run ./test/registry [--addr 127.0.0.1:0] [--user U --password P]
+//	go run ./test/registry [--addr 127.0.0.1:0] [--user U --password P] [--oci-layout NAME=DIR]
 //
 // Once the images are pushed it prints one JSON line on stdout,
 //
@@ -13,6 +13,8 @@
 //     app(1234), a file deleted by a whiteout and a directory hidden by an opaque whiteout;
 //     USER app, WORKDIR /opt/app, FIXTURE_ENV=from-image) and a one-file linux/arm64 image.
 //   - vmon-test/busybox-root:latest: the amd64 base layer alone, no USER, no WORKDIR.
+//   - vmon-test/NAME:latest for each --oci-layout NAME=DIR: the image of an OCI layout on disk,
+//     e.g. vmon's own (`make image`, bin/image).
 package main
 
 import (
@@ -22,6 +24,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 )
 
@@ -34,6 +37,17 @@ func main() {
 	flag.StringVar(&cfg.Busybox, "busybox", "/bin/busybox", "statically linked busybox (Debian busybox-static)")
 	flag.StringVar(&cfg.Bash, "bash", "/bin/bash-static", "statically linked bash (Debian bash-static)")
 	flag.BoolVar(&verbose, "v", false, "log registry requests on stderr")
+	flag.Func("oci-layout", "NAME=DIR: also push the image of the OCI layout DIR as vmon-test/NAME:latest (repeatable)", func(v string) error {
+		n, dir, ok := strings.Cut(v, "=")
+		if !ok || n == "" || dir == "" {
+			return fmt.Errorf("want NAME=DIR, got %q", v)
+		}
+		if cfg.Layouts == nil {
+			cfg.Layouts = map[string]string{}
+		}
+		cfg.Layouts[n] = dir
+		return nil
+	})
 	flag.Parse()
 	if verbose {
 		cfg.Log = os.Stderr
