@@ -57,7 +57,7 @@ func serveDriver(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 		return err
 	}
 	defer closeData()
-	apiKey, err := ensureAdminKey(ctx, st, c.DataDir)
+	apiKey, err := driverAdminKey(ctx, st, c)
 	if err != nil {
 		return err
 	}
@@ -79,6 +79,9 @@ func serveDriver(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 	}
 	auth, err := clusterAuthority(c.DataDir, st)
 	if err != nil {
+		return err
+	}
+	if err := ensureBootstrapToken(ctx, auth, c); err != nil {
 		return err
 	}
 	hosts, err := certHosts(c)
@@ -358,6 +361,7 @@ func serveClusterEndpoint(ctx context.Context, c *config.Serve, own join.Credent
 	pool.AppendCertsFromPEM(own.CAPEM)
 	mux := http.NewServeMux()
 	mux.Handle(join.Path, auth)
+	mux.Handle(join.DiscoveryPath, auth.DiscoveryHandler())
 	mux.HandleFunc("GET "+clusterSeedsPath, func(w http.ResponseWriter, r *http.Request) {
 		if r.TLS == nil || len(r.TLS.VerifiedChains) == 0 {
 			http.Error(w, `{"code":401,"message":"a cluster certificate is required"}`, http.StatusUnauthorized)

@@ -1,0 +1,51 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/vibemon/vmon/internal/config"
+	"github.com/vibemon/vmon/internal/join"
+	"github.com/vibemon/vmon/internal/store"
+)
+
+// The driver's bootstrap from files, for deployments no one types commands into (a Helm chart's
+// Secrets): the join token nodes use (--bootstrap-token-file) and the admin API key
+// (--admin-key-file).
+
+// driverAdminKey is the admin key a driver prints: with --admin-key-file, that key, made valid in
+// the store (never printed: whoever made the file has it); else the data dir's, made at first start.
+func driverAdminKey(ctx context.Context, st *store.Store, c *config.Serve) (string, error) {
+	if c.AdminKeyFile == "" {
+		return ensureAdminKey(ctx, st, c.DataDir)
+	}
+	plain, err := config.ReadSecretFile("--admin-key-file", c.AdminKeyFile)
+	if err != nil {
+		return "", err
+	}
+	if _, err := st.EnsureAPIKey(ctx, "admin (--admin-key-file)", plain, time.Now()); err != nil {
+		return "", fmt.Errorf("--admin-key-file %s: %w (a revoked key stays revoked: put a new key in the file)", c.AdminKeyFile, err)
+	}
+	return "", nil
+}
+
+// ensureBootstrapToken makes --bootstrap-token-file's token one nodes can join with, any number
+// of times, replacing an earlier one.
+func ensureBootstrapToken(ctx context.Context, auth *join.Authority, c *config.Serve) error {
+	if c.BootstrapTokenFile == "" {
+		return nil
+	}
+	s, err := config.ReadSecretFile("--bootstrap-token-file", c.BootstrapTokenFile)
+	if err != nil {
+		return err
+	}
+	tok, err := join.ParseToken(s)
+	if err != nil {
+		return fmt.Errorf("--bootstrap-token-file %s: %w", c.BootstrapTokenFile, err)
+	}
+	if err := auth.EnsureBootstrapToken(ctx, tok); err != nil {
+		return fmt.Errorf("--bootstrap-token-file %s: %w", c.BootstrapTokenFile, err)
+	}
+	return nil
+}
