@@ -14,8 +14,9 @@ import (
 // Secrets): the join token nodes use (--bootstrap-token-file) and the admin API key
 // (--admin-key-file).
 
-// driverAdminKey is the admin key a driver prints: with --admin-key-file, that key, made valid in
-// the store (never printed: whoever made the file has it); else the data dir's, made at first start.
+// driverAdminKey is the admin key a driver prints: with --admin-key-file, that key made valid in
+// the store, printed as where it is (logs are not where a key goes); else the data dir's, made at
+// first start.
 func driverAdminKey(ctx context.Context, st *store.Store, c *config.Serve) (string, error) {
 	if c.AdminKeyFile == "" {
 		return ensureAdminKey(ctx, st, c.DataDir)
@@ -27,7 +28,8 @@ func driverAdminKey(ctx context.Context, st *store.Store, c *config.Serve) (stri
 	if _, err := st.EnsureAPIKey(ctx, "admin (--admin-key-file)", plain, time.Now()); err != nil {
 		return "", fmt.Errorf("--admin-key-file %s: %w (a revoked key stays revoked: put a new key in the file)", c.AdminKeyFile, err)
 	}
-	return "", nil
+	// What the start prints in its place, as it does for a key it does not have.
+	return "<the key in " + c.AdminKeyFile + ">", nil
 }
 
 // ensureBootstrapToken makes --bootstrap-token-file's token one nodes can join with, any number
