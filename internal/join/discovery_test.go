@@ -228,3 +228,24 @@ func TestPinnedTokensSkipDiscovery(t *testing.T) {
 		t.Fatalf("%d discoveries and %d joins, want 0 and 1", s.discoveries.Load(), s.joins.Load())
 	}
 }
+
+// An unknown id is answered as a known one is, and the same way at every ask: the answers do not
+// tell a guesser which ids exist.
+func TestDiscoveryOfAnUnknownIDIsStable(t *testing.T) {
+	c := newCluster(t)
+	ctx := context.Background()
+	a, err := c.auth.Discover(ctx, "deadbeef")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := c.auth.Discover(ctx, "deadbeef")
+	other, _ := c.auth.Discover(ctx, "feedbeef")
+	if a.MAC != b.MAC || a.MAC == other.MAC || a.CA != string(c.auth.CA.CertPEM) {
+		t.Fatalf("unknown ids: %q, %q, %q", a.MAC, b.MAC, other.MAC)
+	}
+	// A second driver of the cluster (the same gossip key) answers the same.
+	twin := &Authority{CA: c.auth.CA, Tokens: c.auth.Tokens, GossipKey: c.auth.GossipKey}
+	if d, _ := twin.Discover(ctx, "deadbeef"); d.MAC != a.MAC {
+		t.Fatal("two drivers of one cluster answer an unknown id differently")
+	}
+}

@@ -27,9 +27,10 @@
 // a CA of their own, which a pinned token would not let them do; storing the secret instead would
 // let that reader join as a node, which is worse. The secret has 128 random bits, so an
 // eavesdropper who saw an answer cannot work the secret out of its HMAC. A token id the driver
-// does not know (or one expired or used up) is answered with an HMAC under a key no one has, so
-// the answer does not tell a guesser which ids exist; the node then fails as with a wrong secret,
-// before it sent either.
+// does not know (or one expired or used up) is answered with an HMAC under a key derived from the
+// cluster's gossip key and the id, which no one outside has and which is the same at every ask
+// and from every driver sharing that key, so the answer does not tell a guesser which ids exist;
+// the node then fails as with a wrong secret, before it sent either.
 //
 // It never stores anything itself: tokens go through a TokenStore, keys and certificates are the
 // caller's to keep.
@@ -121,7 +122,7 @@ func (t Token) String() string {
 }
 
 // ParseToken reads a token as `vmon node join-token` prints it, or one without its pin
-// ("vmonjoin.<id>.<secret>": 8 and 32 lower-case hex characters).
+// ("vmonjoin.<id>.<secret>": 8 and 32 hex characters).
 func ParseToken(s string) (Token, error) {
 	parts := strings.Split(strings.TrimSpace(s), ".")
 	if (len(parts) != 3 && len(parts) != 4) || parts[0] != tokenPrefix || len(parts[1]) != 8 || len(parts[2]) != 32 ||
@@ -154,9 +155,9 @@ type Authority struct {
 	// Now defaults to time.Now (tests).
 	Now func() time.Time
 
-	// decoyKey keys the discovery answer for a token id the store does not have.
-	decoyOnce sync.Once
-	decoyKey  [32]byte
+	// random stands in for GossipKey in decoy answers when there is none (tests).
+	randomOnce sync.Once
+	random     [32]byte
 }
 
 func (a *Authority) now() time.Time {
@@ -220,11 +221,22 @@ func (a *Authority) Discover(ctx context.Context, id string) (Discovery, error) 
 	}
 	key, err := hex.DecodeString(hash)
 	if !ok || err != nil || len(key) != sha256.Size {
-		a.decoyOnce.Do(func() { _, _ = rand.Read(a.decoyKey[:]) })
-		key = a.decoyKey[:]
+		key = a.decoyKey(id)
 	}
 	return Discovery{CA: string(a.CA.CertPEM),
 		MAC: base64.StdEncoding.EncodeToString(discoveryMAC(key, a.CA.Certificate().Raw))}, nil
+}
+
+// decoyKey keys the discovery answer for token id when the store has no such token.
+func (a *Authority) decoyKey(id string) []byte {
+	secret := a.GossipKey
+	if len(secret) == 0 {
+		a.randomOnce.Do(func() { _, _ = rand.Read(a.random[:]) })
+		secret = a.random[:]
+	}
+	m := hmac.New(sha256.New, secret)
+	m.Write([]byte("vmon join discovery decoy\x00" + id))
+	return m.Sum(nil)
 }
 
 // DiscoveryHandler serves DiscoveryPath.
