@@ -7,6 +7,7 @@ package helm
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -21,11 +22,17 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/dynamic"
+	dynamicfake "k8s.io/client-go/dynamic/fake"
 	"sigs.k8s.io/yaml"
 
 	"helm.sh/helm/v4/pkg/action"
 	"helm.sh/helm/v4/pkg/chart/common"
+	"helm.sh/helm/v4/pkg/chart/common/util"
 	"helm.sh/helm/v4/pkg/chart/v2/loader"
+	"helm.sh/helm/v4/pkg/engine"
 	release "helm.sh/helm/v4/pkg/release/v1"
 )
 
@@ -661,4 +668,62 @@ func keys[T any](m map[string]T) []string {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// secretClients answers the chart's lookups from a fake cluster holding objs.
+type secretClients struct {
+	client *dynamicfake.FakeDynamicClient
+}
+
+func (s secretClients) GetClientFor(apiVersion, kind string) (dynamic.NamespaceableResourceInterface, bool, error) {
+	if apiVersion != "v1" || kind != "Secret" {
+		return nil, false, fmt.Errorf("the chart looks up %s %s", apiVersion, kind)
+	}
+	return s.client.Resource(corev1.SchemeGroupVersion.WithResource("secrets")), true, nil
+}
+
+// An upgrade keeps the join token and the admin key the install made (lookup finds them).
+func TestChartUpgradeKeepsSecrets(t *testing.T) {
+	ch, err := loader.Load(chartDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vals, err := util.ToRenderValues(ch, defaultStore, common.ReleaseOptions{Name: relName, Namespace: namespace, Revision: 2, IsUpgrade: true},
+		common.DefaultCapabilities.Copy())
+	if err != nil {
+		t.Fatal(err)
+	}
+	existing := map[string]map[string]string{
+		relName + "-join-token": {"token": "vmonjoin.0a1b2c3d.00112233445566778899aabbccddeeff"},
+		relName + "-admin-key":  {"key": "e2b_0123456789abcdef0123456789abcdef01234567"},
+	}
+	var objs []runtime.Object
+	for name, data := range existing {
+		s := &corev1.Secret{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Secret"},
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace}, Data: map[string][]byte{}}
+		for k, v := range data {
+			s.Data[k] = []byte(v)
+		}
+		objs = append(objs, s)
+	}
+	scheme := runtime.NewScheme()
+	if err := corev1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	out, err := engine.RenderWithClientProvider(ch, vals, secretClients{dynamicfake.NewSimpleDynamicClient(scheme, objs...)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	manifest, ok := out[chartDir+"/templates/secrets.yaml"]
+	if !ok {
+		t.Fatalf("no secrets.yaml among %v", keys(out))
+	}
+	r := decode(t, manifest)
+	for name, data := range existing {
+		for k, v := range data {
+			if got := string(r.secrets[name].Data[k]); got != v {
+				t.Errorf("the upgrade made %s/%s %q, not the installed %q", name, k, got, v)
+			}
+		}
+	}
 }
