@@ -128,6 +128,7 @@ func serveDriver(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 		_ = cl.Shutdown()
 	}()
 	auth.Gossip = func() []string { return gossipSeeds(cl) }
+	go keepDriversJoined(ctx, cl, c, log.With("component", "membership"))
 	stopCluster, err := serveClusterEndpoint(ctx, c, own, auth, cl, log)
 	if err != nil {
 		return err

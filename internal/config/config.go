@@ -39,6 +39,8 @@ type Serve struct {
 	BootstrapTokenFile string
 	// AdminKeyFile (driver) holds an API key the driver keeps valid (a Helm-made Secret).
 	AdminKeyFile string
+	// GossipJoin (driver) are gossip addresses where the cluster's drivers find each other.
+	GossipJoin []string
 	// NodeLostGrace is how long a driver waits for a node out of reach before it ends the node's
 	// running sandboxes.
 	NodeLostGrace time.Duration
@@ -153,6 +155,7 @@ func BindServe(fs *pflag.FlagSet, c *Serve) {
 	fs.StringVar(&c.JoinToken, "join-token", "", "--role node: the token `vmon node join-token` printed on the driver's host, or the driver's --bootstrap-token-file token; needed only for the first start")
 	fs.StringVar(&c.JoinTokenFile, "join-token-file", "", "--role node: a file holding the --join-token (e.g. a mounted Secret)")
 	fs.StringVar(&c.BootstrapTokenFile, "bootstrap-token-file", "", "--role driver: a file holding a join token without a pin (vmonjoin.<8 hex>.<32 hex>) the driver keeps good for any number of joins, replacing an earlier one; nodes join with it and find the cluster CA by it")
+	fs.StringSliceVar(&c.GossipJoin, "gossip-join", nil, "--role driver: gossip addresses (host:port, repeatable, or a name that resolves to several, such as a headless Service of the drivers) the driver joins at start and whenever it sees no other driver, so the cluster's drivers find each other")
 	fs.StringVar(&c.AdminKeyFile, "admin-key-file", "", "--role driver: a file holding an API key (e2b_ and 40 lower-case hex) the driver makes a valid admin key at start, instead of making one of its own")
 	BindDataDir(fs, &c.DataDir)
 	fs.StringVar(&c.Domain, "domain", "localhost", "domain sandboxes are addressed under: <port>-<sandboxID>.<domain>")
@@ -242,8 +245,13 @@ func (c *Serve) Validate() error {
 	default:
 		return fmt.Errorf("--role must be all, driver or node, not %q", c.Role)
 	}
-	if c.Role != "driver" && (c.BootstrapTokenFile != "" || c.AdminKeyFile != "") {
-		return fmt.Errorf("--bootstrap-token-file and --admin-key-file are --role driver's")
+	if c.Role != "driver" && (c.BootstrapTokenFile != "" || c.AdminKeyFile != "" || len(c.GossipJoin) > 0) {
+		return fmt.Errorf("--bootstrap-token-file, --admin-key-file and --gossip-join are --role driver's")
+	}
+	for _, a := range c.GossipJoin {
+		if _, port, err := net.SplitHostPort(a); err != nil || port == "" {
+			return fmt.Errorf("--gossip-join %q: want host:port", a)
+		}
 	}
 	if c.TLS != "" && c.TLS != "self-signed" {
 		return fmt.Errorf(`--tls must be "self-signed" (or use --tls-cert/--tls-key)`)

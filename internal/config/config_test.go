@@ -184,14 +184,19 @@ func TestBootstrapFiles(t *testing.T) {
 		c, err := parse(t, driver, map[string]string{
 			"VMON_BOOTSTRAP_TOKEN_FILE": "/etc/vmon/bootstrap/token",
 			"VMON_ADMIN_KEY_FILE":       "/etc/vmon/admin/key",
+			"VMON_GOSSIP_JOIN":          "vmon-gossip.sandboxes.svc:7946",
 		})
-		if err != nil || c.BootstrapTokenFile != "/etc/vmon/bootstrap/token" || c.AdminKeyFile != "/etc/vmon/admin/key" {
+		if err != nil || c.BootstrapTokenFile != "/etc/vmon/bootstrap/token" || c.AdminKeyFile != "/etc/vmon/admin/key" ||
+			len(c.GossipJoin) != 1 || c.GossipJoin[0] != "vmon-gossip.sandboxes.svc:7946" {
 			t.Fatalf("driver: %+v %v", c, err)
+		}
+		if _, err := parse(t, append(driver, "--gossip-join", "vmon-gossip"), nil); err == nil || !strings.Contains(err.Error(), "host:port") {
+			t.Fatalf("--gossip-join without a port: %v", err)
 		}
 	})
 	for _, role := range []string{"node", "all"} {
 		args := []string{"--role", role, "--name", "a", "--listen", "10.0.0.2:3001", "--gossip-listen", "10.0.0.2:7946", "--join", "x:1"}
-		for _, f := range []string{"--bootstrap-token-file", "--admin-key-file"} {
+		for _, f := range []string{"--bootstrap-token-file", "--admin-key-file", "--gossip-join"} {
 			if _, err := parse(t, append(args, f, "/x"), nil); err == nil || !strings.Contains(err.Error(), "--role driver's") {
 				t.Errorf("%s with --role %s: %v", f, role, err)
 			}
