@@ -282,6 +282,16 @@ func envValue(t *testing.T, where string, c corev1.Container, name string) strin
 	return e.Value
 }
 
+// portOf is the number of c's port named name.
+func portOf(c corev1.Container, name string) string {
+	for _, p := range c.Ports {
+		if p.Name == name {
+			return strconv.Itoa(int(p.ContainerPort))
+		}
+	}
+	return "(none named " + name + ")"
+}
+
 // checkProbes: readiness on /readyz and liveness on /healthz, on a port the container has.
 func checkProbes(t *testing.T, where string, c corev1.Container) {
 	t.Helper()
@@ -494,6 +504,11 @@ func checkChart(t *testing.T, r *rendered, flags, pendingSeen map[string]bool, h
 		}
 		if driver.Spec.Template.Spec.Affinity == nil || driver.Spec.Template.Spec.Affinity.PodAntiAffinity == nil {
 			t.Error("HA: the drivers are not spread over machines")
+		}
+		// The drivers find each other at the headless gossip Service.
+		want := fmt.Sprintf("%s-gossip.%s.svc:%s", relName, namespace, portOf(dc, "gossip-tcp"))
+		if got := envValue(t, "the driver", dc, "VMON_GOSSIP_JOIN"); got != want {
+			t.Errorf("HA: the drivers join the gossip at %q, not the headless Service %s", got, want)
 		}
 	} else {
 		if *driver.Spec.Replicas != 1 || hasDB {
