@@ -87,7 +87,10 @@ func render(t *testing.T, files []string, set map[string]any) (*rendered, error)
 		t.Fatalf("a release of type %T", rel)
 	}
 	if os.Getenv("VMON_CHART_DUMP") != "" {
-		t.Logf("%s", r.Manifest)
+		t.Logf("%s\nNOTES:\n%s", r.Manifest, r.Info.Notes)
+	}
+	if !strings.Contains(r.Info.Notes, "E2B_API_KEY") {
+		t.Errorf("the install's notes do not say where the API key is:\n%s", r.Info.Notes)
 	}
 	return decode(t, r.Manifest), nil
 }
