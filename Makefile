@@ -42,12 +42,15 @@ lint:
 	test -z "$$(gofmt -l $$(git ls-files '*.go'))"
 	$(GO) vet ./...
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
+	cd deploy/helm && $(GO) vet ./... && $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
 
 # Go unit and kernel/runtime integration tests (root: namespaces, overlayfs, runsc).
 # internal/artifacts goes last: its S3 tests need SeaweedFS's weed (scripts/weed.sh), which CI
-# builds in the background meanwhile.
+# builds in the background meanwhile. The Helm chart's test is a module of its own (deploy/helm:
+# Helm's dependencies stay out of vmon's); it checks the chart against the vmon just built.
 test-go: build
 	$(GO) test -count=1 -p 1 -timeout 20m $$($(GO) list ./... | grep -v '/internal/artifacts$$') ./internal/artifacts
+	cd deploy/helm && VMON_BIN=$(CURDIR)/$(BIN)/vmon $(GO) test -count=1 -timeout 10m ./...
 
 # The fixture OCI registry the template tests pull from (loopback only).
 $(BIN)/vmon-test-registry: FORCE

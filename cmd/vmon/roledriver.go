@@ -55,7 +55,7 @@ func serveDriver(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 		return err
 	}
 	defer closeData()
-	apiKey, err := ensureAdminKey(ctx, st, c.DataDir)
+	apiKey, err := driverAdminKey(ctx, st, c)
 	if err != nil {
 		return err
 	}
@@ -77,6 +77,9 @@ func serveDriver(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 	}
 	auth, err := clusterAuthority(ctx, c.DataDir, st)
 	if err != nil {
+		return err
+	}
+	if err := ensureBootstrapToken(ctx, auth, c); err != nil {
 		return err
 	}
 	hosts, err := certHosts(c)
@@ -123,6 +126,7 @@ func serveDriver(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 		_ = cl.Shutdown()
 	}()
 	auth.Gossip = func() []string { return gossipSeeds(cl) }
+	go keepDriversJoined(ctx, cl, c, log.With("component", "membership"))
 	if st.Shared() {
 		go meetDrivers(ctx, st, c.Name, cl, log.With("component", "membership"))
 	}
@@ -488,6 +492,7 @@ func serveClusterEndpoint(ctx context.Context, c *config.Serve, own join.Credent
 	pool.AppendCertsFromPEM(own.CAPEM)
 	mux := http.NewServeMux()
 	mux.Handle(join.Path, auth)
+	mux.Handle(join.DiscoveryPath, auth.DiscoveryHandler())
 	mux.HandleFunc("GET "+clusterSeedsPath, func(w http.ResponseWriter, r *http.Request) {
 		if r.TLS == nil || len(r.TLS.VerifiedChains) == 0 {
 			http.Error(w, `{"code":401,"message":"a cluster certificate is required"}`, http.StatusUnauthorized)

@@ -399,12 +399,16 @@ func nodeCredentials(ctx context.Context, c *config.Serve, log *slog.Logger) (jo
 	} else if !errors.Is(err, os.ErrNotExist) {
 		return join.Credentials{}, err
 	}
-	if c.JoinToken == "" {
-		return join.Credentials{}, errors.New("this node has not joined a cluster yet: give it --join-token (`vmon node join-token` prints one on the driver's host)")
+	token, err := c.ReadJoinToken()
+	if err != nil {
+		return join.Credentials{}, err
+	}
+	if token == "" {
+		return join.Credentials{}, errors.New("this node has not joined a cluster yet: give it --join-token or --join-token-file (`vmon node join-token` prints one on the driver's host)")
 	}
 	var errs []error
 	for _, addr := range c.Join {
-		creds, err := join.Node(ctx, "https://"+addr, c.JoinToken, c.Name)
+		creds, err := join.Node(ctx, "https://"+addr, token, c.Name)
 		if err != nil {
 			errs = append(errs, err)
 			continue

@@ -32,6 +32,15 @@ type Serve struct {
 	// resolves to several); JoinToken is the token a node joins with the first time.
 	Join      []string
 	JoinToken string
+	// JoinTokenFile holds the join token instead (a mounted Secret); see ReadJoinToken.
+	JoinTokenFile string
+	// BootstrapTokenFile (driver) holds a join token without a pin that the driver keeps good for
+	// any number of joins (a Kubernetes DaemonSet's nodes all join with it).
+	BootstrapTokenFile string
+	// AdminKeyFile (driver) holds an API key the driver keeps valid (a Helm-made Secret).
+	AdminKeyFile string
+	// GossipJoin (driver) are gossip addresses where the cluster's drivers find each other.
+	GossipJoin []string
 	// NodeLostGrace is how long a driver waits for a node out of reach before it ends the node's
 	// running sandboxes.
 	NodeLostGrace time.Duration
@@ -147,7 +156,11 @@ func BindServe(fs *pflag.FlagSet, c *Serve) {
 	fs.StringVar(&c.Database, "database", "", "--role driver: the PostgreSQL database several drivers share (postgres://user:pass@host/db or libpq key=value; usually from VMON_DATABASE, as it may hold a password); empty: an embedded SQLite database in the data dir")
 	fs.StringVar(&c.Store, "store", "", "--role driver/node: the artifact store the cluster shares for templates: a directory (a shared filesystem such as NFS) or s3://bucket/prefix (endpoint and keys the usual AWS way: AWS_ENDPOINT_URL_S3, AWS_ACCESS_KEY_ID, …); empty: each node keeps its own")
 	fs.Int64Var(&c.StoreCacheMB, "store-cache-mb", 10240, "--role node: size of the local cache of the store's chunks, in MiB (0: no cache)")
-	fs.StringVar(&c.JoinToken, "join-token", "", "--role node: the token `vmon node join-token` printed on the driver's host; needed only for the first start")
+	fs.StringVar(&c.JoinToken, "join-token", "", "--role node: the token `vmon node join-token` printed on the driver's host, or the driver's --bootstrap-token-file token; needed only for the first start")
+	fs.StringVar(&c.JoinTokenFile, "join-token-file", "", "--role node: a file holding the --join-token (e.g. a mounted Secret)")
+	fs.StringVar(&c.BootstrapTokenFile, "bootstrap-token-file", "", "--role driver: a file holding a join token without a pin (vmonjoin.<8 hex>.<32 hex>) the driver keeps good for any number of joins, replacing an earlier one; nodes join with it and find the cluster CA by it")
+	fs.StringSliceVar(&c.GossipJoin, "gossip-join", nil, "--role driver: gossip addresses (host:port, repeatable, or a name that resolves to several, such as a headless Service of the drivers) the driver joins at start and whenever it sees no other driver, so the cluster's drivers find each other")
+	fs.StringVar(&c.AdminKeyFile, "admin-key-file", "", "--role driver: a file holding an API key (e2b_ and 40 lower-case hex) the driver makes a valid admin key at start, instead of making one of its own")
 	BindDataDir(fs, &c.DataDir)
 	fs.StringVar(&c.Domain, "domain", "localhost", "domain sandboxes are addressed under: <port>-<sandboxID>.<domain>")
 	fs.StringVar(&c.Runtime, "runtime", "gvisor", "sandbox runtime backend (gvisor)")
@@ -238,6 +251,14 @@ func (c *Serve) Validate() error {
 		}
 	default:
 		return fmt.Errorf("--role must be all, driver or node, not %q", c.Role)
+	}
+	if c.Role != "driver" && (c.BootstrapTokenFile != "" || c.AdminKeyFile != "" || len(c.GossipJoin) > 0) {
+		return fmt.Errorf("--bootstrap-token-file, --admin-key-file and --gossip-join are --role driver's")
+	}
+	for _, a := range c.GossipJoin {
+		if _, port, err := net.SplitHostPort(a); err != nil || port == "" {
+			return fmt.Errorf("--gossip-join %q: want host:port", a)
+		}
 	}
 	if c.TLS != "" && c.TLS != "self-signed" {
 		return fmt.Errorf(`--tls must be "self-signed" (or use --tls-cert/--tls-key)`)
@@ -362,7 +383,32 @@ func (c *Serve) validateCluster() error {
 	if c.Role == "node" && c.Database != "" {
 		return fmt.Errorf("--database is the drivers' (a node keeps no records)")
 	}
+	if c.JoinToken != "" && c.JoinTokenFile != "" {
+		return fmt.Errorf("--join-token and --join-token-file are exclusive")
+	}
 	return nil
+}
+
+// ReadJoinToken is --join-token, or the content of --join-token-file ("" when neither is given).
+func (c *Serve) ReadJoinToken() (string, error) {
+	if c.JoinTokenFile == "" {
+		return c.JoinToken, nil
+	}
+	return ReadSecretFile("--join-token-file", c.JoinTokenFile)
+}
+
+// ReadSecretFile reads a one-line secret (a token, a key) from path, without its surrounding
+// white space; flag names the setting in errors.
+func ReadSecretFile(flag, path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", flag, err)
+	}
+	v := strings.TrimSpace(string(b))
+	if v == "" || strings.ContainsAny(v, "\n\r") {
+		return "", fmt.Errorf("%s %s: want one line, the secret alone", flag, path)
+	}
+	return v, nil
 }
 
 // advertised is the address given for flag, or listen when that names a host others can reach.

@@ -1,6 +1,8 @@
 package config
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -171,5 +173,67 @@ func TestClusterRoles(t *testing.T) {
 		if _, err := parse(t, bad.args, nil); err == nil || !strings.Contains(err.Error(), bad.want) {
 			t.Errorf("%q: %v, want an error saying %q", bad.args, err, bad.want)
 		}
+	}
+}
+
+// The bootstrap flags: a driver's token and admin key files, a node's token from a file, each
+// also from the environment; the driver's are refused elsewhere.
+func TestBootstrapFiles(t *testing.T) {
+	t.Run("driver", func(t *testing.T) {
+		driver := []string{"--role", "driver", "--name", "d1", "--advertise", "10.0.0.1:3100", "--gossip-advertise", "10.0.0.1:7946"}
+		c, err := parse(t, driver, map[string]string{
+			"VMON_BOOTSTRAP_TOKEN_FILE": "/etc/vmon/bootstrap/token",
+			"VMON_ADMIN_KEY_FILE":       "/etc/vmon/admin/key",
+			"VMON_GOSSIP_JOIN":          "vmon-gossip.sandboxes.svc:7946",
+		})
+		if err != nil || c.BootstrapTokenFile != "/etc/vmon/bootstrap/token" || c.AdminKeyFile != "/etc/vmon/admin/key" ||
+			len(c.GossipJoin) != 1 || c.GossipJoin[0] != "vmon-gossip.sandboxes.svc:7946" {
+			t.Fatalf("driver: %+v %v", c, err)
+		}
+		if _, err := parse(t, append(driver, "--gossip-join", "vmon-gossip"), nil); err == nil || !strings.Contains(err.Error(), "host:port") {
+			t.Fatalf("--gossip-join without a port: %v", err)
+		}
+	})
+	for _, role := range []string{"node", "all"} {
+		args := []string{"--role", role, "--name", "a", "--listen", "10.0.0.2:3001", "--gossip-listen", "10.0.0.2:7946", "--join", "x:1"}
+		for _, f := range []string{"--bootstrap-token-file", "--admin-key-file", "--gossip-join"} {
+			if _, err := parse(t, append(args, f, "/x"), nil); err == nil || !strings.Contains(err.Error(), "--role driver's") {
+				t.Errorf("%s with --role %s: %v", f, role, err)
+			}
+		}
+	}
+
+	dir := t.TempDir()
+	file := filepath.Join(dir, "token")
+	if err := os.WriteFile(file, []byte("vmonjoin.0a1b2c3d.00112233445566778899aabbccddeeff\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	node := []string{"--role", "node", "--name", "a", "--listen", "10.0.0.2:3001", "--gossip-listen", "10.0.0.2:7946", "--join", "x:1"}
+	c, err := parse(t, node, map[string]string{"VMON_JOIN_TOKEN_FILE": file})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tok, err := c.ReadJoinToken(); err != nil || tok != "vmonjoin.0a1b2c3d.00112233445566778899aabbccddeeff" {
+		t.Fatalf("--join-token-file: %q %v", tok, err)
+	}
+	t.Setenv("VMON_JOIN_TOKEN_FILE", "")
+	c, err = parse(t, append(node, "--join-token", "vmonjoin.x"), nil)
+	if tok, _ := c.ReadJoinToken(); err != nil || tok != "vmonjoin.x" {
+		t.Fatalf("--join-token: %q %v", tok, err)
+	}
+	if _, err := parse(t, append(node, "--join-token", "t", "--join-token-file", file), nil); err == nil || !strings.Contains(err.Error(), "exclusive") {
+		t.Fatalf("both --join-token and --join-token-file: %v", err)
+	}
+	for name, content := range map[string]string{"empty": " \n", "two lines": "a\nb\n"} {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ReadSecretFile("--x", p); err == nil {
+			t.Errorf("a secret file %s was read", name)
+		}
+	}
+	if _, err := ReadSecretFile("--x", filepath.Join(dir, "missing")); err == nil || !strings.Contains(err.Error(), "--x") {
+		t.Errorf("a missing secret file: %v", err)
 	}
 }

@@ -11,6 +11,27 @@
 // With its certificate the node gets the cluster's gossip key (internal/membership encrypts gossip
 // with it), inside the same pinned channel.
 //
+// Discovery. A token may also be written without its pin, "vmonjoin.<id>.<secret>", so that it
+// can be made before the cluster CA exists (by Helm, which cannot know the pin): the driver takes
+// such a token from a file (EnsureBootstrapToken). A node given one first asks the driver's
+// discovery endpoint, over TLS it cannot verify yet, for the cluster CA and an HMAC-SHA256 of the
+// CA's certificate (DER) keyed by the token's secret, and checks that HMAC before anything else;
+// the pin it then derives from that CA takes the place of a written one, and the join goes on
+// exactly as with a pinned token (the driver's certificate must chain to that CA before the node
+// sends its secret or its CSR). This is kubeadm's token discovery.
+//
+// The HMAC's key must be something both ends know, and the driver keeps only the secret's hash:
+// the key is that hash (the raw 32 bytes of SHA-256 of the secret), so the store keeps what it
+// kept, and a node, which has the secret, computes the same key. What this gives up: a reader of
+// the driver's join_tokens table (who has the hashes) can answer a pinless token's discovery with
+// a CA of their own, which a pinned token would not let them do; storing the secret instead would
+// let that reader join as a node, which is worse. The secret has 128 random bits, so an
+// eavesdropper who saw an answer cannot work the secret out of its HMAC. A token id the driver
+// does not know (or one expired or used up) is answered with an HMAC under a key derived from the
+// cluster's gossip key and the id, which no one outside has and which is the same at every ask
+// and from every driver sharing that key, so the answer does not tell a guesser which ids exist;
+// the node then fails as with a wrong secret, before it sent either.
+//
 // It never stores anything itself: tokens go through a TokenStore, keys and certificates are the
 // caller's to keep.
 package join
@@ -19,6 +40,7 @@ import (
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
+	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
@@ -38,6 +60,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/vibemon/vmon/internal/errdefs"
@@ -48,6 +71,10 @@ import (
 // Path is the driver's join endpoint (POST, JSON Request → Response).
 const Path = "/cluster/v1/join"
 
+// DiscoveryPath is the driver's discovery endpoint (GET ?id=<token id> → Discovery), for tokens
+// written without a pin.
+const DiscoveryPath = "/cluster/v1/discover"
+
 // Defaults and bounds.
 const (
 	DefaultTTL = 24 * time.Hour
@@ -56,7 +83,15 @@ const (
 	CertValidity = 365 * 24 * time.Hour
 	tokenPrefix  = "vmonjoin"
 	maxBody      = 64 << 10
+	// MaxUses bounds the uses of an issued token; a bootstrap token has more (bootstrapUses), which
+	// is how the store tells one from the other.
+	MaxUses       = 10000
+	bootstrapUses = 1 << 30
 )
+
+// bootstrapExpiry is a bootstrap token's expiry: none, in effect. Its Secret is what controls it;
+// a new token in the file replaces it at the driver's next start.
+var bootstrapExpiry = time.Date(9999, 1, 1, 0, 0, 0, 0, time.UTC)
 
 // nodeOrganization marks the certificates the CA signs for nodes, which never serve a join.
 const nodeOrganization = "vibemon node"
@@ -67,27 +102,41 @@ var nameRe = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
 type TokenStore interface {
 	InsertJoinToken(ctx context.Context, t store.JoinToken) error
 	UseJoinToken(ctx context.Context, id, hash string, now time.Time) (bool, error)
+	// JoinTokenHash is the hash of token id's secret, if the token can still be used at now.
+	JoinTokenHash(ctx context.Context, id string, now time.Time) (string, bool, error)
+	// PutBootstrapJoinToken keeps t, replacing a token of the same id and every token with more
+	// than minUses uses left (an earlier bootstrap token).
+	PutBootstrapJoinToken(ctx context.Context, t store.JoinToken, minUses int) error
 }
 
-// Token is a parsed join token.
+// Token is a parsed join token. Pin is empty in a token written without one (see Discovery).
 type Token struct {
 	ID, Secret, Pin string
 }
 
 func (t Token) String() string {
+	if t.Pin == "" {
+		return strings.Join([]string{tokenPrefix, t.ID, t.Secret}, ".")
+	}
 	return strings.Join([]string{tokenPrefix, t.ID, t.Secret, t.Pin}, ".")
 }
 
-// ParseToken reads a token as `vmon node join-token` prints it.
+// ParseToken reads a token as `vmon node join-token` prints it, or one without its pin
+// ("vmonjoin.<id>.<secret>": 8 and 32 hex characters).
 func ParseToken(s string) (Token, error) {
 	parts := strings.Split(strings.TrimSpace(s), ".")
-	if len(parts) != 4 || parts[0] != tokenPrefix || len(parts[1]) != 8 || len(parts[2]) != 32 || !strings.HasPrefix(parts[3], "sha256:") {
-		return Token{}, errdefs.InvalidArgument("not a join token (want %s.<id>.<secret>.sha256:<pin>, as `vmon node join-token` prints)", tokenPrefix)
+	if (len(parts) != 3 && len(parts) != 4) || parts[0] != tokenPrefix || len(parts[1]) != 8 || len(parts[2]) != 32 ||
+		(len(parts) == 4 && !strings.HasPrefix(parts[3], "sha256:")) {
+		return Token{}, errdefs.InvalidArgument("not a join token (want %s.<id>.<secret>.sha256:<pin>, as `vmon node join-token` prints, or %s.<id>.<secret>)", tokenPrefix, tokenPrefix)
 	}
 	if _, err := hex.DecodeString(parts[1] + parts[2]); err != nil {
 		return Token{}, errdefs.InvalidArgument("not a join token: id and secret are hex")
 	}
-	return Token{ID: parts[1], Secret: parts[2], Pin: parts[3]}, nil
+	t := Token{ID: parts[1], Secret: parts[2]}
+	if len(parts) == 4 {
+		t.Pin = parts[3]
+	}
+	return t, nil
 }
 
 func hashSecret(secret string) string {
@@ -105,6 +154,10 @@ type Authority struct {
 	Gossip func() []string
 	// Now defaults to time.Now (tests).
 	Now func() time.Time
+
+	// random stands in for GossipKey in decoy answers when there is none (tests).
+	randomOnce sync.Once
+	random     [32]byte
 }
 
 func (a *Authority) now() time.Time {
@@ -119,8 +172,8 @@ func (a *Authority) IssueToken(ctx context.Context, ttl time.Duration, uses int)
 	if ttl <= 0 || ttl > MaxTTL {
 		return Token{}, errdefs.InvalidArgument("a join token lives between 1s and %s", MaxTTL)
 	}
-	if uses < 1 || uses > 10000 {
-		return Token{}, errdefs.InvalidArgument("a join token is good for 1 to 10000 joins")
+	if uses < 1 || uses > MaxUses {
+		return Token{}, errdefs.InvalidArgument("a join token is good for 1 to %d joins", MaxUses)
 	}
 	var b [20]byte
 	if _, err := rand.Read(b[:]); err != nil {
@@ -133,6 +186,79 @@ func (a *Authority) IssueToken(ctx context.Context, ttl time.Duration, uses int)
 		return Token{}, err
 	}
 	return t, nil
+}
+
+// EnsureBootstrapToken makes tok (written without a pin, as a bootstrap file holds it) a token
+// nodes can join with any number of times, with no expiry, replacing an earlier bootstrap token:
+// a cluster whose nodes all join with one token from a Secret (a Kubernetes DaemonSet).
+func (a *Authority) EnsureBootstrapToken(ctx context.Context, tok Token) error {
+	if tok.Pin != "" {
+		return errdefs.InvalidArgument("a bootstrap token is written without a pin (%s.<id>.<secret>): the pin is the cluster CA's, which the driver has", tokenPrefix)
+	}
+	return a.Tokens.PutBootstrapJoinToken(ctx, store.JoinToken{ID: tok.ID, Hash: hashSecret(tok.Secret), CreatedAt: a.now(),
+		ExpiresAt: bootstrapExpiry, UsesLeft: bootstrapUses}, MaxUses)
+}
+
+// Discovery is the driver's answer to a node holding a token without a pin: the cluster CA (PEM)
+// and the HMAC-SHA256 of its DER keyed by the SHA-256 of the token's secret (base64).
+type Discovery struct {
+	CA  string `json:"ca"`
+	MAC string `json:"mac"`
+}
+
+// discoveryMAC is the HMAC of the CA's DER under the token secret's hash (its 32 bytes).
+func discoveryMAC(secretHash, caDER []byte) []byte {
+	m := hmac.New(sha256.New, secretHash)
+	m.Write(caDER)
+	return m.Sum(nil)
+}
+
+// Discover answers a discovery for token id. It spends no use of the token.
+func (a *Authority) Discover(ctx context.Context, id string) (Discovery, error) {
+	hash, ok, err := a.Tokens.JoinTokenHash(ctx, id, a.now())
+	if err != nil {
+		return Discovery{}, err
+	}
+	key, err := hex.DecodeString(hash)
+	if !ok || err != nil || len(key) != sha256.Size {
+		key = a.decoyKey(id)
+	}
+	return Discovery{CA: string(a.CA.CertPEM),
+		MAC: base64.StdEncoding.EncodeToString(discoveryMAC(key, a.CA.Certificate().Raw))}, nil
+}
+
+// decoyKey keys the discovery answer for token id when the store has no such token.
+func (a *Authority) decoyKey(id string) []byte {
+	secret := a.GossipKey
+	if len(secret) == 0 {
+		a.randomOnce.Do(func() { _, _ = rand.Read(a.random[:]) })
+		secret = a.random[:]
+	}
+	m := hmac.New(sha256.New, secret)
+	m.Write([]byte("vmon join discovery decoy\x00" + id))
+	return m.Sum(nil)
+}
+
+// DiscoveryHandler serves DiscoveryPath.
+func (a *Authority) DiscoveryHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet {
+			writeErr(w, errdefs.InvalidArgument("use GET"), http.StatusMethodNotAllowed)
+			return
+		}
+		id := r.URL.Query().Get("id")
+		if len(id) != 8 {
+			writeErr(w, errdefs.InvalidArgument("id: a join token's id (8 hex characters)"), 0)
+			return
+		}
+		d, err := a.Discover(r.Context(), id)
+		if err != nil {
+			writeErr(w, err, 0)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(d)
+	})
 }
 
 // Request is what a joining node sends.
@@ -295,6 +421,15 @@ func Node(ctx context.Context, driverURL, token, name string) (Credentials, erro
 	if err != nil {
 		return Credentials{}, err
 	}
+	u, err := url.Parse(driverURL)
+	if err != nil || u.Scheme != "https" || u.Hostname() == "" {
+		return Credentials{}, errdefs.InvalidArgument("the driver's address must be https://HOST[:PORT], got %q", driverURL)
+	}
+	if t.Pin == "" {
+		if t.Pin, err = discover(ctx, driverURL, t); err != nil {
+			return Credentials{}, err
+		}
+	}
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return Credentials{}, err
@@ -305,10 +440,6 @@ func Node(ctx context.Context, driverURL, token, name string) (Credentials, erro
 	}
 	body, _ := json.Marshal(Request{TokenID: t.ID, Secret: t.Secret, Name: name,
 		CSR: string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: csrDER}))})
-	u, err := url.Parse(driverURL)
-	if err != nil || u.Scheme != "https" || u.Hostname() == "" {
-		return Credentials{}, errdefs.InvalidArgument("the driver's address must be https://HOST[:PORT], got %q", driverURL)
-	}
 	hc := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: pinnedConfig(t.Pin, u.Hostname())}}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(driverURL, "/")+Path, strings.NewReader(string(body)))
 	if err != nil {
@@ -349,6 +480,50 @@ func Node(ctx context.Context, driverURL, token, name string) (Credentials, erro
 	}
 	return Credentials{KeyPEM: pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}),
 		CertPEM: []byte(out.Certificate), CAPEM: []byte(out.CA), GossipKey: gossip, Gossip: out.Gossip}, nil
+}
+
+// discover asks the driver at driverURL for the cluster CA of a token written without a pin, checks
+// the CA by the HMAC its answer carries (keyed by the token's secret, which is never sent), and
+// returns the CA's pin. The channel is not verified: the HMAC is what the node trusts.
+func discover(ctx context.Context, driverURL string, t Token) (string, error) {
+	hc := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{
+		MinVersion: tls.VersionTLS13,
+		// Nothing is known yet to verify the driver by; its answer is checked by the HMAC.
+		InsecureSkipVerify: true, //nolint:gosec // the answer is verified by its HMAC
+	}}}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(driverURL, "/")+DiscoveryPath+"?id="+url.QueryEscape(t.ID), nil)
+	if err != nil {
+		return "", errdefs.InvalidArgument("driver address: %v", err)
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return "", fmt.Errorf("discover the cluster CA at %s: %w", driverURL, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, maxBody))
+	if err != nil {
+		return "", fmt.Errorf("discover the cluster CA at %s: %w", driverURL, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("discover the cluster CA at %s: %s", driverURL, resp.Status)
+	}
+	var d Discovery
+	if err := json.Unmarshal(b, &d); err != nil {
+		return "", fmt.Errorf("discover the cluster CA at %s: %w", driverURL, err)
+	}
+	mac, err := base64.StdEncoding.DecodeString(d.MAC)
+	ca, cerr := parseCert([]byte(d.CA))
+	if err != nil || cerr != nil {
+		return "", fmt.Errorf("discover the cluster CA at %s: a malformed answer", driverURL)
+	}
+	key := sha256.Sum256([]byte(t.Secret))
+	if !hmac.Equal(mac, discoveryMAC(key[:], ca.Raw)) {
+		return "", fmt.Errorf("discover the cluster CA at %s: the CA sent is not vouched for by the join token (a wrong secret, an unknown or used-up token, or not the cluster's driver)", driverURL)
+	}
+	if !ca.IsCA {
+		return "", fmt.Errorf("discover the cluster CA at %s: the certificate sent is not a CA", driverURL)
+	}
+	return tlsutil.PinOf(ca), nil
 }
 
 // pinnedConfig trusts a server only if its chain holds a CA with the pinned key that signed a

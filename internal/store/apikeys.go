@@ -43,6 +43,22 @@ func (s *Store) CreateAPIKey(ctx context.Context, name string, now time.Time) (A
 	return rec, k.Plain, nil
 }
 
+// EnsureAPIKey makes plain (a key in apikey's format made elsewhere, e.g. by Helm) a stored key
+// named name, unless it is stored already; a key that was revoked stays revoked, and is an
+// Unauthorized error.
+func (s *Store) EnsureAPIKey(ctx context.Context, name, plain string, now time.Time) (APIKey, error) {
+	if !apikey.WellFormed(plain) {
+		return APIKey{}, errdefs.InvalidArgument("not an API key: want e2b_ followed by 40 lower-case hex characters")
+	}
+	_, err := s.db.ExecContext(ctx,
+		`INSERT INTO api_keys (id, name, hash, mask, created_at) VALUES (?, ?, ?, ?, ?) ON CONFLICT (hash) DO NOTHING`,
+		uuid.NewString(), name, apikey.Hash(plain), apikey.Mask(plain), toMillis(now.UTC()))
+	if err != nil {
+		return APIKey{}, fmt.Errorf("insert api key: %w", err)
+	}
+	return s.VerifyAPIKey(ctx, plain)
+}
+
 // VerifyAPIKey returns the key record matching plain. It fails with an Unauthorized error when the
 // key is malformed, unknown or revoked.
 func (s *Store) VerifyAPIKey(ctx context.Context, plain string) (APIKey, error) {

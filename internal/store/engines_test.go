@@ -27,6 +27,7 @@ var suite = map[string]func(t *testing.T, s *Store){
 	"Records":           testRecords,
 	"SharedKey":         testSharedKey,
 	"Drivers":           testDrivers,
+	"EnsureAPIKey":      testEnsureAPIKey,
 }
 
 func testDrivers(t *testing.T, s *Store) {
