@@ -95,6 +95,14 @@ func nodeChecks(n *node.Node, recovery *node.Recovery, dataDir string) []metrics
 }
 
 // registerMetrics adds collectors to m.
+// databaseUse reports what the store asked its database (metrics.DatabaseUse).
+func databaseUse(st *store.Store) prometheus.Collector {
+	return metrics.DatabaseUse(func() metrics.Database {
+		s := st.Stats()
+		return metrics.Database{Engine: st.Engine(), Queries: s.Queries, Busy: s.Busy}
+	})
+}
+
 func registerMetrics(m *metrics.Metrics, cs ...prometheus.Collector) error {
 	for _, c := range cs {
 		if err := m.Register(c); err != nil {

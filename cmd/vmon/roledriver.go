@@ -250,7 +250,7 @@ func serveDriver(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 		}
 		guarded.ServeHTTP(w, r)
 	})
-	if err := registerMetrics(m, append(metrics.BootQueue(d.BootQueue), metrics.SandboxStates(st.TallySandboxes))...); err != nil {
+	if err := registerMetrics(m, append(metrics.BootQueue(d.BootQueue), metrics.SandboxStates(st.TallySandboxes), databaseUse(st))...); err != nil {
 		return err
 	}
 	stopMetrics, err := serveMetrics(c, m, checks, log)

@@ -259,7 +259,7 @@ func serve(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 		}
 		guarded.ServeHTTP(w, r)
 	})
-	if err := registerMetrics(m, append(metrics.BootQueue(d.BootQueue), metrics.SandboxStates(st.TallySandboxes))...); err != nil {
+	if err := registerMetrics(m, append(metrics.BootQueue(d.BootQueue), metrics.SandboxStates(st.TallySandboxes), databaseUse(st))...); err != nil {
 		return err
 	}
 	if err := registerMetrics(m, metrics.NodeRoom(func() metrics.Room { return nodeRoom(n, maxSandboxes, c.DataDir) })); err != nil {

@@ -82,3 +82,32 @@ func BootQueue(queue func() (booting, waiting int)) []prometheus.Collector {
 			func() float64 { _, w := queue(); return float64(w) }),
 	}
 }
+
+// Database is what the records' database was asked so far (store.Stats).
+type Database struct {
+	Engine  string
+	Queries int64
+	Busy    time.Duration
+}
+
+var (
+	dbQueriesDesc = prometheus.NewDesc("vmon_database_queries_total", "Statements the driver ran on its database.", []string{"engine"}, nil)
+	dbSecondsDesc = prometheus.NewDesc("vmon_database_query_seconds_total", "Time the driver waited on its database's statements.", []string{"engine"}, nil)
+)
+
+type database struct{ stats func() Database }
+
+// DatabaseUse reports the driver's statements and the time they took, by engine (sqlite or
+// postgres): what a create costs the database is their change over the create.
+func DatabaseUse(stats func() Database) prometheus.Collector { return database{stats: stats} }
+
+func (c database) Describe(ch chan<- *prometheus.Desc) {
+	ch <- dbQueriesDesc
+	ch <- dbSecondsDesc
+}
+
+func (c database) Collect(ch chan<- prometheus.Metric) {
+	s := c.stats()
+	ch <- prometheus.MustNewConstMetric(dbQueriesDesc, prometheus.CounterValue, float64(s.Queries), s.Engine)
+	ch <- prometheus.MustNewConstMetric(dbSecondsDesc, prometheus.CounterValue, s.Busy.Seconds(), s.Engine)
+}

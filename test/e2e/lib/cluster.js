@@ -177,8 +177,9 @@ async function startInternet() {
 /**
  * Starts a driver and `nodes` ({ name, ip, base, args }) on a store ('dir' or 's3'). Only nodes
  * with `base` start with a base template: the first of them publishes it, and the others wait
- * until it is in the store, then fetch it from there. With `drivers` > 1 the drivers share a
- * PostgreSQL database (c.drivers; c.driver is the first); nodes join through the first.
+ * until it is in the store, then fetch it from there. With `drivers` > 1 (or `database`
+ * 'postgres') the drivers share a PostgreSQL database (c.drivers; c.driver is the first); each
+ * also gets driverArgsOf(its index).
  */
 export async function startCluster(root, opts) {
   const c = { root, nodes: [], drivers: [], netns: [], driver: null, weed: null };
@@ -191,7 +192,7 @@ export async function startCluster(root, opts) {
   }
 }
 
-async function start(c, { nodes: spec, store = 'dir', driverArgs = [], sharedNetns = false, drivers = 1 }) {
+async function start(c, { nodes: spec, store = 'dir', driverArgs = [], driverArgsOf = () => [], sharedNetns = false, drivers = 1, database }) {
   const { root } = c;
   // With sharedNetns, every node runs in one network namespace, on the first node's address.
   c.netns = sharedNetns ? [`vmcl-${process.pid}-shared`] : spec.map((n) => `vmcl-${process.pid}-${n.name}`);
@@ -228,7 +229,7 @@ async function start(c, { nodes: spec, store = 'dir', driverArgs = [], sharedNet
   c.store = storeSpec;
   // The drivers' environment: the store's, and the database they share (nodes get the store's).
   let denv = env;
-  if (drivers > 1) {
+  if (drivers > 1 || database === 'postgres') {
     c.pg = await startPostgres();
     denv = { ...env, VMON_DATABASE: c.pg.dsn };
   }
@@ -247,7 +248,7 @@ async function start(c, { nodes: spec, store = 'dir', driverArgs = [], sharedNet
     const d = new VmonServer({
       name, dir, env: denv,
       args: ['--role', 'driver', '--name', name, '--cluster-listen', `${DRIVER_IP}:${3100 + i}`,
-        '--gossip-listen', `${DRIVER_IP}:${7946 + i}`, '--store', storeSpec, ...driverArgs],
+        '--gossip-listen', `${DRIVER_IP}:${7946 + i}`, '--store', storeSpec, ...driverArgs, ...driverArgsOf(i)],
     });
     await d.start();
     c.drivers.push(d);
@@ -350,4 +351,18 @@ export async function assertCameBack(c, sbx, on) {
 export async function leaveTraces(sbx) {
   await sbx.commands.run('echo kept > /tmp/kept');
   await sbx.commands.run("sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done'", { background: true });
+}
+
+/** The samples of a Prometheus text exposition at url: { 'name{labels}': value }. */
+export async function scrapeMetrics(url) {
+  const res = await fetch(url);
+  assert.equal(res.status, 200);
+  const out = {};
+  for (const line of (await res.text()).split('\n')) {
+    if (!line || line.startsWith('#')) continue;
+    const m = /^([a-zA-Z_:][a-zA-Z0-9_:]*(?:\{[^}]*\})?) (\S+)$/.exec(line);
+    assert.ok(m, `an exposition line that does not parse: ${line}`);
+    out[m[1]] = Number(m[2]);
+  }
+  return out;
 }

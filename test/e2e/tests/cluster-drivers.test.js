@@ -7,7 +7,7 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { Sandbox } from 'e2b';
-import { assertCameBack, holderIn, leaveTraces, startCluster, stopCluster } from '../lib/cluster.js';
+import { assertCameBack, holderIn, leaveTraces, scrapeMetrics, startCluster, stopCluster } from '../lib/cluster.js';
 import { killQuietly, runId, waitFor, withLogTail } from '../lib/harness.js';
 
 describe('cluster: two drivers on one PostgreSQL database', () => {
@@ -30,6 +30,7 @@ describe('cluster: two drivers on one PostgreSQL database', () => {
         { name: 'node-b', ip: '10.99.0.3', args: ['--max-sandboxes', '6'] },
       ],
       driverArgs: ['--node-lost-grace', '15s'],
+      driverArgsOf: (i) => ['--metrics-listen', `127.0.0.1:${19470 + i}`],
     });
     [d1, d2] = cl.drivers;
     nodes.push(...cl.nodes);
@@ -52,6 +53,8 @@ describe('cluster: two drivers on one PostgreSQL database', () => {
     for (const d of [d1, d2]) {
       await waitFor(() => d.tail.filter((l) => /node (joined|back|ready)|node=node-[ab]/.test(l)).length > 0, { timeoutMs: 30_000, what: `${d.name} sees the nodes` });
     }
+    const metrics = (i) => scrapeMetrics(`http://127.0.0.1:${19470 + i}/metrics`);
+    const before = await Promise.all([metrics(0), metrics(1)]);
     const sbx = await waitFor(async () => Sandbox.create(via(d1, { metadata: { run: RUN } })), { timeoutMs: 30_000, what: 'a create through driver 1' });
     created.push(sbx);
     await leaveTraces(sbx);
@@ -81,6 +84,17 @@ describe('cluster: two drivers on one PostgreSQL database', () => {
     await assert.rejects(Sandbox.getInfo(sbx.sandboxId, via(d1)), /not found/i);
     await waitFor(() => !holderIn(cl, sbx.sandboxId), { what: 'the sandbox gone from its node' });
     await assert.rejects(back.commands.run('true', { requestTimeoutMs: 10_000 }));
+
+    // Each driver's /metrics: its own operations, and its statements on the shared database.
+    const after = await Promise.all([metrics(0), metrics(1)]);
+    const moved = (i, k) => (after[i][k] ?? 0) - (before[i][k] ?? 0);
+    assert.equal(moved(0, 'vmon_sandboxes_created_total{template="base"}'), 1);
+    assert.equal(moved(1, 'vmon_sandboxes_created_total{template="base"}'), 0);
+    assert.equal(moved(1, 'vmon_sandbox_operations_total{op="pause",outcome="ok"}'), 1);
+    for (const i of [0, 1]) {
+      assert.equal(after[i]['vmon_info{role="driver"}'], 1);
+      assert.ok(moved(i, 'vmon_database_queries_total{engine="postgres"}') > 0, `driver ${i + 1} ran no statements`);
+    }
   });
 
   ctest('a short timeout expires exactly once across the drivers', async () => {

@@ -60,6 +60,9 @@ describe('metrics and probes', () => {
     assert.ok(at(after, 'vmon_node_sandboxes_running') >= 2);
     assert.ok(at(after, 'vmon_node_free_memory_bytes') > 0);
     assert.equal(after['vmon_info{role="all"}'], 1);
+    // The records' database: statements ran for those creates, and took some time.
+    assert.ok(at(after, 'vmon_database_queries_total{engine="sqlite"}') - at(before, 'vmon_database_queries_total{engine="sqlite"}') >= 4);
+    assert.ok(at(after, 'vmon_database_query_seconds_total{engine="sqlite"}') > at(before, 'vmon_database_query_seconds_total{engine="sqlite"}'));
     assert.ok(at(after, 'go_goroutines') > 0);
   });
 });
