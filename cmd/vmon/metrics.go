@@ -15,6 +15,7 @@ import (
 	"github.com/vibemon/vmon/internal/artifacts"
 	"github.com/vibemon/vmon/internal/config"
 	"github.com/vibemon/vmon/internal/driver"
+	"github.com/vibemon/vmon/internal/egressproxy"
 	"github.com/vibemon/vmon/internal/metrics"
 	"github.com/vibemon/vmon/internal/node"
 	"github.com/vibemon/vmon/internal/store"
@@ -101,6 +102,15 @@ func databaseUse(st *store.Store) prometheus.Collector {
 		s := st.Stats()
 		return metrics.Database{Engine: st.Engine(), Queries: s.Queries, Busy: s.Busy}
 	})
+}
+
+// proxyMetrics reports what the node's egress proxy relayed; none without a proxy
+// (--egress-proxy-port 0).
+func proxyMetrics(p *egressproxy.Proxy) []prometheus.Collector {
+	if p == nil {
+		return nil
+	}
+	return []prometheus.Collector{metrics.EgressProxyBytes(p.Relayed)}
 }
 
 func registerMetrics(m *metrics.Metrics, cs ...prometheus.Collector) error {

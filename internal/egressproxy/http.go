@@ -244,7 +244,29 @@ func (p *Proxy) dialTarget(ctx context.Context, _, _ string) (net.Conn, error) {
 	if !ok {
 		return nil, errors.New("no route for the request")
 	}
-	return p.dial(ctx, rt)
+	c, err := p.dial(ctx, rt)
+	if err != nil {
+		return nil, err
+	}
+	return countedConn{Conn: c, p: p}, nil
+}
+
+// countedConn counts an intercepted flow's bytes to and from its origin as they go.
+type countedConn struct {
+	net.Conn
+	p *Proxy
+}
+
+func (c countedConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	c.p.received.Add(int64(n))
+	return n, err
+}
+
+func (c countedConn) Write(b []byte) (int, error) {
+	n, err := c.Conn.Write(b)
+	c.p.sent.Add(int64(n))
+	return n, err
 }
 
 // connListener hands accepted port-80 flows to the HTTP server.

@@ -100,7 +100,13 @@ type Proxy struct {
 	wg     sync.WaitGroup
 	// secrets is set once the driver exists (SetSecrets); nil fills no placeholder.
 	secrets atomic.Pointer[Secrets]
+	// sent and received count the bytes relayed to and from origins (Relayed).
+	sent, received atomic.Int64
 }
+
+// Relayed returns the bytes the proxy relayed so far: sent to origins, and received from them.
+// A spliced flow is counted when it ends; an intercepted one (header rules) as it goes.
+func (p *Proxy) Relayed() (sent, received int64) { return p.sent.Load(), p.received.Load() }
 
 // SetSecrets gives the proxy the store of secret values; until then a header whose value names a
 // secret is not sent.
@@ -468,6 +474,11 @@ func (p *Proxy) splice(ctx context.Context, c net.Conn, fl flow, name string, rt
 			reset(c)
 			return
 		}
+		p.sent.Add(int64(len(first)))
 	}
-	splice(c, up)
+	// Counted from io.Copy's totals rather than by wrapping the connections: that would cost
+	// the kernel's splice between the two sockets.
+	sent, received := splice(c, up)
+	p.sent.Add(sent)
+	p.received.Add(received)
 }

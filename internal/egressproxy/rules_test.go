@@ -221,3 +221,41 @@ func TestSecretPlaceholders(t *testing.T) {
 		t.Fatalf("deleted: %d %q", code, body)
 	}
 }
+
+// Relayed counts what goes to and from origins: an intercepted flow as it goes, a spliced one
+// (no rule: the guest's TLS straight to the origin) once it ends.
+func TestRelayedCounts(t *testing.T) {
+	h := newHarness(t, egress.NewEnv(nil))
+	nodeRoots := x509.NewCertPool()
+	nodeRoots.AppendCertsFromPEM(h.ca.CertPEM)
+	p := rulesPolicy(t, map[string]map[string]string{"x.b.test": {"Authorization": "Bearer exact"}}, "a.test", "*.b.test")
+	g := h.guest(2, p, netip.MustParseAddrPort("198.51.100.8:443"))
+	if s, r := h.p.Relayed(); s != 0 || r != 0 {
+		t.Fatalf("before any flow: %d sent, %d received", s, r)
+	}
+	tc, br := h.guestTLS(t, g, "x.b.test", nodeRoots)
+	if code, _ := roundTrip(t, tc, br, "GET / HTTP/1.1\r\nHost: x.b.test\r\n\r\n"); code != 200 {
+		t.Fatalf("intercepted: %d", code)
+	}
+	s1, r1 := h.p.Relayed()
+	if s1 == 0 || r1 == 0 {
+		t.Fatalf("an intercepted request and its answer were not counted: %d sent, %d received", s1, r1)
+	}
+	tc.Close()
+	// A spliced flow: its bytes show once it ends.
+	if _, err := h.tlsGet(g, "a.test"); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		s2, r2 := h.p.Relayed()
+		// At least a ClientHello out and a certificate back.
+		if s2 > s1+200 && r2 > r1+500 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the spliced flow was not counted: %d→%d sent, %d→%d received", s1, s2, r1, r2)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

@@ -136,14 +136,14 @@ func (p *Proxy) intercept(c net.Conn, fl flow, host string, hello []byte) bool {
 }
 
 // splice copies both ways until both directions end; a half-close is passed on so protocols
-// that shut down their write side keep working.
-func splice(a, b net.Conn) {
+// that shut down their write side keep working. It returns the bytes copied a to b and b to a.
+func splice(a, b net.Conn) (ab, ba int64) {
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		_, _ = io.Copy(b, a)
+		ab, _ = io.Copy(b, a)
 		closeWrite(b)
 	})
-	_, err := io.Copy(a, b)
+	ba, err := io.Copy(a, b)
 	closeWrite(a)
 	if err != nil {
 		// b broke: a gets nothing more, so stop the other direction too.
@@ -153,6 +153,7 @@ func splice(a, b net.Conn) {
 	wg.Wait()
 	_ = a.Close()
 	_ = b.Close()
+	return ab, ba
 }
 
 func closeWrite(c net.Conn) {

@@ -111,3 +111,22 @@ func (c database) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(dbQueriesDesc, prometheus.CounterValue, float64(s.Queries), s.Engine)
 	ch <- prometheus.MustNewConstMetric(dbSecondsDesc, prometheus.CounterValue, s.Busy.Seconds(), s.Engine)
 }
+
+var proxyBytesDesc = prometheus.NewDesc("vmon_egress_proxy_bytes_total",
+	"Bytes the node's egress proxy relayed for allowOut domains, header rules and the SOCKS5 egress proxy, by direction (sent to origins, received from them); a spliced flow counts when it ends.",
+	[]string{"direction"}, nil)
+
+type proxyBytes struct{ relayed func() (sent, received int64) }
+
+// EgressProxyBytes reports what a node's egress proxy relayed, at each scrape.
+func EgressProxyBytes(relayed func() (sent, received int64)) prometheus.Collector {
+	return proxyBytes{relayed: relayed}
+}
+
+func (c proxyBytes) Describe(ch chan<- *prometheus.Desc) { ch <- proxyBytesDesc }
+
+func (c proxyBytes) Collect(ch chan<- prometheus.Metric) {
+	s, r := c.relayed()
+	ch <- prometheus.MustNewConstMetric(proxyBytesDesc, prometheus.CounterValue, float64(s), "sent")
+	ch <- prometheus.MustNewConstMetric(proxyBytesDesc, prometheus.CounterValue, float64(r), "received")
+}

@@ -60,6 +60,8 @@ describe('metrics and probes', () => {
     assert.ok(at(after, 'vmon_node_sandboxes_running') >= 2);
     assert.ok(at(after, 'vmon_node_free_memory_bytes') > 0);
     assert.equal(after['vmon_info{role="all"}'], 1);
+    // The egress proxy's relay counters exist (the test's sandboxes reach no origin).
+    for (const dir of ['sent', 'received']) assert.ok(after[`vmon_egress_proxy_bytes_total{direction="${dir}"}`] >= 0, dir);
     // The records' database: statements ran for those creates, and took some time.
     assert.ok(at(after, 'vmon_database_queries_total{engine="sqlite"}') - at(before, 'vmon_database_queries_total{engine="sqlite"}') >= 4);
     assert.ok(at(after, 'vmon_database_query_seconds_total{engine="sqlite"}') > at(before, 'vmon_database_query_seconds_total{engine="sqlite"}'));
