@@ -94,7 +94,9 @@ func filled(t *testing.T) *Metrics {
 	m.StoreMoved("down", 1<<20)
 	m.StoreFailed("push")
 	for _, c := range append(BootQueue(func() (int, int) { return 4, 7 }),
-		NodeRoom(func() Room { return Room{Running: 2, FreeSlots: 18, FreeMemoryMB: 1024, FreeDiskMB: 2048} })) {
+		NodeRoom(func() Room { return Room{Running: 2, FreeSlots: 18, FreeMemoryMB: 1024, FreeDiskMB: 2048} }),
+		EgressProxyBytes(func() (int64, int64) { return 1500, 64000 }),
+		DatabaseUse(func() Database { return Database{Engine: "postgres", Queries: 12, Busy: 4 * time.Millisecond} })) {
 		if err := m.Register(c); err != nil {
 			t.Fatal(err)
 		}
@@ -135,6 +137,10 @@ func TestMetrics(t *testing.T) {
 		{"vmon_store_errors_total", map[string]string{"op": "push"}, 1},
 		{"vmon_boots_in_progress", nil, 4},
 		{"vmon_boot_queue_depth", nil, 7},
+		{"vmon_egress_proxy_bytes_total", map[string]string{"direction": "sent"}, 1500},
+		{"vmon_egress_proxy_bytes_total", map[string]string{"direction": "received"}, 64000},
+		{"vmon_database_queries_total", map[string]string{"engine": "postgres"}, 12},
+		{"vmon_database_query_seconds_total", map[string]string{"engine": "postgres"}, 0.004},
 	} {
 		if got := value(t, fams, c.name, c.labels); got != c.want {
 			t.Errorf("%s%v = %v, want %v", c.name, c.labels, got, c.want)
