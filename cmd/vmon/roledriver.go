@@ -188,7 +188,11 @@ func serveDriver(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 	if sandboxLogs != nil {
 		// The driver writes the lifecycle part; the nodes keep what they saw (processes, limits,
 		// egress refusals), and a read merges both.
-		dopts.Logs = cluster.NewLogs(sandboxLogs, router)
+		var part driver.SandboxLog = sandboxLogs
+		if st.Shared() {
+			part = sharedLogs{st: st, log: log.With("component", "sandboxlog")}
+		}
+		dopts.Logs = cluster.NewLogs(part, router)
 	}
 	d, err := driver.New(dopts)
 	if err != nil {

@@ -54,6 +54,12 @@ func openSandboxLogsOf(c *config.Serve, live func(id string) bool, log *slog.Log
 // past the other.
 func pruneKilled(ctx context.Context, st *store.Store, log *slog.Logger) func(cutoff time.Time) {
 	return func(cutoff time.Time) {
+		if st.Shared() {
+			// The drivers' part of the logs is in the database: it goes before the records.
+			if _, err := st.DeleteSandboxLogsBefore(ctx, cutoff); err != nil {
+				log.Warn("remove sandbox logs past their retention", "err", err)
+			}
+		}
 		n, err := st.DeleteKilledBefore(ctx, cutoff)
 		if err != nil {
 			log.Warn("remove the records of sandboxes past their retention", "err", err)
@@ -262,4 +268,43 @@ func (g guestLog) GuestEvents(id, boot string, last uint64, evs []agentproto.Gue
 		// The entries are kept; a restarted vmon may add the last ones again.
 		slog.Default().Warn("keep the place in a sandbox's guest events", "sandbox", id, "err", err)
 	}
+}
+
+// sharedLogs keeps a driver's part of sandbox logs (the lifecycle) in the database several
+// drivers share, so that a read through any of them has every driver's entries, and a driver
+// that goes away takes none along.
+type sharedLogs struct {
+	st  *store.Store
+	log *slog.Logger
+}
+
+// sharedLogWrite bounds one entry's write: a log entry never holds up the step it records.
+const sharedLogWrite = 2 * time.Second
+
+func (l sharedLogs) Append(id string, e sandboxlog.Entry) {
+	ctx, cancel := context.WithTimeout(context.Background(), sharedLogWrite)
+	defer cancel()
+	if err := l.st.AppendSandboxLog(ctx, id, store.LogEntry{Time: e.Time, Level: int(e.Level), Logger: e.Logger,
+		Message: e.Message, Fields: e.Fields}); err != nil {
+		l.log.Warn("append to sandbox log", "sandbox", id, "err", err)
+	}
+}
+
+// End is Append: the retention counts from the record's end (DeleteSandboxLogsBefore).
+func (l sharedLogs) End(id string, e sandboxlog.Entry) { l.Append(id, e) }
+
+func (l sharedLogs) Query(id string, q sandboxlog.Query) ([]sandboxlog.Entry, error) {
+	es, found, err := l.st.QuerySandboxLog(context.Background(), id, store.LogQuery{Cursor: q.Cursor, Backward: q.Backward,
+		Limit: q.Limit, MinLevel: int(q.MinLevel), Search: q.Search})
+	if err != nil {
+		return nil, err
+	}
+	if !found {
+		return nil, sandboxlog.ErrNotFound
+	}
+	out := make([]sandboxlog.Entry, len(es))
+	for i, e := range es {
+		out[i] = sandboxlog.Entry{Time: e.Time, Level: sandboxlog.Level(e.Level), Logger: e.Logger, Message: e.Message, Fields: e.Fields}
+	}
+	return out, nil
 }

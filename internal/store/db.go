@@ -158,6 +158,14 @@ func (d *db) jsonMetadataMatch(col string) string {
 	return "EXISTS (SELECT 1 FROM json_each(" + col + ") WHERE key = ? AND value = ?)"
 }
 
+// contains is the condition "column col contains the string ?" (case-sensitive on both).
+func (d *db) contains(col string) string {
+	if d.pg {
+		return "strpos(" + col + ", ?) > 0"
+	}
+	return "instr(" + col + ", ?) > 0"
+}
+
 // jsonArrayIDCount counts rows of table whose JSON array column col holds an object with "id" ?,
 // among those matching where (which may be empty).
 func (d *db) jsonArrayIDCount(table, col, where string) string {

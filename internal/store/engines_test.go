@@ -28,6 +28,76 @@ var suite = map[string]func(t *testing.T, s *Store){
 	"SharedKey":         testSharedKey,
 	"Drivers":           testDrivers,
 	"EnsureAPIKey":      testEnsureAPIKey,
+	"SandboxLog":        testSandboxLog,
+}
+
+func testSandboxLog(t *testing.T, s *Store) {
+	ctx := context.Background()
+	if es, found, err := s.QuerySandboxLog(ctx, "sb1", LogQuery{}); err != nil || found || len(es) != 0 {
+		t.Fatalf("a log never written: %v %v %v", es, found, err)
+	}
+	base := t0.Add(123456789 * time.Nanosecond)
+	for i, e := range []LogEntry{
+		{Time: base, Level: 1, Logger: "lifecycleSvc", Message: "sandbox created", Fields: map[string]string{"template": "base"}},
+		{Time: base.Add(time.Microsecond), Level: 2, Logger: "lifecycleSvc", Message: "paused 100%"},
+		{Time: base.Add(2 * time.Second), Level: 3, Logger: "lifecycleSvc", Message: "sandbox ended: oom"},
+	} {
+		if err := s.AppendSandboxLog(ctx, "sb1", e); err != nil {
+			t.Fatal(i, err)
+		}
+	}
+	msgs := func(q LogQuery) []string {
+		t.Helper()
+		es, found, err := s.QuerySandboxLog(ctx, "sb1", q)
+		if err != nil || !found {
+			t.Fatalf("query %+v: %v %v", q, found, err)
+		}
+		var out []string
+		for _, e := range es {
+			out = append(out, e.Message)
+		}
+		return out
+	}
+	if got := msgs(LogQuery{}); !slices.Equal(got, []string{"sandbox created", "paused 100%", "sandbox ended: oom"}) {
+		t.Fatalf("all = %q", got)
+	}
+	es, _, _ := s.QuerySandboxLog(ctx, "sb1", LogQuery{Limit: 1})
+	if !es[0].Time.Equal(base) || es[0].Fields["template"] != "base" || es[0].Level != 1 {
+		t.Fatalf("first entry = %+v", es[0])
+	}
+	if got := msgs(LogQuery{Backward: true, Limit: 2}); !slices.Equal(got, []string{"sandbox ended: oom", "paused 100%"}) {
+		t.Fatalf("backward = %q", got)
+	}
+	cursor := base.Add(time.Second).UnixMilli()
+	if got := msgs(LogQuery{Cursor: cursor}); !slices.Equal(got, []string{"sandbox ended: oom"}) {
+		t.Fatalf("from the cursor = %q", got)
+	}
+	if got := msgs(LogQuery{Cursor: cursor, Backward: true}); !slices.Equal(got, []string{"paused 100%", "sandbox created"}) {
+		t.Fatalf("back from the cursor = %q", got)
+	}
+	if got := msgs(LogQuery{MinLevel: 2}); len(got) != 2 {
+		t.Fatalf("level >= 2 = %q", got)
+	}
+	if got := msgs(LogQuery{Search: "100%"}); !slices.Equal(got, []string{"paused 100%"}) {
+		t.Fatalf("search (a LIKE wildcard, taken literally) = %q", got)
+	}
+	if got := msgs(LogQuery{Search: "Sandbox"}); len(got) != 0 {
+		t.Fatalf("search is case-sensitive: %q", got)
+	}
+	// Retention: the log of a sandbox killed before the cutoff goes, with its record's fate.
+	sb := testSandbox("sb1", t0, nil)
+	if err := s.InsertSandbox(ctx, sb); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := s.DeleteSandboxLogsBefore(ctx, t0.Add(time.Hour)); err != nil || n != 0 {
+		t.Fatalf("a live sandbox's log was pruned: %d, %v", n, err)
+	}
+	if err := s.MarkKilled(ctx, "sb1", t0.Add(time.Minute), "test"); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := s.DeleteSandboxLogsBefore(ctx, t0.Add(time.Hour)); err != nil || n != 3 {
+		t.Fatalf("DeleteSandboxLogsBefore = %d, %v", n, err)
+	}
 }
 
 func testDrivers(t *testing.T, s *Store) {

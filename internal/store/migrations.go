@@ -194,4 +194,18 @@ CREATE TABLE cluster_keys (
 ALTER TABLE sandboxes ADD COLUMN driver TEXT NOT NULL DEFAULT '';
 ALTER TABLE template_builds ADD COLUMN driver TEXT NOT NULL DEFAULT '';
 `,
+	// 11: the drivers' part of sandbox logs (the lifecycle), where drivers share a database: any
+	// of them reads what another wrote, and a driver that goes away takes none of it along.
+	`
+CREATE TABLE sandbox_log (
+	sandbox_id  TEXT NOT NULL,
+	at          INTEGER NOT NULL,
+	seq         INTEGER NOT NULL,
+	level       INTEGER NOT NULL,
+	logger      TEXT NOT NULL,
+	message     TEXT NOT NULL,
+	fields      TEXT NOT NULL DEFAULT '{}'
+);
+CREATE INDEX sandbox_log_at ON sandbox_log(sandbox_id, at, seq);
+`,
 }

@@ -8,7 +8,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { Sandbox } from 'e2b';
 import { assertCameBack, holderIn, leaveTraces, scrapeMetrics, startCluster, stopCluster } from '../lib/cluster.js';
-import { killQuietly, runId, waitFor, withLogTail } from '../lib/harness.js';
+import { apiFetch, killQuietly, runId, waitFor, withLogTail } from '../lib/harness.js';
 
 describe('cluster: two drivers on one PostgreSQL database', () => {
   const RUN = runId('cluster-pg');
@@ -84,6 +84,25 @@ describe('cluster: two drivers on one PostgreSQL database', () => {
     await assert.rejects(Sandbox.getInfo(sbx.sandboxId, via(d1)), /not found/i);
     await waitFor(() => !holderIn(cl, sbx.sandboxId), { what: 'the sandbox gone from its node' });
     await assert.rejects(back.commands.run('true', { requestTimeoutMs: 10_000 }));
+
+    // Its log reads the same through either driver: the lifecycle entries both wrote, in order
+    // (the drivers' part is in the database they share).
+    const want = [/^info lifecycleSvc sandbox created from template base/, /^info lifecycleSvc sandbox paused with its memory/,
+      /^info lifecycleSvc sandbox resumed on node /, /^info lifecycleSvc sandbox killed by request/];
+    for (const d of [d1, d2]) {
+      const res = await apiFetch(d, `/v2/sandboxes/${sbx.sandboxId}/logs`);
+      assert.equal(res.status, 200, res.text);
+      const lines = res.json.logs.map((l) => `${l.level} ${l.fields.logger} ${l.message}`).filter((l) => / lifecycleSvc /.test(l));
+      // In this order, each once (a connect may add a timeout change between them).
+      let at = -1;
+      for (const re of want) {
+        const hits = lines.filter((l) => re.test(l));
+        assert.equal(hits.length, 1, `${re} through ${d.name}:\n${lines.join('\n')}`);
+        const i = lines.indexOf(hits[0]);
+        assert.ok(i > at, `${re} out of order through ${d.name}:\n${lines.join('\n')}`);
+        at = i;
+      }
+    }
 
     // Each driver's /metrics: its own operations, and its statements on the shared database.
     const after = await Promise.all([metrics(0), metrics(1)]);
