@@ -256,13 +256,10 @@ func debianRoot(ctx context.Context, o options) (string, error) {
 		"--mode=root", "--variant=minbase", "--format=directory",
 		"--include=" + strings.Join(rootPackages, ","),
 		"--aptopt=Acquire::Retries \"3\"",
-		// As the base template (internal/template): no documentation but the copyrights.
-		"--dpkgopt=path-exclude=/usr/share/man/*",
-		"--dpkgopt=path-exclude=/usr/share/info/*",
-		"--dpkgopt=path-exclude=/usr/share/doc/*",
-		"--dpkgopt=path-include=/usr/share/doc/*/copyright",
-		"--dpkgopt=path-exclude=/usr/share/locale/*",
-		"--dpkgopt=path-include=/usr/share/locale/locale.alias",
+	}
+	// As the base template: no documentation but the copyrights.
+	args = append(args, template.SlimDpkgOpts...)
+	args = append(args,
 		`--setup-hook=mkdir -p "$1"/var/cache/apt/archives/`,
 		"--setup-hook=sync-in " + debs + " /var/cache/apt/archives/",
 		"--customize-hook=sync-out /var/cache/apt/archives " + debs,
@@ -270,7 +267,7 @@ func debianRoot(ctx context.Context, o options) (string, error) {
 		// to provide (vmon's template builds write a resolv.conf and hosts when they are missing).
 		`--customize-hook=rm -f "$1"/etc/resolv.conf "$1"/etc/hostname`,
 		o.suite, tmp,
-	}
+	)
 	args = append(args, o.sources...)
 	cmd := exec.CommandContext(ctx, "mmdebstrap", args...)
 	cmd.Env = append(os.Environ(), "SOURCE_DATE_EPOCH="+strconv.FormatInt(rootEpoch.Unix(), 10),

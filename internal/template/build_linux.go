@@ -211,6 +211,17 @@ func newBuildDirs(dir string, now time.Time) (id, final, tmp string, err error) 
 // debian Docker image), which has useradd and su; recommends are not installed. Documentation
 // and translations are left out to keep the template small (copyright files stay). Downloaded packages are synced
 // with cacheDir so a rebuild does not download them again.
+// SlimDpkgOpts leave documentation and translations out of a Debian root built with mmdebstrap,
+// keeping the copyright files (the base template's, and vmon's container image's).
+var SlimDpkgOpts = []string{
+	"--dpkgopt=path-exclude=/usr/share/man/*",
+	"--dpkgopt=path-exclude=/usr/share/info/*",
+	"--dpkgopt=path-exclude=/usr/share/doc/*",
+	"--dpkgopt=path-include=/usr/share/doc/*/copyright",
+	"--dpkgopt=path-exclude=/usr/share/locale/*",
+	"--dpkgopt=path-include=/usr/share/locale/locale.alias",
+}
+
 func mmdebstrapArgs(suite, target string, sources, pkgs []string, cacheDir string, customize ...string) []string {
 	args := []string{
 		"--mode=root", "--variant=minbase", "--format=directory",
@@ -218,12 +229,9 @@ func mmdebstrapArgs(suite, target string, sources, pkgs []string, cacheDir strin
 		// Verbose for dpkg's "Setting up <package>" lines: progress through the longest step.
 		"--verbose",
 		"--aptopt=Acquire::Retries \"3\"",
-		"--dpkgopt=path-exclude=/usr/share/man/*",
-		"--dpkgopt=path-exclude=/usr/share/info/*",
-		"--dpkgopt=path-exclude=/usr/share/doc/*",
-		"--dpkgopt=path-include=/usr/share/doc/*/copyright",
-		"--dpkgopt=path-exclude=/usr/share/locale/*",
-		"--dpkgopt=path-include=/usr/share/locale/locale.alias",
+	}
+	args = append(args, SlimDpkgOpts...)
+	args = append(args,
 		"--skip=essential/unlink",
 		`--setup-hook=mkdir -p "$1"/var/cache/apt/archives/`,
 		// The man pages are left out, but maintainer scripts still link into man1: openjdk's
@@ -232,7 +240,7 @@ func mmdebstrapArgs(suite, target string, sources, pkgs []string, cacheDir strin
 		`--setup-hook=mkdir -p "$1"/usr/share/man/man1`,
 		"--setup-hook=sync-in " + shellQuote(cacheDir) + " /var/cache/apt/archives/",
 		"--customize-hook=sync-out /var/cache/apt/archives " + shellQuote(cacheDir),
-	}
+	)
 	for _, c := range customize {
 		args = append(args, "--customize-hook="+shellQuote(c)+` "$1"`)
 	}
