@@ -261,8 +261,8 @@ func debianRoot(ctx context.Context, o options) (string, error) {
 	args = append(args, template.SlimDpkgOpts...)
 	args = append(args,
 		`--setup-hook=mkdir -p "$1"/var/cache/apt/archives/`,
-		"--setup-hook=sync-in " + debs + " /var/cache/apt/archives/",
-		"--customize-hook=sync-out /var/cache/apt/archives " + debs,
+		"--setup-hook=sync-in "+debs+" /var/cache/apt/archives/",
+		"--customize-hook=sync-out /var/cache/apt/archives "+debs,
 		// mmdebstrap copies this machine's resolv.conf and hostname in; they are the runtime's
 		// to provide (vmon's template builds write a resolv.conf and hosts when they are missing).
 		`--customize-hook=rm -f "$1"/etc/resolv.conf "$1"/etc/hostname`,

@@ -238,8 +238,8 @@ func mmdebstrapArgs(suite, target string, sources, pkgs []string, cacheDir strin
 		// postinst has update-alternatives make java.1.gz there, and fails (dpkg error, mmdebstrap
 		// exit 25) when the directory does not exist.
 		`--setup-hook=mkdir -p "$1"/usr/share/man/man1`,
-		"--setup-hook=sync-in " + shellQuote(cacheDir) + " /var/cache/apt/archives/",
-		"--customize-hook=sync-out /var/cache/apt/archives " + shellQuote(cacheDir),
+		"--setup-hook=sync-in "+shellQuote(cacheDir)+" /var/cache/apt/archives/",
+		"--customize-hook=sync-out /var/cache/apt/archives "+shellQuote(cacheDir),
 	)
 	for _, c := range customize {
 		args = append(args, "--customize-hook="+shellQuote(c)+` "$1"`)
