@@ -176,7 +176,9 @@ func serveDriver(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 		FeaturesNow:     router.Features,
 		Secrets:         sealer,
 		Observer:        m,
-		Name:            c.Name,
+		// Alone on SQLite a driver names nothing: every creating record at its start is its own,
+		// whatever its name was before (a Kubernetes pod's changes at each restart).
+		Name: sharedName(st, c.Name),
 	}
 	var leader *store.Leadership
 	if st.Shared() {
@@ -206,7 +208,11 @@ func serveDriver(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 		go followRecords(ctx, st, d, router, log.With("component", "records"))
 		go sweepLeftovers(ctx, st, leader, d, cl, log.With("component", "leader"))
 	}
-	f := fleet.New(fleet.Options{Router: router, Records: st, Sandboxes: d, Grace: c.NodeLostGrace, Every: refreshEvery,
+	var fleetSandboxes fleet.Sandboxes = d
+	if leader != nil {
+		fleetSandboxes = leaderLoses{Driver: d, leader: leader}
+	}
+	f := fleet.New(fleet.Options{Router: router, Records: st, Sandboxes: fleetSandboxes, Grace: c.NodeLostGrace, Every: refreshEvery,
 		Log: log.With("component", "fleet"), Connect: func(name, rpc string) cluster.NodeClient { return connectNode(toNodes, name, rpc) }})
 	fl.Store(f)
 	// Members gossip told of before the fleet existed.
@@ -265,6 +271,21 @@ func serveDriver(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 	return listenAndServe(ctx, c, handler, log, stdout, apiKey)
 }
 
+// leaderLoses lets only the leading driver end a lost node's sandboxes: each driver's view of a
+// node is its own (a partition may cut one driver off a node the others reach), and ending
+// records is for the whole cluster.
+type leaderLoses struct {
+	*driver.Driver
+	leader *store.Leadership
+}
+
+func (l leaderLoses) NodeLost(ctx context.Context, node string) error {
+	if !l.leader.Leading() {
+		return nil
+	}
+	return l.Driver.NodeLost(ctx, node)
+}
+
 // sharedName is the driver's name where drivers share the store, "" where it is alone.
 func sharedName(st *store.Store, name string) string {
 	if st.Shared() {
@@ -276,18 +297,21 @@ func sharedName(st *store.Store, name string) string {
 // followRecords keeps the driver's memory (routes, expiries) and the router's placements in line
 // with sandbox records other drivers sharing the database change.
 func followRecords(ctx context.Context, st *store.Store, d *driver.Driver, router *cluster.Router, log *slog.Logger) {
-	st.Listen(ctx, log, func(ctx context.Context) {
+	st.Listen(ctx, log, func(ctx context.Context) error {
 		recs, err := d.Resync(ctx)
 		if err != nil {
-			log.Warn("reload the running sandboxes", "err", err)
-			return
+			return err
 		}
 		for _, sb := range recs {
 			router.Recorded(sb.ID, sb.NodeID, false)
 		}
+		return nil
 	}, func(ctx context.Context, id string) {
-		sb, ok := d.Changed(ctx, id)
-		router.Recorded(id, sb.NodeID, !ok || sb.State == store.StateKilled)
+		sb, found, err := d.Changed(ctx, id)
+		if err != nil {
+			return // the placement stays as it was; the next change or resync corrects it
+		}
+		router.Recorded(id, sb.NodeID, !found || sb.State == store.StateKilled)
 	})
 }
 
@@ -367,11 +391,23 @@ func sweepLeftovers(ctx context.Context, st *store.Store, leader *store.Leadersh
 		if _, err := d.SweepCreates(ctx); err != nil {
 			log.Warn("end creates left behind", "err", err)
 		}
-		var drivers []string
+		// A driver counts as gone when gossip does not see it alive and it has not recorded its
+		// gossip address for a while either: a gossip blip alone never fails its builds. Builds
+		// of no driver ("") are left to their driver's restart.
+		drivers := []string{""}
 		for _, m := range cl.Members() {
 			if m.Alive && m.Meta.Role == membership.RoleDriver {
 				drivers = append(drivers, m.Name)
 			}
+		}
+		now := time.Now()
+		seen, err := st.Drivers(ctx, now.Add(-driverSeen), now.Add(-driverForget))
+		if err != nil {
+			log.Warn("list the drivers", "err", err)
+			continue
+		}
+		for _, d := range seen {
+			drivers = append(drivers, d.Name)
 		}
 		n, err := st.FailUnfinishedBuilds(ctx, "the driver running the build went away", time.Now(), store.BuildsOf{NotAmong: drivers})
 		if err != nil {

@@ -34,12 +34,27 @@ func (h *deadlineHeap) Pop() any {
 func (d *Driver) arm(id string, t time.Time) {
 	d.mu.Lock()
 	d.deadlines[id] = t
-	heap.Push(&d.heap, deadline{at: t, id: id})
+	// A driver that does not lead keeps the deadlines only: nothing would pop its heap, which
+	// every extension through any driver would grow. It builds the heap when it starts leading.
+	if d.opts.Leader == nil || d.opts.Leader.Leading() {
+		heap.Push(&d.heap, deadline{at: t, id: id})
+	}
 	d.mu.Unlock()
 	select {
 	case d.wake <- struct{}{}:
 	default:
 	}
+}
+
+// rebuildHeap makes the heap of the current deadlines, for a driver that starts leading.
+func (d *Driver) rebuildHeap() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.heap = d.heap[:0]
+	for id, t := range d.deadlines {
+		d.heap = append(d.heap, deadline{at: t, id: id})
+	}
+	heap.Init(&d.heap)
 }
 
 // current reports whether e is id's live schedule. Caller holds d.mu.
@@ -63,6 +78,9 @@ func (d *Driver) reapLoop(ctx context.Context) {
 				case <-ctx.Done():
 					return
 				case <-lost:
+				}
+				if l.Leading() {
+					d.rebuildHeap()
 				}
 				continue
 			}

@@ -222,9 +222,12 @@ func (d *Driver) Adopt(ctx context.Context) error {
 }
 
 // interrupted reports whether a creating record belongs to a create nobody is running any more:
-// one of this driver's (it just started), one no driver was recorded for, or one older than
-// any create may take (its driver went away without finishing it).
+// on a store of its own, every one; on a shared one, this driver's (it just started), one no
+// driver was recorded for, or one older than any create may take (its driver went away).
 func (d *Driver) interrupted(sb Sandbox) bool {
+	if !d.store.Shared() {
+		return true // alone on its store: every create under way was this process's
+	}
 	return sb.Driver == "" || sb.Driver == d.opts.Name || d.now().Sub(sb.StartedAt) > d.staleCreate()
 }
 

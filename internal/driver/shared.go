@@ -11,23 +11,24 @@ import (
 // in line with the record, after a driver sharing the store changed it: a running record is
 // routed and scheduled, anything else is forgotten. Callers feed it the store's notifications
 // (store.Listen) one at a time, in order: each reads the record as it is now, so the last
-// notification of a burst leaves memory as the record ends up. It returns the record, if any.
-func (d *Driver) Changed(ctx context.Context, id string) (Sandbox, bool) {
+// notification of a burst leaves memory as the record ends up. It returns the record and whether
+// there is one; on an error reading it, memory is left as it was.
+func (d *Driver) Changed(ctx context.Context, id string) (Sandbox, bool, error) {
 	sb, err := d.store.GetSandbox(ctx, id)
 	if errdefs.Is(err, errdefs.KindNotFound) {
 		d.forget(id)
-		return Sandbox{}, false
+		return Sandbox{}, false, nil
 	}
 	if err != nil {
 		d.log.Warn("reload a changed sandbox record", "sandbox", id, "err", err)
-		return Sandbox{}, false
+		return Sandbox{}, false, err
 	}
 	if sb.State == store.StateRunning {
 		d.track(sb)
 	} else {
 		d.forget(id)
 	}
-	return sb, true
+	return sb, true, nil
 }
 
 // Resync reloads every running record into memory and forgets the sandboxes no running record

@@ -62,16 +62,17 @@ func newShared(t *testing.T, n int) ([]*sharedDriver, *drivertest.Node, *drivert
 		}
 		sd.d = d
 		listening := make(chan struct{})
-		go st.Listen(ctx, discardLogger(), func(ctx context.Context) {
+		go st.Listen(ctx, discardLogger(), func(ctx context.Context) error {
 			if _, err := d.Resync(ctx); err != nil {
-				t.Error(err)
+				return err
 			}
 			select {
 			case <-listening:
 			default:
 				close(listening)
 			}
-		}, func(ctx context.Context, id string) { d.Changed(ctx, id) })
+			return nil
+		}, func(ctx context.Context, id string) { _, _, _ = d.Changed(ctx, id) })
 		<-listening
 		out = append(out, sd)
 	}
@@ -243,5 +244,23 @@ func TestNodeBackLeavesCreatesUnderWay(t *testing.T) {
 	got := destroys(nd)
 	if got[sb.ID] != 0 || got["stray000000000000000"] != 1 {
 		t.Fatalf("destroys = %v: want the stray only", got)
+	}
+}
+
+// Alone on SQLite, a driver restarted under another name (a pod's) still ends the creates a
+// restart interrupted, whoever recorded them.
+func TestAdoptAloneEndsEveryCreate(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t, func(o *Options) { o.Name = "pod-2" })
+	rec := store.Sandbox{ID: "inflight00000000000c", TemplateID: baseID, State: store.StateCreating, CPU: 1, MemoryMB: 512,
+		StartedAt: e.clock.Now(), EndAt: e.clock.Now().Add(time.Minute), Driver: "pod-1"}
+	if err := e.store.InsertSandbox(ctx, rec); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.d.Adopt(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if sb, _ := e.store.GetSandbox(ctx, rec.ID); sb.State != store.StateKilled || sb.KillReason != ReasonInterrupted {
+		t.Fatalf("an interrupted create on a store of its own: %+v", sb)
 	}
 }

@@ -359,7 +359,7 @@ func TestPostgresListen(t *testing.T) {
 	a, b := openPostgres(t, dsn), openPostgres(t, dsn)
 	resynced := make(chan struct{}, 1)
 	changed := make(chan string, 16)
-	go b.Listen(ctx, slog.Default(), func(context.Context) { resynced <- struct{}{} }, func(_ context.Context, id string) { changed <- id })
+	go b.Listen(ctx, slog.Default(), func(context.Context) error { resynced <- struct{}{}; return nil }, func(_ context.Context, id string) { changed <- id })
 	select {
 	case <-resynced:
 	case <-time.After(10 * time.Second):

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"database/sql/driver"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"log/slog"
@@ -105,7 +106,7 @@ const listenRetry = time.Second
 // Whenever it (re)connects, before the first notification, it calls resync: notifications sent
 // while it was away are lost, so the caller reloads what it keeps. On SQLite there is no other
 // writer and it returns at once.
-func (s *Store) Listen(ctx context.Context, log *slog.Logger, resync func(context.Context), changed func(ctx context.Context, id string)) {
+func (s *Store) Listen(ctx context.Context, log *slog.Logger, resync func(context.Context) error, changed func(ctx context.Context, id string)) {
 	if !s.db.pg {
 		return
 	}
@@ -123,8 +124,8 @@ func (s *Store) Listen(ctx context.Context, log *slog.Logger, resync func(contex
 	}
 }
 
-func (s *Store) listenOnce(ctx context.Context, resync func(context.Context), changed func(ctx context.Context, id string)) error {
-	conn, err := pgx.Connect(ctx, s.dsn)
+func (s *Store) listenOnce(ctx context.Context, resync func(context.Context) error, changed func(ctx context.Context, id string)) error {
+	conn, err := pgx.ConnectConfig(ctx, s.cfg.Copy())
 	if err != nil {
 		return err
 	}
@@ -132,15 +133,34 @@ func (s *Store) listenOnce(ctx context.Context, resync func(context.Context), ch
 	if _, err := conn.Exec(ctx, "LISTEN "+SandboxChannel); err != nil {
 		return err
 	}
-	resync(ctx)
+	// A failed resync is a reason to start over: what was missed must not stay missed.
+	if err := resync(ctx); err != nil {
+		return fmt.Errorf("resync: %w", err)
+	}
 	for {
-		n, err := conn.WaitForNotification(ctx)
+		// Waits are bounded so a connection that died without a word (a half-open TCP
+		// connection) is found by a ping within a listenIdle, not after the kernel's keepalive.
+		wctx, cancel := context.WithTimeout(ctx, listenIdle)
+		n, err := conn.WaitForNotification(wctx)
+		cancel()
+		if err == nil {
+			changed(ctx, n.Payload)
+			continue
+		}
+		if ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded) {
+			return err
+		}
+		pctx, cancel := context.WithTimeout(ctx, leaderPingTimeout)
+		err = conn.Ping(pctx)
+		cancel()
 		if err != nil {
 			return err
 		}
-		changed(ctx, n.Payload)
 	}
 }
+
+// listenIdle is how long the listener waits for a notification before it checks its connection.
+const listenIdle = 15 * time.Second
 
 // Leadership is whether this process is the one, among those sharing the database, that does the
 // work exactly one must do (expiring sandboxes, fencing lost nodes). On PostgreSQL it is a
@@ -215,7 +235,7 @@ func (s *Store) Leader(ctx context.Context, name string, log *slog.Logger) *Lead
 }
 
 func (s *Store) lead(ctx context.Context, key int64, l *Leadership) error {
-	conn, err := pgx.Connect(ctx, s.dsn)
+	conn, err := pgx.ConnectConfig(ctx, s.cfg.Copy())
 	if err != nil {
 		return err
 	}

@@ -35,9 +35,9 @@ const FileName = "vmon.db"
 // Store is the database handle. It is safe for concurrent use.
 type Store struct {
 	db *db
-	// dsn is the PostgreSQL connection string ("" on SQLite): Listen and Leader hold connections
-	// of their own.
-	dsn string
+	// cfg is the PostgreSQL connection's configuration (nil on SQLite): Listen and Leader hold
+	// connections of their own.
+	cfg *pgx.ConnConfig
 	// locks is the PostgreSQL pool LockSandbox holds its connections in.
 	locks *sql.DB
 }
@@ -86,14 +86,24 @@ func OpenPostgres(ctx context.Context, dsn string) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--database: %w", err)
 	}
+	// The server drops a driver's session (and so frees its leadership and sandbox locks) within
+	// a minute of the driver's host going silent, instead of after the kernel's two-hour
+	// keepalive; the operator's own settings in the DSN win.
+	for k, v := range map[string]string{"tcp_keepalives_idle": "15", "tcp_keepalives_interval": "5",
+		"tcp_keepalives_count": "3", "tcp_user_timeout": "60000"} {
+		if _, set := cfg.RuntimeParams[k]; !set {
+			cfg.RuntimeParams[k] = v
+		}
+	}
 	sqldb := stdlib.OpenDB(*cfg)
 	sqldb.SetMaxOpenConns(maxPostgresConns)
 	sqldb.SetMaxIdleConns(maxPostgresConns)
 	sqldb.SetConnMaxIdleTime(5 * time.Minute)
 	locks := stdlib.OpenDB(*cfg)
 	locks.SetMaxOpenConns(maxPostgresLocks)
-	locks.SetMaxIdleConns(4)
-	s := &Store{db: &db{DB: sqldb, pg: true}, dsn: dsn, locks: locks}
+	// As many idle as open: a lock must not wait for a new connection whenever several steps run.
+	locks.SetMaxIdleConns(maxPostgresLocks)
+	s := &Store{db: &db{DB: sqldb, pg: true}, cfg: cfg, locks: locks}
 	if err := s.Ping(ctx); err != nil {
 		s.Close()
 		return nil, err

@@ -353,7 +353,10 @@ describe('pause and resume', () => {
       await stillRunning('mounted before the pause');
       await release();
 
-      // The mount appears while the pause runs (its checkpoint takes longer than this delay).
+      // The mount appears while the pause runs: 200 MiB of random memory make the checkpoint
+      // take far longer than this delay (a small sandbox's could end before the mount is made,
+      // as CI once saw on a loaded machine).
+      await run(sbx, 'head -c 200M /dev/urandom > /dev/shm/ballast && echo ok');
       const pausing = apiFetch(srv, `/sandboxes/${id}/pause`, { method: 'POST', body: '{}' });
       await sleep(100);
       await hold();
@@ -365,6 +368,7 @@ describe('pause and resume', () => {
       fs.rmdirSync(holder);
     }
     // Once that mount is gone it pauses and resumes as any other.
+    await run(sbx, 'rm -f /dev/shm/ballast && echo ok');
     assert.equal(await sbx.betaPause(), true);
     const back = await Sandbox.connect(id, srv.sdkOpts);
     assert.equal(await back.files.read('/home/user/held.txt'), 'held');
