@@ -14,6 +14,8 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { VmonServer, dataDir, handedOut, pgrep, runVmon, waitFor } from './harness.js';
 
+export { scrapeMetrics } from './harness.js';
+
 export const BRIDGE = 'vmcl0';
 export const DRIVER_IP = '10.99.0.1';
 const S3_PORT = 8333;
@@ -351,18 +353,4 @@ export async function assertCameBack(c, sbx, on) {
 export async function leaveTraces(sbx) {
   await sbx.commands.run('echo kept > /tmp/kept');
   await sbx.commands.run("sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done'", { background: true });
-}
-
-/** The samples of a Prometheus text exposition at url: { 'name{labels}': value }. */
-export async function scrapeMetrics(url) {
-  const res = await fetch(url);
-  assert.equal(res.status, 200);
-  const out = {};
-  for (const line of (await res.text()).split('\n')) {
-    if (!line || line.startsWith('#')) continue;
-    const m = /^([a-zA-Z_:][a-zA-Z0-9_:]*(?:\{[^}]*\})?) (\S+)$/.exec(line);
-    assert.ok(m, `an exposition line that does not parse: ${line}`);
-    out[m[1]] = Number(m[2]);
-  }
-  return out;
 }

@@ -12,6 +12,7 @@
 //   VMON_E2E_LOG_DIR    where server logs go (default <data dir>/e2e-logs)
 //   VMON_E2E_READY_TIMEOUT_MS  how long to wait for /health (default 120000)
 
+import assert from 'node:assert/strict';
 import { spawn, spawnSync, execFile } from 'node:child_process';
 import fs from 'node:fs';
 import fsp from 'node:fs/promises';
@@ -605,4 +606,19 @@ export async function runChild(argv, { cwd, env = process.env, timeoutMs = 180_0
   const code = await new Promise((resolve) => child.on('exit', (c, s) => resolve(c ?? s)));
   clearTimeout(timer);
   return { code, stdout, stderr };
+}
+
+/** The samples of a Prometheus text exposition at url: { 'name{labels}': value }. */
+export async function scrapeMetrics(url) {
+  const res = await fetch(url);
+  assert.equal(res.status, 200);
+  assert.match(res.headers.get('content-type'), /^text\/plain/);
+  const out = {};
+  for (const line of (await res.text()).split('\n')) {
+    if (!line || line.startsWith('#')) continue;
+    const m = /^([a-zA-Z_:][a-zA-Z0-9_:]*(?:\{[^}]*\})?) (\S+)$/.exec(line);
+    assert.ok(m, `an exposition line that does not parse: ${line}`);
+    out[m[1]] = Number(m[2]);
+  }
+  return out;
 }

@@ -4,24 +4,11 @@
 import assert from 'node:assert/strict';
 import { describe } from 'node:test';
 import { Sandbox } from 'e2b';
-import { useServer, runId, killQuietly } from '../lib/harness.js';
+import { useServer, runId, killQuietly, scrapeMetrics } from '../lib/harness.js';
 
 const METRICS = '127.0.0.1:19464';
 
-/** The samples of a text exposition: { 'name{labels}': value }, labels as written. */
-async function scrape() {
-  const res = await fetch(`http://${METRICS}/metrics`);
-  assert.equal(res.status, 200);
-  assert.match(res.headers.get('content-type'), /^text\/plain/);
-  const out = {};
-  for (const line of (await res.text()).split('\n')) {
-    if (!line || line.startsWith('#')) continue;
-    const m = /^([a-zA-Z_:][a-zA-Z0-9_:]*(?:\{[^}]*\})?) (\S+)$/.exec(line);
-    assert.ok(m, `an exposition line that does not parse: ${line}`);
-    out[m[1]] = Number(m[2]);
-  }
-  return out;
-}
+const scrape = () => scrapeMetrics(`http://${METRICS}/metrics`);
 
 describe('metrics and probes', () => {
   const srv = useServer({ name: 'metrics', args: ['--metrics-listen', METRICS] });
