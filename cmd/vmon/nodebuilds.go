@@ -25,8 +25,8 @@ type nodeBuilds struct {
 	checkStart func(startCmd string) error
 }
 
-func (b nodeBuilds) PutFile(_ context.Context, templateID, hash string, r io.Reader, size int64) error {
-	return b.files.Put(templateID, hash, r, size)
+func (b nodeBuilds) PutFile(ctx context.Context, templateID, hash string, r io.Reader, size int64) error {
+	return b.files.Put(ctx, templateID, hash, r, size)
 }
 
 func (b nodeBuilds) LogPath(buildID string) string {

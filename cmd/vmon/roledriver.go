@@ -18,7 +18,7 @@ import (
 
 	"github.com/vibemon/vmon/internal/agentproto"
 	"github.com/vibemon/vmon/internal/api"
-	"github.com/vibemon/vmon/internal/build"
+	"github.com/vibemon/vmon/internal/artifacts"
 	"github.com/vibemon/vmon/internal/cluster"
 	"github.com/vibemon/vmon/internal/config"
 	"github.com/vibemon/vmon/internal/driver"
@@ -61,11 +61,12 @@ func serveDriver(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 	}
 	// Templates are recorded from the cluster's store when there is one (nodes publish their
 	// builds there), else from the driver's data dir, as --role all does.
+	var arts *artifacts.Store
 	if c.Store != "" {
-		tpls, err := openTemplateStore(ctx, c, log)
-		if err != nil {
+		if arts, err = openStore(ctx, c, log); err != nil {
 			return err
 		}
+		tpls := tplstore.New(arts, c.DataDir, log.With("component", "templates"))
 		go recordStoreTemplates(ctx, tpls, st, c.SandboxDiskMB, log)
 	} else {
 		if _, err := template.Load(c.DataDir, "base"); err != nil {
@@ -234,10 +235,19 @@ func serveDriver(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 	if c.Store != "" {
 		// Builds run on the nodes, which publish them to the store; without one a build would
 		// stay on the node that ran it, so the build API answers 501.
-		files := build.NewFiles(c.DataDir)
+		// The COPY archives live in the store too, and drivers sharing a database sign upload
+		// URLs with one key: a build's calls may land on any of them.
+		files, err := tplstore.NewFiles(arts, c.DataDir)
+		if err != nil {
+			return err
+		}
+		uploadKey, err := buildUploadKey(ctx, st)
+		if err != nil {
+			return err
+		}
 		svc := templates.New(templates.Options{DataDir: c.DataDir, Store: st, Engine: cluster.NewBuilds(router, files),
 			Files: files, Resolver: d, MaxConcurrent: c.BuildConcurrency, Log: log.With("component", "templates"),
-			RemoteParents: true, Observe: m.BuildDone, Driver: sharedName(st, c.Name)})
+			RemoteParents: true, Observe: m.BuildDone, Driver: sharedName(st, c.Name), UploadKey: uploadKey})
 		if err := svc.Recover(ctx); err != nil {
 			return fmt.Errorf("recover template builds: %w", err)
 		}
@@ -269,6 +279,19 @@ func serveDriver(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 	}
 	defer stopMetrics()
 	return listenAndServe(ctx, c, handler, log, stdout, apiKey)
+}
+
+// buildUploadKey is the key build upload URLs are signed with: the one all drivers sharing the
+// database use, or (alone) one of this process's own.
+func buildUploadKey(ctx context.Context, st *store.Store) ([]byte, error) {
+	if !st.Shared() {
+		return nil, nil
+	}
+	key, err := st.SharedKey(ctx, "build-upload-key", randomKey(32))
+	if err != nil {
+		return nil, fmt.Errorf("build upload key: %w", err)
+	}
+	return key, nil
 }
 
 // leaderLoses lets only the leading driver end a lost node's sandboxes: each driver's view of a

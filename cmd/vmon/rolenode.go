@@ -289,15 +289,6 @@ func drainBeforeExit(cl *membership.Cluster, c *config.Serve, n *node.Node, paus
 	log.Info("drained")
 }
 
-// openTemplateStore opens --store for the templates of this data dir.
-func openTemplateStore(ctx context.Context, c *config.Serve, log *slog.Logger) (*tplstore.Sync, error) {
-	s, err := openStore(ctx, c, log)
-	if err != nil {
-		return nil, err
-	}
-	return tplstore.New(s, c.DataDir, log.With("component", "templates")), nil
-}
-
 // openStore opens --store.
 func openStore(ctx context.Context, c *config.Serve, log *slog.Logger) (*artifacts.Store, error) {
 	b, err := artifacts.OpenBackend(ctx, c.Store)

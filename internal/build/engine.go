@@ -357,7 +357,7 @@ func (e *Engine) run(ctx context.Context, req Request, state State, s Step, key,
 
 // copy applies a COPY step on the host and returns the layer of the copied files.
 func (e *Engine) copy(ctx context.Context, req Request, state State, s Step, key, step string) (string, error) {
-	f, err := e.opts.Files.Open(req.TemplateID, s.FilesHash)
+	f, err := e.opts.Files.Open(ctx, req.TemplateID, s.FilesHash)
 	if err != nil {
 		return "", stepErr(step, err, "COPY %s", s.Args[0])
 	}

@@ -65,7 +65,7 @@ func newTestEngine(t *testing.T) (*Engine, string, *Parent) {
 
 func upload(t *testing.T, e *Engine, tpl, hash string, r *bytes.Reader) {
 	t.Helper()
-	if err := e.opts.Files.Put(tpl, hash, r, r.Size()); err != nil {
+	if err := e.opts.Files.Put(context.Background(), tpl, hash, r, r.Size()); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -1,6 +1,7 @@
 package build
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -19,17 +20,25 @@ type Files struct{ dir string }
 func NewFiles(dataDir string) *Files { return &Files{dir: filepath.Join(dataDir, "build-files")} }
 
 func (f *Files) path(templateID, hash string) (string, error) {
-	if !filesHashRe.MatchString(hash) {
-		return "", errdefs.InvalidArgument("invalid files hash %q (want 64 hex digits)", hash)
-	}
-	if templateID == "" || filepath.Base(templateID) != templateID || templateID[0] == '.' {
-		return "", errdefs.InvalidArgument("invalid template id")
+	if err := CheckFile(templateID, hash); err != nil {
+		return "", err
 	}
 	return filepath.Join(f.dir, templateID, hash), nil
 }
 
+// CheckFile refuses a template id or archive hash that cannot name an upload.
+func CheckFile(templateID, hash string) error {
+	if !filesHashRe.MatchString(hash) {
+		return errdefs.InvalidArgument("invalid files hash %q (want 64 hex digits)", hash)
+	}
+	if templateID == "" || filepath.Base(templateID) != templateID || templateID[0] == '.' {
+		return errdefs.InvalidArgument("invalid template id")
+	}
+	return nil
+}
+
 // Has reports whether the archive for hash was uploaded for the template.
-func (f *Files) Has(templateID, hash string) (bool, error) {
+func (f *Files) Has(_ context.Context, templateID, hash string) (bool, error) {
 	p, err := f.path(templateID, hash)
 	if err != nil {
 		return false, err
@@ -43,15 +52,21 @@ func (f *Files) Has(templateID, hash string) (bool, error) {
 
 // Put stores exactly size bytes from r as the archive for hash. A short body or one longer than
 // size is an error and leaves nothing behind.
-func (f *Files) Put(templateID, hash string, r io.Reader, size int64) error {
+func (f *Files) Put(_ context.Context, templateID, hash string, r io.Reader, size int64) error {
 	p, err := f.path(templateID, hash)
 	if err != nil {
 		return err
 	}
-	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
+	return WriteArchive(p, r, size)
+}
+
+// WriteArchive writes exactly size bytes from r to path, through a temporary file renamed into
+// place once whole: a short body or one longer than size is an error and leaves nothing behind.
+func WriteArchive(path string, r io.Reader, size int64) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return fmt.Errorf("create upload dir: %w", err)
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(p), ".upload-*")
+	tmp, err := os.CreateTemp(filepath.Dir(path), ".upload-*")
 	if err != nil {
 		return fmt.Errorf("create upload: %w", err)
 	}
@@ -72,7 +87,7 @@ func (f *Files) Put(templateID, hash string, r io.Reader, size int64) error {
 	if err := tmp.Close(); err != nil {
 		return fmt.Errorf("write upload: %w", err)
 	}
-	if err := os.Rename(tmp.Name(), p); err != nil {
+	if err := os.Rename(tmp.Name(), path); err != nil {
 		return fmt.Errorf("store upload: %w", err)
 	}
 	ok = true
@@ -80,7 +95,7 @@ func (f *Files) Put(templateID, hash string, r io.Reader, size int64) error {
 }
 
 // Open opens the archive for hash; a missing one is NotFound.
-func (f *Files) Open(templateID, hash string) (*os.File, error) {
+func (f *Files) Open(_ context.Context, templateID, hash string) (*os.File, error) {
 	p, err := f.path(templateID, hash)
 	if err != nil {
 		return nil, err
@@ -93,7 +108,7 @@ func (f *Files) Open(templateID, hash string) (*os.File, error) {
 }
 
 // RemoveTemplate drops every upload of a template.
-func (f *Files) RemoveTemplate(templateID string) error {
+func (f *Files) RemoveTemplate(_ context.Context, templateID string) error {
 	if templateID == "" || filepath.Base(templateID) != templateID || templateID[0] == '.' {
 		return errdefs.InvalidArgument("invalid template id")
 	}

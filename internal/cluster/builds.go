@@ -22,7 +22,7 @@ type BuildNode interface {
 
 // BuildFiles are the COPY archives the SDK uploaded to the driver (*build.Files).
 type BuildFiles interface {
-	Open(templateID, hash string) (*os.File, error)
+	Open(ctx context.Context, templateID, hash string) (*os.File, error)
 }
 
 // Builds runs template builds on the cluster's nodes: it is the build engine of a driver's
@@ -96,7 +96,7 @@ func (b *Builds) sendFiles(ctx context.Context, bn BuildNode, req build.Request)
 }
 
 func (b *Builds) sendFile(ctx context.Context, bn BuildNode, templateID, hash string) error {
-	f, err := b.files.Open(templateID, hash)
+	f, err := b.files.Open(ctx, templateID, hash)
 	if err != nil {
 		return err
 	}

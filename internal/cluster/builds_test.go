@@ -27,18 +27,18 @@ type buildingNode struct {
 	builds []string
 }
 
-func (b *buildingNode) PutFile(_ context.Context, templateID, hash string, r io.Reader, size int64) error {
-	return b.files.Put(templateID, hash, r, size)
+func (b *buildingNode) PutFile(ctx context.Context, templateID, hash string, r io.Reader, size int64) error {
+	return b.files.Put(ctx, templateID, hash, r, size)
 }
 
 func (b *buildingNode) LogPath(buildID string) string { return filepath.Join(b.dir, buildID+".jsonl") }
 
-func (b *buildingNode) Build(_ context.Context, req build.Request, log *build.Log) (template.Manifest, error) {
+func (b *buildingNode) Build(ctx context.Context, req build.Request, log *build.Log) (template.Manifest, error) {
 	b.mu.Lock()
 	b.builds = append(b.builds, req.BuildID)
 	b.mu.Unlock()
 	for _, s := range req.Steps {
-		if ok, err := b.files.Has(req.TemplateID, s.FilesHash); s.FilesHash != "" && (err != nil || !ok) {
+		if ok, err := b.files.Has(ctx, req.TemplateID, s.FilesHash); s.FilesHash != "" && (err != nil || !ok) {
 			return template.Manifest{}, &build.StepError{Step: "1", Msg: "archive missing"}
 		}
 	}
@@ -53,7 +53,7 @@ func TestBuildsRunOnANode(t *testing.T) {
 	ctx := context.Background()
 	driverFiles := build.NewFiles(t.TempDir())
 	hash := strings.Repeat("e", 64)
-	if err := driverFiles.Put("tpl", hash, strings.NewReader("archive"), 7); err != nil {
+	if err := driverFiles.Put(ctx, "tpl", hash, strings.NewReader("archive"), 7); err != nil {
 		t.Fatal(err)
 	}
 	r := NewRouter(func(context.Context, string) (string, error) { return "", nil })

@@ -27,13 +27,13 @@ type fakeBuilder struct {
 	got   build.Request
 }
 
-func (f *fakeBuilder) PutFile(_ context.Context, templateID, hash string, r io.Reader, size int64) error {
-	return f.files.Put(templateID, hash, r, size)
+func (f *fakeBuilder) PutFile(ctx context.Context, templateID, hash string, r io.Reader, size int64) error {
+	return f.files.Put(ctx, templateID, hash, r, size)
 }
 
 func (f *fakeBuilder) LogPath(buildID string) string { return filepath.Join(f.dir, buildID+".jsonl") }
 
-func (f *fakeBuilder) Build(_ context.Context, req build.Request, log *build.Log) (template.Manifest, error) {
+func (f *fakeBuilder) Build(ctx context.Context, req build.Request, log *build.Log) (template.Manifest, error) {
 	f.got = req
 	for i, s := range req.Steps {
 		// Enough lines to need several flushes of the stream.
@@ -47,7 +47,7 @@ func (f *fakeBuilder) Build(_ context.Context, req build.Request, log *build.Log
 			return template.Manifest{}, errdefs.Unavailable("the build sandbox went away")
 		}
 		if s.FilesHash != "" {
-			if ok, err := f.files.Has(req.TemplateID, s.FilesHash); err != nil || !ok {
+			if ok, err := f.files.Has(ctx, req.TemplateID, s.FilesHash); err != nil || !ok {
 				return template.Manifest{}, errors.New("the COPY archive never arrived")
 			}
 		}
@@ -78,7 +78,7 @@ func TestBuildTemplate(t *testing.T) {
 	if err := c.PutBuildFile(ctx, "tpl", strings.Repeat("d", 64), bytes.NewReader(archive[:10]), int64(len(archive))); !errdefs.Is(err, errdefs.KindInvalidArgument) {
 		t.Fatalf("a short archive: %v, want InvalidArgument", err)
 	}
-	if ok, _ := fb.files.Has("tpl", strings.Repeat("d", 64)); ok {
+	if ok, _ := fb.files.Has(ctx, "tpl", strings.Repeat("d", 64)); ok {
 		t.Fatal("a short archive was kept")
 	}
 

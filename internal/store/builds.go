@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"time"
@@ -27,9 +28,14 @@ type Build struct {
 	CreatedAt      time.Time
 	UpdatedAt      time.Time
 	FinishedAt     time.Time
-	// Driver is the driver running the build (several may share a database); kept as first
-	// recorded.
+	// Driver is the driver running the build (several may share a database): the one that
+	// created it until a start claims it (ClaimBuild), then the one that runs it.
 	Driver string
+	// Tags are what a successful build is tagged with (besides the default tag's rule); set when
+	// the build is created.
+	Tags []string
+	// Started is set by the one start that claimed the build (ClaimBuild).
+	Started bool
 }
 
 // Tag names one build of a template ("default" is the implicit tag).
@@ -39,7 +45,8 @@ type Tag struct {
 	CreatedAt time.Time
 }
 
-// PutBuild inserts or updates a build.
+// PutBuild inserts or updates a build. An update leaves its tags, its driver and whether it was
+// started as they are: those change only through ClaimBuild and ReleaseBuild.
 func (s *Store) PutBuild(ctx context.Context, b Build) error {
 	switch b.Status {
 	case TemplateWaiting, TemplateBuilding, TemplateReady, TemplateError:
@@ -50,25 +57,83 @@ func (s *Store) PutBuild(ctx context.Context, b Build) error {
 	if !b.FinishedAt.IsZero() {
 		finished = toMillis(b.FinishedAt)
 	}
-	_, err := s.db.ExecContext(ctx, `
+	if b.Tags == nil {
+		b.Tags = []string{}
+	}
+	tags, err := json.Marshal(b.Tags)
+	if err != nil {
+		return fmt.Errorf("put build: %w", err)
+	}
+	_, err = s.db.ExecContext(ctx, `
 INSERT INTO template_builds (id, template_id, status, reason_message, reason_step, cpu, memory_mb,
-	disk_mb, default_user, default_workdir, created_at, updated_at, finished_at, driver)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+	disk_mb, default_user, default_workdir, created_at, updated_at, finished_at, driver, tags, started)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (id) DO UPDATE SET status = excluded.status, reason_message = excluded.reason_message,
 	reason_step = excluded.reason_step, cpu = excluded.cpu, memory_mb = excluded.memory_mb,
 	disk_mb = excluded.disk_mb, default_user = excluded.default_user,
 	default_workdir = excluded.default_workdir, updated_at = excluded.updated_at,
 	finished_at = excluded.finished_at`,
 		b.ID, b.TemplateID, string(b.Status), b.ReasonMessage, b.ReasonStep, b.CPU, b.MemoryMB, b.DiskMB,
-		b.DefaultUser, b.DefaultWorkdir, toMillis(b.CreatedAt), toMillis(b.UpdatedAt), finished, b.Driver)
+		b.DefaultUser, b.DefaultWorkdir, toMillis(b.CreatedAt), toMillis(b.UpdatedAt), finished, b.Driver,
+		string(tags), b.Started)
 	if err != nil {
 		return fmt.Errorf("put build: %w", err)
 	}
 	return nil
 }
 
+// ClaimBuild marks a waiting build started by driver, once: a second claim, from this driver or
+// another sharing the database, is a Conflict. The claimer runs the build.
+func (s *Store) ClaimBuild(ctx context.Context, templateID, buildID, driver string, at time.Time) error {
+	res, err := s.db.ExecContext(ctx, `UPDATE template_builds SET started = ?, driver = ?, updated_at = ?
+	WHERE id = ? AND template_id = ? AND status = 'waiting' AND started = ?`,
+		true, driver, toMillis(at), buildID, templateID, false)
+	if err != nil {
+		return fmt.Errorf("claim build: %w", err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		if _, err := s.GetBuild(ctx, templateID, buildID); err != nil {
+			return err
+		}
+		return errdefs.Conflict("build %s was already started", buildID)
+	}
+	return nil
+}
+
+// ReleaseBuild undoes a claim whose start was refused, so a corrected start may claim it.
+func (s *Store) ReleaseBuild(ctx context.Context, templateID, buildID string) error {
+	if _, err := s.db.ExecContext(ctx, `UPDATE template_builds SET started = ?
+	WHERE id = ? AND template_id = ? AND status = 'waiting'`, false, buildID, templateID); err != nil {
+		return fmt.Errorf("release build: %w", err)
+	}
+	return nil
+}
+
+// FailUnstartedBuilds fails the builds created before and never started: a client that created
+// one and went away leaves it waiting for ever otherwise.
+func (s *Store) FailUnstartedBuilds(ctx context.Context, before, at time.Time) (int64, error) {
+	res, err := s.db.ExecContext(ctx, `UPDATE template_builds SET status = 'error',
+	reason_message = 'the build was never started', updated_at = ?, finished_at = ?
+	WHERE status = 'waiting' AND started = ? AND created_at < ?`, toMillis(at), toMillis(at), false, toMillis(before))
+	if err != nil {
+		return 0, fmt.Errorf("fail unstarted builds: %w", err)
+	}
+	n, _ := res.RowsAffected()
+	return n, nil
+}
+
+// BuildsUnderway counts a template's builds that were started and have not finished.
+func (s *Store) BuildsUnderway(ctx context.Context, templateID string) (int, error) {
+	var n int
+	if err := s.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM template_builds
+	WHERE template_id = ? AND (status = 'building' OR (status = 'waiting' AND started = ?))`, templateID, true).Scan(&n); err != nil {
+		return 0, fmt.Errorf("count builds underway: %w", err)
+	}
+	return n, nil
+}
+
 const buildCols = `SELECT id, template_id, status, reason_message, reason_step, cpu, memory_mb, disk_mb,
-	default_user, default_workdir, created_at, updated_at, finished_at, driver FROM template_builds`
+	default_user, default_workdir, created_at, updated_at, finished_at, driver, tags, started FROM template_builds`
 
 func scanBuild(r scanner) (Build, error) {
 	var (
@@ -76,10 +141,14 @@ func scanBuild(r scanner) (Build, error) {
 		status           string
 		created, updated int64
 		finished         sql.NullInt64
+		tags             string
 	)
 	if err := r.Scan(&b.ID, &b.TemplateID, &status, &b.ReasonMessage, &b.ReasonStep, &b.CPU, &b.MemoryMB,
-		&b.DiskMB, &b.DefaultUser, &b.DefaultWorkdir, &created, &updated, &finished, &b.Driver); err != nil {
+		&b.DiskMB, &b.DefaultUser, &b.DefaultWorkdir, &created, &updated, &finished, &b.Driver, &tags, &b.Started); err != nil {
 		return Build{}, err
+	}
+	if err := json.Unmarshal([]byte(tags), &b.Tags); err != nil {
+		return Build{}, fmt.Errorf("build %s tags: %w", b.ID, err)
 	}
 	b.Status = TemplateStatus(status)
 	b.CreatedAt, b.UpdatedAt = fromMillis(created), fromMillis(updated)
@@ -248,4 +317,59 @@ func (s *Store) TagBuild(ctx context.Context, templateID, tag string) (string, e
 		return "", fmt.Errorf("get tag: %w", err)
 	}
 	return id, nil
+}
+
+// BuildLogEntry is one line of a build's log as drivers sharing a database keep it.
+type BuildLogEntry struct {
+	Time    time.Time
+	Level   string
+	Step    string
+	Message string
+}
+
+// AppendBuildLog stores entries as lines first, first+1, … of a build's log. Lines already
+// stored are left as they are, so a write retried after an error repeats nothing.
+func (s *Store) AppendBuildLog(ctx context.Context, buildID string, first int, entries []BuildLogEntry) error {
+	if len(entries) == 0 {
+		return nil
+	}
+	// Many rows per statement: a build logs thousands of lines, and a round trip per line to a
+	// database across the network would make the log lag behind the build.
+	const rowsPer = 100
+	return s.tx(ctx, func(tx *tx) error {
+		for start := 0; start < len(entries); start += rowsPer {
+			batch := entries[start:min(start+rowsPer, len(entries))]
+			args := make([]any, 0, 6*len(batch))
+			for i, e := range batch {
+				args = append(args, buildID, first+start+i, toMillis(e.Time), e.Level, e.Step, e.Message)
+			}
+			values := strings.TrimSuffix(strings.Repeat("(?, ?, ?, ?, ?, ?), ", len(batch)), ", ")
+			if _, err := tx.ExecContext(ctx, `INSERT INTO build_log (build_id, seq, at, level, step, message)
+VALUES `+values+` ON CONFLICT (build_id, seq) DO NOTHING`, args...); err != nil {
+				return fmt.Errorf("append to build log: %w", err)
+			}
+		}
+		return nil
+	})
+}
+
+// BuildLog returns up to limit lines of a build's log from line offset on.
+func (s *Store) BuildLog(ctx context.Context, buildID string, offset, limit int) ([]BuildLogEntry, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT at, level, step, message FROM build_log
+	WHERE build_id = ? AND seq >= ? ORDER BY seq LIMIT ?`, buildID, offset, limit)
+	if err != nil {
+		return nil, fmt.Errorf("read build log: %w", err)
+	}
+	defer rows.Close()
+	out := []BuildLogEntry{}
+	for rows.Next() {
+		var e BuildLogEntry
+		var at int64
+		if err := rows.Scan(&at, &e.Level, &e.Step, &e.Message); err != nil {
+			return nil, fmt.Errorf("scan build log: %w", err)
+		}
+		e.Time = fromMillis(at)
+		out = append(out, e)
+	}
+	return out, rows.Err()
 }

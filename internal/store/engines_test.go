@@ -29,6 +29,7 @@ var suite = map[string]func(t *testing.T, s *Store){
 	"Drivers":           testDrivers,
 	"EnsureAPIKey":      testEnsureAPIKey,
 	"SandboxLog":        testSandboxLog,
+	"Builds":            testBuilds,
 }
 
 func testSandboxLog(t *testing.T, s *Store) {

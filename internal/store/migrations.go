@@ -208,4 +208,19 @@ CREATE TABLE sandbox_log (
 );
 CREATE INDEX sandbox_log_at ON sandbox_log(sandbox_id, at, seq);
 `,
+	// 12: a template build any driver sharing the database can serve: the tags it was created
+	// with, whether a start claimed it (the one driver that runs it), and its log.
+	`
+ALTER TABLE template_builds ADD COLUMN tags TEXT NOT NULL DEFAULT '[]';
+ALTER TABLE template_builds ADD COLUMN started INTEGER NOT NULL DEFAULT 0;
+CREATE TABLE build_log (
+	build_id  TEXT NOT NULL REFERENCES template_builds(id) ON DELETE CASCADE,
+	seq       INTEGER NOT NULL,
+	at        INTEGER NOT NULL,
+	level     TEXT NOT NULL,
+	step      TEXT NOT NULL DEFAULT '',
+	message   TEXT NOT NULL,
+	PRIMARY KEY (build_id, seq)
+);
+`,
 }

@@ -7,8 +7,9 @@ package templates
 
 import (
 	"context"
+	"crypto/hmac"
 	"crypto/rand"
-	"crypto/subtle"
+	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -17,6 +18,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -40,17 +42,28 @@ type Resolver interface {
 	ResolveTemplate(ctx context.Context, ref string) (store.Template, string, error)
 }
 
+// Files keeps the archives the SDK uploads for COPY steps: *build.Files in the data dir, or
+// *tplstore.Files in the cluster's store where several drivers answer one build's calls.
+type Files interface {
+	Has(ctx context.Context, templateID, hash string) (bool, error)
+	Put(ctx context.Context, templateID, hash string, r io.Reader, size int64) error
+	RemoveTemplate(ctx context.Context, templateID string) error
+}
+
 // Options configure a Service.
 type Options struct {
 	DataDir  string
 	Store    *store.Store
 	Engine   Engine
-	Files    *build.Files
+	Files    Files
 	Resolver Resolver
 	// MaxConcurrent bounds builds running at once; more wait in status "waiting". Default 2.
 	MaxConcurrent int
 	// UploadTTL is how long an upload URL stays valid (E2B's SDK allows an hour per upload).
 	UploadTTL time.Duration
+	// UploadKey signs upload URLs. Drivers sharing a database share it, so an upload URL one
+	// gave out is good at every other. Nil: a key of this process's own.
+	UploadKey []byte
 	Log       *slog.Logger
 	// Rescan registers templates built on this host since the server started (`vmon template
 	// build` of a rootfs while it runs); a build from a template the store does not know calls it
@@ -70,6 +83,10 @@ type Options struct {
 	Driver string
 }
 
+// A build's record (status, tags, which start claimed it) is in the store; so is its log where
+// drivers share the store, written as the build runs. Any driver then answers a build's create,
+// upload, start and status, whichever of them runs it: only the running itself is local.
+
 // Service runs the template build API.
 type Service struct {
 	opts  Options
@@ -83,25 +100,15 @@ type Service struct {
 	gcMu sync.RWMutex
 
 	mu sync.Mutex
+	// active are the builds this driver runs.
 	// +checklocks:mu
 	active map[string]*running
-	// +checklocks:mu
-	uploads map[string]upload
 }
 
 type running struct {
-	templateID string
-	created    time.Time
-	// started is set by the one StartBuild that runs the build.
-	started bool
-	log     *build.Log
-	tags    []string
-	done    chan struct{}
-}
-
-type upload struct {
-	templateID, hash string
-	expires          time.Time
+	log  *build.Log
+	sink *logSink // nil unless the store is shared
+	done chan struct{}
 }
 
 // DefaultTag is the tag a name without one means.
@@ -124,9 +131,15 @@ func New(o Options) *Service {
 	if o.Log == nil {
 		o.Log = slog.New(slog.DiscardHandler)
 	}
+	if o.UploadKey == nil {
+		o.UploadKey = make([]byte, 32)
+		if _, err := rand.Read(o.UploadKey); err != nil {
+			panic(fmt.Sprintf("templates: no randomness for the upload key: %v", err))
+		}
+	}
 	ctx, stop := context.WithCancel(context.Background())
 	return &Service{opts: o, slots: make(chan struct{}, o.MaxConcurrent), ctx: ctx, stop: stop,
-		active: map[string]*running{}, uploads: map[string]upload{}}
+		active: map[string]*running{}}
 }
 
 // Recover fails builds a previous run left unfinished: nothing runs them any more.
@@ -273,15 +286,14 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (Created, error
 		return Created{}, err
 	}
 	if err := s.opts.Store.PutBuild(ctx, store.Build{ID: buildID, TemplateID: tpl.ID, Status: store.TemplateWaiting,
-		CPU: req.CPUs, MemoryMB: req.MemoryMB, CreatedAt: now, UpdatedAt: now, Driver: s.opts.Driver}); err != nil {
+		CPU: req.CPUs, MemoryMB: req.MemoryMB, CreatedAt: now, UpdatedAt: now, Driver: s.opts.Driver, Tags: tags}); err != nil {
 		return Created{}, err
 	}
-	s.mu.Lock()
-	s.active[buildID] = &running{templateID: tpl.ID, tags: tags, created: now, done: make(chan struct{})}
-	expired := s.expireUnstarted(now)
-	s.mu.Unlock()
-	for _, id := range expired {
-		s.failUnstarted(ctx, id)
+	// A client that created a build and went away must not leave it waiting for ever.
+	if n, err := s.opts.Store.FailUnstartedBuilds(ctx, now.Add(-unstartedTTL), now); err != nil {
+		s.opts.Log.Warn("fail builds never started", "err", err)
+	} else if n > 0 {
+		s.opts.Log.Info("failed builds never started", "builds", n)
 	}
 	names := []string{name}
 	for _, t := range tags {
@@ -290,39 +302,8 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (Created, error
 	return Created{TemplateID: tpl.ID, BuildID: buildID, Names: names, Tags: tags, Aliases: []string{name}}, nil
 }
 
-// unstartedTTL is how long a created build may wait for its start before it is failed: a
-// client that created one and went away must not hold it in memory for ever.
+// unstartedTTL is how long a created build may wait for its start before it is failed.
 const unstartedTTL = time.Hour
-
-// expireUnstarted drops builds created before now-unstartedTTL and never started, returning
-// their ids.
-//
-// +checklocks:s.mu
-func (s *Service) expireUnstarted(now time.Time) []string {
-	var out []string
-	for id, run := range s.active {
-		if !run.started && now.Sub(run.created) > unstartedTTL {
-			delete(s.active, id)
-			out = append(out, id)
-		}
-	}
-	return out
-}
-
-func (s *Service) failUnstarted(ctx context.Context, buildID string) {
-	ctx = context.WithoutCancel(ctx)
-	// The template id is not needed to find the build: ids are unique.
-	builds, err := s.opts.Store.BuildByID(ctx, buildID)
-	if err != nil {
-		return
-	}
-	now := time.Now().UTC()
-	builds.Status, builds.ReasonMessage, builds.UpdatedAt, builds.FinishedAt = store.TemplateError,
-		"the build was never started", now, now
-	if err := s.opts.Store.PutBuild(ctx, builds); err != nil {
-		s.opts.Log.Warn("fail an unstarted build", "build", buildID, "err", err)
-	}
-}
 
 func newTemplateID() (string, error) {
 	const alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
@@ -342,46 +323,45 @@ func (s *Service) FileStatus(ctx context.Context, templateID, hash string) (pres
 	if _, err := s.opts.Store.GetTemplate(ctx, templateID); err != nil {
 		return false, "", err
 	}
-	present, err = s.opts.Files.Has(templateID, hash)
+	present, err = s.opts.Files.Has(ctx, templateID, hash)
 	if err != nil {
 		return false, "", err
 	}
-	var b [24]byte
-	if _, err := rand.Read(b[:]); err != nil {
+	// expiry (Unix ms) . nonce . MAC over both: each call a fresh token.
+	var nonce [12]byte
+	if _, err := rand.Read(nonce[:]); err != nil {
 		return false, "", err
 	}
-	token = hex.EncodeToString(b[:])
-	now := time.Now()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for k, u := range s.uploads {
-		if now.After(u.expires) {
-			delete(s.uploads, k)
-		}
-	}
-	s.uploads[token] = upload{templateID: templateID, hash: hash, expires: now.Add(s.opts.UploadTTL)}
-	return present, token, nil
+	signed := strconv.FormatInt(time.Now().Add(s.opts.UploadTTL).UnixMilli(), 10) + "." + hex.EncodeToString(nonce[:])
+	return present, signed + "." + s.uploadMAC(templateID, hash, signed), nil
+}
+
+// uploadMAC signs one upload: which archive of which template, until when. The token holds
+// nothing else, so any driver with the key checks it without asking the one that gave it.
+func (s *Service) uploadMAC(templateID, hash, signed string) string {
+	m := hmac.New(sha256.New, s.opts.UploadKey)
+	m.Write([]byte("vmon-build-upload\x00" + templateID + "\x00" + hash + "\x00" + signed))
+	return hex.EncodeToString(m.Sum(nil))
 }
 
 // Upload stores a COPY archive sent to an upload URL. The token is the URL's credential: the SDK
 // sends no API key with it.
 func (s *Service) Upload(ctx context.Context, templateID, hash, token string, r io.Reader, size int64) error {
-	s.mu.Lock()
-	var ok bool
-	for k, u := range s.uploads {
-		if subtle.ConstantTimeCompare([]byte(k), []byte(token)) == 1 && u.templateID == templateID &&
-			u.hash == hash && time.Now().Before(u.expires) {
-			ok = true
-		}
+	i := strings.LastIndexByte(token, '.')
+	if i < 0 {
+		return errdefs.Unauthorized("invalid or expired upload URL")
 	}
-	s.mu.Unlock()
-	if !ok {
+	signed, mac := token[:i], token[i+1:]
+	expires, _, _ := strings.Cut(signed, ".")
+	ms, err := strconv.ParseInt(expires, 10, 64)
+	if err != nil || !hmac.Equal([]byte(mac), []byte(s.uploadMAC(templateID, hash, signed))) ||
+		!time.Now().Before(time.UnixMilli(ms)) {
 		return errdefs.Unauthorized("invalid or expired upload URL")
 	}
 	if size < 0 {
 		return errdefs.InvalidArgument("uploads need a Content-Length")
 	}
-	return s.opts.Files.Put(templateID, hash, r, size)
+	return s.opts.Files.Put(ctx, templateID, hash, r, size)
 }
 
 // Wire types of the build API, defined by the build engine.
@@ -408,20 +388,20 @@ func (s *Service) StartBuild(ctx context.Context, templateID, buildID string, sp
 	if err != nil {
 		return err
 	}
-	// Claim the build in one step: concurrent starts (an SDK retry) must not both run it.
-	s.mu.Lock()
-	run := s.active[buildID]
-	if b.Status != store.TemplateWaiting || run == nil || run.started {
-		s.mu.Unlock()
+	if b.Status != store.TemplateWaiting || b.Started {
 		return errdefs.Conflict("build %s was already started", buildID)
 	}
-	run.started = true
-	s.mu.Unlock()
+	// Claim the build in the store: concurrent starts (an SDK retry, through this driver or
+	// another) must not both run it.
+	if err := s.opts.Store.ClaimBuild(ctx, templateID, buildID, s.opts.Driver, time.Now().UTC()); err != nil {
+		return err
+	}
+	b.Started, b.Driver = true, s.opts.Driver
 	defer func() {
 		if retErr != nil {
-			s.mu.Lock()
-			run.started = false
-			s.mu.Unlock()
+			if err := s.opts.Store.ReleaseBuild(context.WithoutCancel(ctx), templateID, buildID); err != nil {
+				s.opts.Log.Warn("release a build whose start was refused", "build", buildID, "err", err)
+			}
 		}
 	}()
 	if isE2BBaseImage(spec.FromImage) && spec.FromTemplate == "" {
@@ -461,8 +441,13 @@ func (s *Service) StartBuild(ctx context.Context, templateID, buildID string, sp
 	if err != nil {
 		return err
 	}
+	run := &running{log: log, done: make(chan struct{})}
+	if s.opts.Store.Shared() {
+		run.sink = &logSink{st: s.opts.Store, buildID: buildID, log: log, warn: s.opts.Log}
+		go run.sink.follow(s.ctx, run.done)
+	}
 	s.mu.Lock()
-	run.log = log
+	s.active[buildID] = run
 	s.mu.Unlock()
 	s.wg.Add(1)
 	go s.run(run, b, req)
@@ -559,9 +544,10 @@ func (s *Service) fail(b store.Build, run *running, err error) {
 	}
 	s.opts.Log.Warn("template build failed", "template", b.TemplateID, "build", b.ID, "step", se.Step, "err", err)
 	run.log.Add("error", se.Step, "%s", reasonMessage(se))
+	ctx := context.WithoutCancel(s.ctx)
+	run.flush(ctx)
 	now := time.Now().UTC()
 	b.Status, b.ReasonMessage, b.ReasonStep, b.UpdatedAt, b.FinishedAt = store.TemplateError, reasonMessage(se), se.Step, now, now
-	ctx := context.WithoutCancel(s.ctx)
 	if err := s.opts.Store.PutBuild(ctx, b); err != nil {
 		s.opts.Log.Error("record failed build", "build", b.ID, "err", err)
 	}
@@ -590,23 +576,27 @@ func reasonMessage(se *build.StepError) string {
 
 func (s *Service) succeed(b store.Build, run *running, m template.Manifest) error {
 	ctx := context.WithoutCancel(s.ctx)
-	now := time.Now().UTC()
-	b.Status, b.UpdatedAt, b.FinishedAt = store.TemplateReady, now, now
-	b.DefaultUser, b.DefaultWorkdir = m.DefaultUser, m.DefaultWorkdir
-	if err := s.opts.Store.PutBuild(ctx, b); err != nil {
-		return err
-	}
-	tags := slices.Clone(run.tags)
+	tags := slices.Clone(b.Tags)
 	existing, err := s.opts.Store.ListTags(ctx, b.TemplateID)
 	if err != nil {
 		return err
 	}
 	// A name without a tag builds the default tag; so does a template's first build, whatever
 	// it was tagged, so the bare name always resolves.
-	if len(run.tags) == 0 || !slices.ContainsFunc(existing, func(t store.Tag) bool { return t.Tag == DefaultTag }) {
+	if len(b.Tags) == 0 || !slices.ContainsFunc(existing, func(t store.Tag) bool { return t.Tag == DefaultTag }) {
 		if !slices.Contains(tags, DefaultTag) {
 			tags = append(tags, DefaultTag)
 		}
+	}
+	// The whole log is stored before the build reads as ready: a driver answering its status
+	// reads the record first, then the log.
+	run.log.Add("info", "", "tags: %s", strings.Join(tags, ", "))
+	run.flush(ctx)
+	now := time.Now().UTC()
+	b.Status, b.UpdatedAt, b.FinishedAt = store.TemplateReady, now, now
+	b.DefaultUser, b.DefaultWorkdir = m.DefaultUser, m.DefaultWorkdir
+	if err := s.opts.Store.PutBuild(ctx, b); err != nil {
+		return err
 	}
 	if err := s.opts.Store.SetTags(ctx, b.TemplateID, b.ID, tags, now); err != nil {
 		return err
@@ -620,11 +610,7 @@ func (s *Service) succeed(b store.Build, run *running, m template.Manifest) erro
 		tpl.DefaultUser, tpl.DefaultWorkdir = b.DefaultUser, b.DefaultWorkdir
 	}
 	tpl.Status, tpl.UpdatedAt = store.TemplateReady, now
-	if err := s.opts.Store.PutTemplate(ctx, tpl); err != nil {
-		return err
-	}
-	run.log.Add("info", "", "tagged %s", strings.Join(tags, ", "))
-	return nil
+	return s.opts.Store.PutTemplate(ctx, tpl)
 }
 
 func (s *Service) setTemplateStatus(id string, st store.TemplateStatus) {
@@ -664,7 +650,8 @@ func (s *Service) Status(ctx context.Context, templateID, buildID string, offset
 	run := s.active[buildID]
 	s.mu.Unlock()
 	var log *build.Log
-	if run != nil && run.log != nil {
+	switch {
+	case run != nil:
 		log = run.log
 		// Re-read: the build may have finished between the two reads; the log then holds
 		// every line, so the status is read after the log to never report "ready" early.
@@ -672,8 +659,22 @@ func (s *Service) Status(ctx context.Context, templateID, buildID string, offset
 		if err != nil {
 			return Status{}, err
 		}
-	} else if l, err := build.ReadLog(s.logPath(buildID)); err == nil {
-		log = l
+	case s.opts.Store.Shared():
+		// Run by another driver, or finished: the log as stored, read after the record (a
+		// finished build's whole log is stored before it is recorded finished).
+		rows, err := s.opts.Store.BuildLog(ctx, buildID, offset, MaxLogPage)
+		if err != nil {
+			return Status{}, err
+		}
+		entries := make([]LogEntry, len(rows))
+		for i, r := range rows {
+			entries[i] = LogEntry{Timestamp: r.Time, Level: r.Level, Step: r.Step, Message: r.Message}
+		}
+		return Status{Build: b, Entries: entries}, nil
+	default:
+		if l, err := build.ReadLog(s.logPath(buildID)); err == nil {
+			log = l
+		}
 	}
 	entries := []build.Entry{}
 	if log != nil {
@@ -717,23 +718,16 @@ func (s *Service) Delete(ctx context.Context, ref string) error {
 	if tpl.ID == template.BaseID {
 		return errdefs.InvalidArgument("the base template cannot be deleted")
 	}
-	s.mu.Lock()
-	for _, run := range s.active {
-		if run.templateID == tpl.ID && run.started {
-			s.mu.Unlock()
-			return errdefs.Conflict("template %s has a build in progress", tpl.ID)
-		}
+	// Any driver may be running one of its builds: the store knows which were started.
+	if n, err := s.opts.Store.BuildsUnderway(ctx, tpl.ID); err != nil {
+		return err
+	} else if n > 0 {
+		return errdefs.Conflict("template %s has a build in progress", tpl.ID)
 	}
-	for id, run := range s.active {
-		if run.templateID == tpl.ID {
-			delete(s.active, id)
-		}
-	}
-	s.mu.Unlock()
 	if err := s.opts.Store.DeleteTemplate(ctx, tpl.ID); err != nil {
 		return err
 	}
-	err = errors.Join(template.RemoveBuilds(s.opts.DataDir, tpl.ID), s.opts.Files.RemoveTemplate(tpl.ID))
+	err = errors.Join(template.RemoveBuilds(s.opts.DataDir, tpl.ID), s.opts.Files.RemoveTemplate(ctx, tpl.ID))
 	s.collect(context.WithoutCancel(ctx))
 	return err
 }

@@ -448,13 +448,13 @@ func TestStatusLifecycle(t *testing.T) {
 	if e.svc.Log(c.BuildID) != nil {
 		t.Fatal("the service still holds the finished build's log")
 	}
-	// From the log file now: 1 + 150 + "tagged default".
+	// From the log file now: 1 + 150 + "tags: default".
 	st = e.status(c, 0)
 	if st.Build.Status != store.TemplateReady || len(st.Entries) != 100 {
 		t.Errorf("finished build: %s with %d entries, want ready, 100", st.Build.Status, len(st.Entries))
 	}
 	rest := e.status(c, 100).Entries
-	if len(rest) != 52 || !strings.Contains(rest[len(rest)-1].Message, "tagged default") {
+	if len(rest) != 52 || !strings.Contains(rest[len(rest)-1].Message, "tags: default") {
 		t.Errorf("finished build, offset 100: %d entries (%+v), want 52 ending with the tagging", len(rest), rest[len(rest)-1:])
 	}
 	tpl := e.template(c.TemplateID)
@@ -840,16 +840,16 @@ func TestUploads(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) { wantKind(t, tc.name, tc.err, tc.kind) })
 	}
-	if ok, err := e.files.Has(c.TemplateID, hash); err != nil || ok {
+	if ok, err := e.files.Has(e.ctx, c.TemplateID, hash); err != nil || ok {
 		t.Fatalf("a refused upload was stored (%v, %v)", ok, err)
 	}
 	if err := upload(c.TemplateID, hash, token, body, n); err != nil {
 		t.Fatalf("upload: %v", err)
 	}
-	if ok, err := e.files.Has(c.TemplateID, hash); err != nil || !ok {
+	if ok, err := e.files.Has(e.ctx, c.TemplateID, hash); err != nil || !ok {
 		t.Fatalf("upload not stored (%v, %v)", ok, err)
 	}
-	f, err := e.files.Open(c.TemplateID, hash)
+	f, err := e.files.Open(e.ctx, c.TemplateID, hash)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -862,7 +862,7 @@ func TestUploads(t *testing.T) {
 		t.Errorf("FileStatus after upload: %v, %v; want present", present, err)
 	}
 	// The token is not valid for another template's copy of the same hash either.
-	if ok, _ := e.files.Has(other.TemplateID, hash); ok {
+	if ok, _ := e.files.Has(e.ctx, other.TemplateID, hash); ok {
 		t.Error("upload stored under the other template")
 	}
 }
@@ -878,7 +878,7 @@ func TestUploadTokenExpires(t *testing.T) {
 	time.Sleep(5 * time.Millisecond) // let the 1 ms token expire (a logical expiry, not a timing assertion)
 	err = e.svc.Upload(e.ctx, c.TemplateID, hash, token, strings.NewReader("x"), 1)
 	wantKind(t, "expired token", err, errdefs.KindUnauthorized)
-	if ok, _ := e.files.Has(c.TemplateID, hash); ok {
+	if ok, _ := e.files.Has(e.ctx, c.TemplateID, hash); ok {
 		t.Error("an upload with an expired token was stored")
 	}
 }

@@ -4,9 +4,10 @@
 import { describe, before, after, test } from 'node:test';
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
+import http from 'node:http';
 import os from 'node:os';
 import path from 'node:path';
-import { Sandbox } from 'e2b';
+import { Sandbox, Template } from 'e2b';
 import { assertCameBack, holderIn, leaveTraces, scrapeMetrics, startCluster, stopCluster } from '../lib/cluster.js';
 import { apiFetch, killQuietly, runId, waitFor, withLogTail } from '../lib/harness.js';
 
@@ -140,6 +141,67 @@ describe('cluster: two drivers on one PostgreSQL database', () => {
       const kills = [d1, d2].flatMap((d) => logLines(d, new RegExp(`sandbox killed.*sandbox=${id}`)).map((l) => `${d.name}: ${l}`));
       assert.equal(kills.length, 1, `kills of ${id} recorded:\n${kills.join('\n')}`);
       assert.match(kills[0], /reason=timeout/);
+    }
+  });
+
+  ctest('a template built through a load balancer that sends each step of the build to another driver', async () => {
+    // Create and upload through driver 1, the upload's URL and the start through driver 2, the
+    // status polls to either in turn: no call of the build finds the driver that served the last.
+    const routes = [
+      { kind: 'create', re: /^POST \/v[23]\/templates$/, to: 0 },
+      { kind: 'upload URL', re: /^GET \/templates\/[^/]+\/files\//, to: 1 },
+      { kind: 'upload', re: /^PUT \/templates\/[^/]+\/files\//, to: 0 },
+      { kind: 'start', re: /^POST \/v2\/templates\/[^/]+\/builds\//, to: 1 },
+      { kind: 'status', re: /^GET \/templates\/[^/]+\/builds\/[^/]+\/status/ },
+    ];
+    const served = [];
+    let turn = 0;
+    const lb = http.createServer((req, res) => {
+      const line = `${req.method} ${req.url.split('?')[0]}`;
+      const route = routes.find((r) => r.re.test(line));
+      const to = route?.to ?? turn++ % 2;
+      served.push({ kind: route?.kind ?? line, to });
+      const target = new URL([d1, d2][to].apiUrl);
+      const up = http.request({ host: target.hostname, port: target.port, method: req.method, path: req.url, headers: req.headers }, (r) => {
+        res.writeHead(r.statusCode, r.headers);
+        r.pipe(res);
+      });
+      up.on('error', (err) => res.destroy(err));
+      req.pipe(up);
+    });
+    await new Promise((r) => lb.listen(0, '127.0.0.1', r));
+    try {
+      const lbUrl = `http://127.0.0.1:${lb.address().port}`;
+      const ctxDir = fs.mkdtempSync(path.join(root, 'ctx-'));
+      fs.writeFileSync(path.join(ctxDir, 'hello.txt'), 'copied through two drivers\n');
+      const name = `${RUN}-lb`.toLowerCase().replace(/[^a-z0-9-_]/g, '-');
+      const lines = [];
+      await Template.build(
+        Template({ fileContextPath: ctxDir })
+          .fromTemplate('base')
+          .copy('hello.txt', '/opt/hello.txt')
+          .runCmd('echo "$(whoami) built" > /opt/built', { user: 'root' }),
+        name, { apiKey: d1.apiKey, apiUrl: lbUrl, onBuildLogs: (e) => lines.push(e.message) });
+      for (const { kind, to } of routes.filter((r) => r.to !== undefined)) {
+        assert.ok(served.some((x) => x.kind === kind && x.to === to), `no ${kind} call went to driver ${to + 1}: ${JSON.stringify(served)}`);
+      }
+      const polls = served.filter((x) => x.kind === 'status');
+      assert.ok(polls.some((x) => x.to === 0) && polls.some((x) => x.to === 1), `status polls: ${JSON.stringify(polls)}`);
+      // The log came whole and in order, whichever driver answered each poll.
+      const at = (re) => lines.findIndex((l) => re.test(l));
+      assert.ok(at(/building on node/) >= 0 && at(/building on node/) < at(/publishing the build to the cluster's store/),
+        `the build log:\n${lines.join('\n')}`);
+      for (const re of [/building on node/, /publishing the build to the cluster's store/, /^tags: /]) {
+        assert.equal(lines.filter((l) => re.test(l)).length, 1, `${re} not once in the build log:\n${lines.join('\n')}`);
+      }
+      // Driver 2 ran it (it took the start), and driver 1 serves its sandboxes.
+      assert.equal(logLines(d1, /template build failed/).length, 0);
+      const s = await Sandbox.create(name, via(d1, { metadata: { run: RUN } }));
+      created.push(s);
+      assert.equal((await s.commands.run('cat /opt/hello.txt /opt/built')).stdout, 'copied through two drivers\nroot built\n');
+      assert.equal(await s.kill(), true);
+    } finally {
+      lb.close();
     }
   });
 
