@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/vibemon/vmon/internal/errdefs"
 )
@@ -92,8 +93,12 @@ func (s *Store) ClaimBuild(ctx context.Context, templateID, buildID, driver stri
 		return fmt.Errorf("claim build: %w", err)
 	}
 	if n, _ := res.RowsAffected(); n == 0 {
-		if _, err := s.GetBuild(ctx, templateID, buildID); err != nil {
+		b, err := s.GetBuild(ctx, templateID, buildID)
+		if err != nil {
 			return err
+		}
+		if b.Status == TemplateError {
+			return errdefs.Conflict("build %s cannot be started: it failed (%s)", buildID, b.ReasonMessage)
 		}
 		return errdefs.Conflict("build %s was already started", buildID)
 	}
@@ -119,16 +124,6 @@ func (s *Store) FailUnstartedBuilds(ctx context.Context, before, at time.Time) (
 		return 0, fmt.Errorf("fail unstarted builds: %w", err)
 	}
 	n, _ := res.RowsAffected()
-	return n, nil
-}
-
-// BuildsUnderway counts a template's builds that were started and have not finished.
-func (s *Store) BuildsUnderway(ctx context.Context, templateID string) (int, error) {
-	var n int
-	if err := s.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM template_builds
-	WHERE template_id = ? AND (status = 'building' OR (status = 'waiting' AND started = ?))`, templateID, true).Scan(&n); err != nil {
-		return 0, fmt.Errorf("count builds underway: %w", err)
-	}
 	return n, nil
 }
 
@@ -200,30 +195,37 @@ func (s *Store) ListBuilds(ctx context.Context, templateID string) ([]Build, err
 	return out, rows.Err()
 }
 
-// FailUnfinishedBuilds marks every build still waiting or building as failed with reason: after
-// a restart nothing is running them. With drivers sharing the database, it takes only the builds
+// FailUnfinishedBuilds marks every build a start claimed and that has not finished as failed with
+// reason: after a restart nothing is running them. A build created and not started yet stays: its
+// start may still come (FailUnstartedBuilds ends those that wait too long). With drivers sharing the database, it takes only the builds
 // of those it is told of (BuildsOf); with none, every unfinished build.
 func (s *Store) FailUnfinishedBuilds(ctx context.Context, reason string, at time.Time, of ...BuildsOf) (int64, error) {
-	cond, args := "", []any{reason, toMillis(at), toMillis(at)}
+	cond, args := "", []any{reason, toMillis(at), toMillis(at), true}
 	for _, o := range of {
 		c, a := o.cond()
 		cond += " AND " + c
 		args = append(args, a...)
 	}
 	res, err := s.db.ExecContext(ctx, `UPDATE template_builds SET status = 'error', reason_message = ?,
-	updated_at = ?, finished_at = ? WHERE status IN ('waiting', 'building')`+cond, args...)
+	updated_at = ?, finished_at = ? WHERE (status = 'building' OR (status = 'waiting' AND started = ?))`+cond, args...)
 	if err != nil {
 		return 0, fmt.Errorf("fail unfinished builds: %w", err)
 	}
 	n, _ := res.RowsAffected()
-	// A template whose only build died is in error too; one with an older good build stays ready.
+	// A template without a good build is in error once no build of it is left to run; one with a
+	// good build is ready again once none of its builds runs (through another driver).
+	const (
+		tagged  = `EXISTS (SELECT 1 FROM template_tags t WHERE t.template_id = templates.id)`
+		pending = `EXISTS (SELECT 1 FROM template_builds b WHERE b.template_id = templates.id AND b.status IN ('waiting', 'building'))`
+		running = `EXISTS (SELECT 1 FROM template_builds b WHERE b.template_id = templates.id
+	AND (b.status = 'building' OR (b.status = 'waiting' AND b.started = ?)))`
+	)
 	if _, err := s.db.ExecContext(ctx, `UPDATE templates SET status = 'error', updated_at = ?
-	WHERE status IN ('waiting', 'building') AND NOT EXISTS (SELECT 1 FROM template_tags t WHERE t.template_id = templates.id)`,
-		toMillis(at)); err != nil {
+	WHERE status IN ('waiting', 'building') AND NOT `+tagged+` AND NOT `+pending, toMillis(at)); err != nil {
 		return n, fmt.Errorf("fail unfinished templates: %w", err)
 	}
 	if _, err := s.db.ExecContext(ctx, `UPDATE templates SET status = 'ready', updated_at = ?
-	WHERE status IN ('waiting', 'building')`, toMillis(at)); err != nil {
+	WHERE status IN ('waiting', 'building') AND `+tagged+` AND NOT `+running, toMillis(at), true); err != nil {
 		return n, fmt.Errorf("fail unfinished templates: %w", err)
 	}
 	return n, nil
@@ -341,7 +343,7 @@ func (s *Store) AppendBuildLog(ctx context.Context, buildID string, first int, e
 			batch := entries[start:min(start+rowsPer, len(entries))]
 			args := make([]any, 0, 6*len(batch))
 			for i, e := range batch {
-				args = append(args, buildID, first+start+i, toMillis(e.Time), e.Level, e.Step, e.Message)
+				args = append(args, buildID, first+start+i, toMillis(e.Time), cleanText(e.Level), cleanText(e.Step), cleanText(e.Message))
 			}
 			values := strings.TrimSuffix(strings.Repeat("(?, ?, ?, ?, ?, ?), ", len(batch)), ", ")
 			if _, err := tx.ExecContext(ctx, `INSERT INTO build_log (build_id, seq, at, level, step, message)
@@ -372,4 +374,13 @@ func (s *Store) BuildLog(ctx context.Context, buildID string, offset, limit int)
 		out = append(out, e)
 	}
 	return out, rows.Err()
+}
+
+// cleanText makes a program's output storable as TEXT on both engines: PostgreSQL refuses NUL
+// bytes and invalid UTF-8 (which a build's output may hold, e.g. `find -print0`).
+func cleanText(s string) string {
+	if !utf8.ValidString(s) {
+		s = strings.ToValidUTF8(s, "\uFFFD")
+	}
+	return strings.ReplaceAll(s, "\x00", "\uFFFD")
 }

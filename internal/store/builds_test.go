@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -63,21 +64,43 @@ func testBuilds(t *testing.T, s *Store) {
 	if got, _ := s.GetBuild(ctx, "tb", "b1"); !got.Started || got.Driver != "d2" || len(got.Tags) != 2 {
 		t.Fatalf("after PutBuild: %+v", got)
 	}
-	if n, err := s.BuildsUnderway(ctx, "tb"); err != nil || n != 1 {
-		t.Fatalf("BuildsUnderway = %d, %v; want 1", n, err)
+	// A template with a started build is not deleted.
+	if err := s.DeleteTemplate(ctx, "tb"); !errdefs.Is(err, errdefs.KindConflict) {
+		t.Fatalf("delete while b1 runs = %v, want Conflict", err)
 	}
 	// A refused start releases its claim; the next start claims again.
 	if err := s.ClaimBuild(ctx, "tb", "b3", "d1", t0); err != nil {
 		t.Fatal(err)
 	}
-	if n, _ := s.BuildsUnderway(ctx, "tb"); n != 2 {
-		t.Fatalf("BuildsUnderway with a claimed waiting build = %d, want 2", n)
-	}
 	if err := s.ReleaseBuild(ctx, "tb", "b3"); err != nil {
 		t.Fatal(err)
 	}
-	if n, _ := s.BuildsUnderway(ctx, "tb"); n != 1 {
-		t.Fatalf("BuildsUnderway after a release = %d, want 1", n)
+	if got, _ := s.GetBuild(ctx, "tb", "b3"); got.Started || got.Status != TemplateWaiting {
+		t.Fatalf("released build = %+v", got)
+	}
+
+	// A driver's restart fails its started builds, not those still to be started (their start
+	// may come through another driver), and leaves their template waiting.
+	put("b4", t0, nil)
+	if err := s.ClaimBuild(ctx, "tb", "b4", "d1", t0); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := s.FailUnfinishedBuilds(ctx, "restart", t0, BuildsOf{Driver: "d1"}); err != nil || n != 1 {
+		t.Fatalf("FailUnfinishedBuilds(d1) = %d, %v; want 1 (b4)", n, err)
+	}
+	if got, _ := s.GetBuild(ctx, "tb", "b4"); got.Status != TemplateError {
+		t.Fatalf("b4 after d1's restart = %+v", got)
+	}
+	for _, id := range []string{"b2", "b3"} {
+		if got, _ := s.GetBuild(ctx, "tb", id); got.Status != TemplateWaiting {
+			t.Fatalf("%s (never started) after d1's restart = %+v", id, got)
+		}
+	}
+	if tpl, _ := s.GetTemplate(ctx, "tb"); tpl.Status != TemplateWaiting {
+		t.Fatalf("template with builds still to run after a restart: %s", tpl.Status)
+	}
+	if err := s.ClaimBuild(ctx, "tb", "b4", "d2", t0); !errdefs.Is(err, errdefs.KindConflict) || !strings.Contains(err.Error(), "failed") {
+		t.Fatalf("claim of a failed build = %v, want a Conflict saying it failed", err)
 	}
 
 	// Only builds never started and created before the cut fail: b2 (2 h old) and b3 (1 h old,
@@ -111,18 +134,30 @@ func testBuilds(t *testing.T, s *Store) {
 	if err := s.AppendBuildLog(ctx, "b1", 100, entries[100:]); err != nil {
 		t.Fatal(err)
 	}
+	// Output a program wrote is stored whatever its bytes: NUL and invalid UTF-8 (PostgreSQL's TEXT
+	// refuses both) are replaced.
+	if err := s.AppendBuildLog(ctx, "b1", 250, []BuildLogEntry{{Time: t0, Level: "info", Step: "2", Message: "a\x00b\xffc"}}); err != nil {
+		t.Fatal(err)
+	}
+	if es, err := s.BuildLog(ctx, "b1", 250, 10); err != nil || len(es) != 1 || es[0].Message != "a\uFFFDb\uFFFDc" {
+		t.Fatalf("the line with a NUL = %+v, %v", es, err)
+	}
 	es, err := s.BuildLog(ctx, "b1", 99, 100)
 	if err != nil || len(es) != 100 || es[0].Message != "line 99" || es[99].Message != "line 198" ||
 		es[1].Step != "1" || !es[0].Time.Equal(entries[99].Time) {
 		t.Fatalf("BuildLog(99, 100) = %d entries, %v; first %+v", len(es), err, es)
 	}
-	if es, _ := s.BuildLog(ctx, "b1", 240, 100); len(es) != 10 || es[9].Message != "line 249" {
+	if es, _ := s.BuildLog(ctx, "b1", 240, 100); len(es) != 11 || es[9].Message != "line 249" {
 		t.Fatalf("the log's end = %+v", es)
 	}
-	if es, _ := s.BuildLog(ctx, "b1", 250, 100); len(es) != 0 {
+	if es, _ := s.BuildLog(ctx, "b1", 251, 100); len(es) != 0 {
 		t.Fatalf("past the end = %+v", es)
 	}
-	// A template's deletion takes its builds' logs along.
+	// Once no build runs, the template goes, and its builds' logs with it.
+	b1.Status = TemplateReady
+	if err := s.PutBuild(ctx, b1); err != nil {
+		t.Fatal(err)
+	}
 	if err := s.DeleteTemplate(ctx, "tb"); err != nil {
 		t.Fatal(err)
 	}

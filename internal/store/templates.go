@@ -145,11 +145,25 @@ func (s *Store) ListTemplates(ctx context.Context) ([]Template, error) {
 }
 
 // DeleteTemplate removes a template and its aliases. Deleting a missing template succeeds.
+//
+// A template one of whose builds was started and has not finished is a Conflict: the check and
+// the delete are one transaction, so a start claiming a build (ClaimBuild) either comes first and
+// is seen, or finds the template gone.
 func (s *Store) DeleteTemplate(ctx context.Context, id string) error {
-	if _, err := s.db.ExecContext(ctx, `DELETE FROM templates WHERE id = ?`, id); err != nil {
-		return fmt.Errorf("delete template: %w", err)
-	}
-	return nil
+	return s.tx(ctx, func(tx *tx) error {
+		var n int
+		if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM template_builds
+	WHERE template_id = ? AND (status = 'building' OR (status = 'waiting' AND started = ?))`, id, true).Scan(&n); err != nil {
+			return fmt.Errorf("delete template: %w", err)
+		}
+		if n > 0 {
+			return errdefs.Conflict("template %s has a build in progress", id)
+		}
+		if _, err := tx.ExecContext(ctx, `DELETE FROM templates WHERE id = ?`, id); err != nil {
+			return fmt.Errorf("delete template: %w", err)
+		}
+		return nil
+	})
 }
 
 // RecordSpawn counts one sandbox started from template id.

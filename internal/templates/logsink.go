@@ -54,8 +54,15 @@ func (k *logSink) flush(ctx context.Context) error {
 func (k *logSink) follow(ctx context.Context, done <-chan struct{}) {
 	failing := false
 	for {
+		// Taken before the flush: a line added while it runs wakes the next round.
+		changed := k.log.Changed()
+		err := k.flush(context.WithoutCancel(ctx))
+		if err != nil && !failing {
+			k.warn.Warn("store a build's log; retrying", "build", k.buildID, "err", err)
+		}
+		failing = err != nil
 		select {
-		case <-k.log.Changed():
+		case <-changed:
 		case <-done:
 			return
 		}
@@ -64,20 +71,32 @@ func (k *logSink) follow(ctx context.Context, done <-chan struct{}) {
 		case <-done:
 			return
 		}
-		err := k.flush(context.WithoutCancel(ctx))
-		if err != nil && !failing {
-			k.warn.Warn("store a build's log; retrying", "build", k.buildID, "err", err)
-		}
-		failing = err != nil
 	}
 }
 
-// flush stores what the build logged so far, where drivers share the store.
+// finalFlushTries bounds how long a finished build waits for its log to be stored (about a
+// minute in all) before it records how it ended anyway.
+const finalFlushTries = 8
+
+// flush stores what the build logged so far, where drivers share the store. The build's end
+// calls it: until the whole log is stored, other drivers would serve a short one for good, so
+// it tries again while the database does not answer.
 func (r *running) flush(ctx context.Context) {
 	if r.sink == nil {
 		return
 	}
-	if err := r.sink.flush(ctx); err != nil {
-		r.sink.warn.Warn("store a build's log", "build", r.sink.buildID, "err", err)
+	wait := 250 * time.Millisecond
+	for try := 1; ; try++ {
+		err := r.sink.flush(ctx)
+		if err == nil {
+			return
+		}
+		if try == finalFlushTries {
+			r.sink.warn.Error("store a finished build's log: other drivers serve it short", "build", r.sink.buildID, "err", err)
+			return
+		}
+		r.sink.warn.Warn("store a finished build's log; retrying", "build", r.sink.buildID, "err", err)
+		time.Sleep(wait)
+		wait = min(2*wait, 15*time.Second)
 	}
 }

@@ -156,7 +156,7 @@ func TestBuildAcrossDrivers(t *testing.T) {
 		final = st
 		return err == nil && st.Build.Status != store.TemplateWaiting && st.Build.Status != store.TemplateBuilding
 	})
-	if final.Build.Status != store.TemplateReady || len(final.Entries) != 1 || final.Entries[0].Message != "tags: v1, default" {
+	if final.Build.Status != store.TemplateReady || len(final.Entries) != 1 || final.Entries[0].Message != "tagged v1, default" {
 		t.Fatalf("finished build through the other driver: %s (%s), entries %+v", final.Build.Status, final.Build.ReasonMessage, final.Entries)
 	}
 	if n := len(other.eng.requests()); n != 0 {

@@ -361,6 +361,10 @@ func (s *Service) Upload(ctx context.Context, templateID, hash, token string, r 
 	if size < 0 {
 		return errdefs.InvalidArgument("uploads need a Content-Length")
 	}
+	// A URL outlives its template's deletion; what it stored then would be kept for nothing.
+	if _, err := s.opts.Store.GetTemplate(ctx, templateID); err != nil {
+		return err
+	}
 	return s.opts.Files.Put(ctx, templateID, hash, r, size)
 }
 
@@ -383,7 +387,7 @@ type StartSpec struct {
 }
 
 // StartBuild validates a build's steps and runs it in the background.
-func (s *Service) StartBuild(ctx context.Context, templateID, buildID string, spec StartSpec) (retErr error) {
+func (s *Service) StartBuild(ctx context.Context, templateID, buildID string, spec StartSpec) error {
 	b, err := s.opts.Store.GetBuild(ctx, templateID, buildID)
 	if err != nil {
 		return err
@@ -391,19 +395,6 @@ func (s *Service) StartBuild(ctx context.Context, templateID, buildID string, sp
 	if b.Status != store.TemplateWaiting || b.Started {
 		return errdefs.Conflict("build %s was already started", buildID)
 	}
-	// Claim the build in the store: concurrent starts (an SDK retry, through this driver or
-	// another) must not both run it.
-	if err := s.opts.Store.ClaimBuild(ctx, templateID, buildID, s.opts.Driver, time.Now().UTC()); err != nil {
-		return err
-	}
-	b.Started, b.Driver = true, s.opts.Driver
-	defer func() {
-		if retErr != nil {
-			if err := s.opts.Store.ReleaseBuild(context.WithoutCancel(ctx), templateID, buildID); err != nil {
-				s.opts.Log.Warn("release a build whose start was refused", "build", buildID, "err", err)
-			}
-		}
-	}()
 	if isE2BBaseImage(spec.FromImage) && spec.FromTemplate == "" {
 		// The SDK's default image (Template() with no from*, fromBaseImage()) is E2B's base
 		// environment; vmon's base template is that environment, built offline.
@@ -437,8 +428,18 @@ func (s *Service) StartBuild(ctx context.Context, templateID, buildID string, sp
 	if err := req.Validate(); err != nil {
 		return err
 	}
+	// Claim the build in the store, once it is known to be runnable: concurrent starts (an SDK
+	// retry, through this driver or another) must not both run it.
+	if err := s.opts.Store.ClaimBuild(ctx, templateID, buildID, s.opts.Driver, time.Now().UTC()); err != nil {
+		return err
+	}
+	b.Started, b.Driver = true, s.opts.Driver
 	log, err := build.NewLog(s.logPath(buildID))
 	if err != nil {
+		// Left claimed, the build would be neither run nor failed until this driver restarts.
+		if rerr := s.opts.Store.ReleaseBuild(context.WithoutCancel(ctx), templateID, buildID); rerr != nil {
+			s.opts.Log.Warn("release a build that could not start", "build", buildID, "err", rerr)
+		}
 		return err
 	}
 	run := &running{log: log, done: make(chan struct{})}
@@ -588,16 +589,11 @@ func (s *Service) succeed(b store.Build, run *running, m template.Manifest) erro
 			tags = append(tags, DefaultTag)
 		}
 	}
-	// The whole log is stored before the build reads as ready: a driver answering its status
-	// reads the record first, then the log.
-	run.log.Add("info", "", "tags: %s", strings.Join(tags, ", "))
-	run.flush(ctx)
+	// The build reads as ready last: by then its tags point at it and the whole log is stored,
+	// so a client that sees it ready (through any driver, which reads the record first, then the
+	// log) creates sandboxes of it by tag and has every line.
 	now := time.Now().UTC()
-	b.Status, b.UpdatedAt, b.FinishedAt = store.TemplateReady, now, now
 	b.DefaultUser, b.DefaultWorkdir = m.DefaultUser, m.DefaultWorkdir
-	if err := s.opts.Store.PutBuild(ctx, b); err != nil {
-		return err
-	}
 	if err := s.opts.Store.SetTags(ctx, b.TemplateID, b.ID, tags, now); err != nil {
 		return err
 	}
@@ -610,7 +606,13 @@ func (s *Service) succeed(b store.Build, run *running, m template.Manifest) erro
 		tpl.DefaultUser, tpl.DefaultWorkdir = b.DefaultUser, b.DefaultWorkdir
 	}
 	tpl.Status, tpl.UpdatedAt = store.TemplateReady, now
-	return s.opts.Store.PutTemplate(ctx, tpl)
+	if err := s.opts.Store.PutTemplate(ctx, tpl); err != nil {
+		return err
+	}
+	run.log.Add("info", "", "tagged %s", strings.Join(tags, ", "))
+	run.flush(ctx)
+	b.Status, b.UpdatedAt, b.FinishedAt = store.TemplateReady, now, now
+	return s.opts.Store.PutBuild(ctx, b)
 }
 
 func (s *Service) setTemplateStatus(id string, st store.TemplateStatus) {
@@ -718,12 +720,7 @@ func (s *Service) Delete(ctx context.Context, ref string) error {
 	if tpl.ID == template.BaseID {
 		return errdefs.InvalidArgument("the base template cannot be deleted")
 	}
-	// Any driver may be running one of its builds: the store knows which were started.
-	if n, err := s.opts.Store.BuildsUnderway(ctx, tpl.ID); err != nil {
-		return err
-	} else if n > 0 {
-		return errdefs.Conflict("template %s has a build in progress", tpl.ID)
-	}
+	// Any driver may be running one of its builds: the store refuses while one was started.
 	if err := s.opts.Store.DeleteTemplate(ctx, tpl.ID); err != nil {
 		return err
 	}

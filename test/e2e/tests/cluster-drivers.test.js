@@ -191,7 +191,7 @@ describe('cluster: two drivers on one PostgreSQL database', () => {
       const at = (re) => lines.findIndex((l) => re.test(l));
       assert.ok(at(/building on node/) >= 0 && at(/building on node/) < at(/publishing the build to the cluster's store/),
         `the build log:\n${lines.join('\n')}`);
-      for (const re of [/building on node/, /publishing the build to the cluster's store/, /^tags: /]) {
+      for (const re of [/building on node/, /publishing the build to the cluster's store/, /^tagged /]) {
         assert.equal(lines.filter((l) => re.test(l)).length, 1, `${re} not once in the build log:\n${lines.join('\n')}`);
       }
       // Driver 2 ran it (it took the start), and driver 1 serves its sandboxes.

@@ -1,0 +1,38 @@
+// Prints bench/density.sh's figures (Markdown, for docs/benchmarks.md).
+import fs from 'node:fs';
+import path from 'node:path';
+
+const dir = process.argv[2];
+const read = (f) => JSON.parse(fs.readFileSync(path.join(dir, f), 'utf8'));
+const meta = read('meta.json');
+const r = read('density.json');
+const ms = (s) => (s?.p50 == null ? '–' : `${s.p50.toFixed(0)} / ${s.p95.toFixed(0)}`);
+const v = (x, unit = '') => (x == null ? '–' : `${x}${unit}`);
+console.log(`vmon density benchmark — ${meta.startedAt}, vmon ${meta.git}${meta.gitDirty ? '+dirty' : ''}, ` +
+  `kernel ${meta.kernel}, ${r.cpus} CPUs, ${r.memTotalMiB} MiB; e2b SDK ${r.sdkVersion}; ${r.samples} samples per figure, ` +
+  `fill ${r.concurrency} creates at a time, idle CPU over ${r.idleSeconds} s\n`);
+console.log('Latencies are p50 / p95 in ms.\n');
+console.log('| live | create → first command | `commands.run` | `GET /sandboxes` | `GET /sandboxes/{id}` | ingress (envd /health) | idle host CPU (% of one core) | vmon CPU | vmon RSS | goroutines | PSS per sandbox (sentry + gofer) | host memory per sandbox | fill rate |');
+console.log('|---|---|---|---|---|---|---|---|---|---|---|---|---|');
+for (const s of r.steps) {
+  const p = s.pssPerSandboxMiB;
+  console.log(`| ${s.live} | ${ms(s.createToFirstCommandMs)} | ${ms(s.commandsRunMs)} | ${ms(s.listSandboxesMs)} | ${ms(s.getSandboxMs)} | ` +
+    `${ms(s.ingressMs)} | ${v(s.idleCpuPctOfOneCore, ' %')} | ${v(s.vmonCpuPctOfOneCore, ' %')} | ${v(s.vmonRssMiB, ' MiB')} | ${v(s.goroutines)} | ` +
+    `${v(p.total, ' MiB')} (${v(p.sentry)} + ${v(p.gofer)}) | ${v(s.hostUsedPerSandboxMiB, ' MiB')} | ${v(s.fillCreatesPerSecond, '/s')} |`);
+}
+const first = r.steps[0];
+const last = r.steps[r.steps.length - 1];
+if (first && last && first !== last) {
+  const q = (a, b) => (a == null || b == null ? '–' : (a / b).toFixed(2));
+  console.log(`\nAt ${last.live} live vs ${first.live}: create p50 ${q(last.createToFirstCommandMs.p50, first.createToFirstCommandMs.p50)}×, ` +
+    `commands.run p50 ${q(last.commandsRunMs.p50, first.commandsRunMs.p50)}×; idle host CPU per 100 sandboxes ` +
+    `${last.idleCpuPctOfOneCore == null ? '–' : ((last.idleCpuPctOfOneCore / last.live) * 100).toFixed(1)} % of one core.`);
+}
+console.log('\nIdle host CPU by process kind (% of one core):\n');
+for (const s of r.steps) {
+  const kinds = Object.entries(s.idleCpuByKind ?? {}).sort((a, b) => b[1] - a[1]).map(([k, p]) => `${k} ${p} %`).join(', ');
+  console.log(`- ${s.live} live: ${kinds || '–'}`);
+}
+if (r.killAll) {
+  console.log(`\nKilling all ${r.killAll.sandboxes}: ${r.killAll.seconds} s (${r.concurrency} at a time; per kill p50 / p95 ${ms(r.killAll.perKillMs)} ms).`);
+}

@@ -1,0 +1,273 @@
+// Density (issue 24): one node filled with idle `base` sandboxes, measured at each step of the way.
+//
+//   node bench/density.mjs --steps 1,100,250,500 --out F --vmon-pid P --metrics URL
+//                          [--samples 20] [--idle-s 20] [--settle-s 10] [--concurrency 4]
+//
+// At each step (so many sandboxes live, each having answered one command), with nothing else
+// running: host CPU over --idle-s seconds of idleness (all cores, as % of one core), vmon's RSS and
+// goroutines, the PSS of every sandbox's runsc processes (from one /proc scan), the host's used
+// memory; then --samples each of: Sandbox.create → first commands.run (each killed after it is
+// measured, so the count stays at the step), commands.run('true') on a random live sandbox, GET
+// /sandboxes, GET /sandboxes/{id}, and envd's /health through the ingress (header mode). At the end,
+// how long killing every sandbox takes.
+//
+// Environment: VMON_BENCH_URL, VMON_BENCH_KEY_FILE (bench/lib.sh's start_vmon sets them).
+import fs from 'node:fs';
+import os from 'node:os';
+import { loadSdk, sdkOpts, now, sleep, stats, writeJson, parseArgs, procKb } from './lib.mjs';
+
+const { Sandbox, sdkVersion } = loadSdk();
+const args = parseArgs(process.argv.slice(2));
+const opts = sdkOpts();
+const steps = String(args.steps ?? '1,100,250,500').split(',').map(Number);
+const SAMPLES = Number(args.samples ?? 20);
+const IDLE_S = Number(args['idle-s'] ?? 20);
+const SETTLE_S = Number(args['settle-s'] ?? 10);
+const CONCURRENCY = Number(args.concurrency ?? 4);
+const VMON_PID = Number(args['vmon-pid']);
+const TIMEOUT_MS = 6 * 3600_000;
+if (!args.out || !VMON_PID) throw new Error('--out and --vmon-pid are required');
+
+const live = []; // Sandbox objects, in creation order
+let stopping = false;
+for (const sig of ['SIGINT', 'SIGTERM']) {
+  process.once(sig, async () => {
+    stopping = true;
+    console.error(`\n${sig}: killing ${live.length} sandbox(es)`);
+    await killAll();
+    process.exit(130);
+  });
+}
+
+const pick = () => live[Math.floor(Math.random() * live.length)];
+const say = (m) => process.stderr.write(`  [density] ${m}\n`);
+
+async function createReady() {
+  const sbx = await Sandbox.create({ ...opts, timeoutMs: TIMEOUT_MS });
+  await sbx.commands.run('true');
+  return sbx;
+}
+
+// Fill to n live with CONCURRENCY creates at a time; returns creates per second.
+async function fillTo(n) {
+  const t0 = now();
+  const before = live.length;
+  let failures = 0;
+  let inflight = 0;
+  const worker = async () => {
+    while (!stopping && live.length + inflight < n) {
+      inflight++;
+      try {
+        live.push(await createReady());
+      } catch (err) {
+        if (++failures > 3) throw new Error(`fill to ${n}: ${err.message}`);
+        say(`create failed (${err.message}); retrying`);
+      } finally {
+        inflight--;
+      }
+      if (live.length % 25 === 0) say(`${live.length}/${n} live`);
+    }
+  };
+  await Promise.all(Array.from({ length: Math.min(CONCURRENCY, n - before) }, worker));
+  return (live.length - before) / ((now() - t0) / 1000);
+}
+
+/** Jiffies busy and total over all CPUs (/proc/stat's first line). */
+function cpuTimes() {
+  const f = fs.readFileSync('/proc/stat', 'utf8').split('\n')[0].trim().split(/\s+/).slice(1).map(Number);
+  const total = f.reduce((a, b) => a + b, 0);
+  const idle = f[3] + f[4]; // idle + iowait
+  return { busy: total - idle, total };
+}
+
+/** One scan of /proc: runsc processes by sandbox id (the container id is in their argv). */
+function runscBySandbox(ids) {
+  const want = new Set(ids);
+  const by = new Map();
+  for (const ent of fs.readdirSync('/proc')) {
+    if (!/^\d+$/.test(ent)) continue;
+    let raw;
+    try {
+      raw = fs.readFileSync(`/proc/${ent}/cmdline`, 'utf8');
+    } catch {
+      continue;
+    }
+    const argv = raw.replace(/\0+$/, '').split('\0');
+    const name = (argv[0] ?? '').split('/').pop();
+    if (!name.startsWith('runsc')) continue;
+    const id = argv.slice().reverse().find((a) => want.has(a));
+    if (!id) continue;
+    const pss = procKb(`/proc/${ent}/smaps_rollup`, 'Pss');
+    if (pss == null) continue;
+    if (!by.has(id)) by.set(id, { sentry: 0, gofer: 0, other: 0 });
+    const e = by.get(id);
+    if (name === 'runsc-sandbox') e.sentry += pss;
+    else if (name === 'runsc-gofer') e.gofer += pss;
+    else e.other += pss;
+  }
+  return by;
+}
+
+function memAvailable() {
+  return procKb('/proc/meminfo', 'MemAvailable');
+}
+
+async function goroutines() {
+  if (!args.metrics) return null;
+  try {
+    const text = await (await fetch(`${args.metrics}/metrics`)).text();
+    const m = /^go_goroutines (\d+)/m.exec(text);
+    return m ? Number(m[1]) : null;
+  } catch {
+    return null;
+  }
+}
+
+async function timed(fn) {
+  const t = now();
+  await fn();
+  return now() - t;
+}
+
+async function api(pathname, headers = {}) {
+  const res = await fetch(`${opts.apiUrl}${pathname}`, { headers: { 'X-API-Key': opts.apiKey, ...headers } });
+  await res.arrayBuffer();
+  if (!res.ok && res.status !== 204) throw new Error(`${pathname}: HTTP ${res.status}`);
+  return res;
+}
+
+async function measureStep(n, baseline) {
+  say(`${n} live: settling ${SETTLE_S} s`);
+  await sleep(SETTLE_S * 1000);
+  const c0 = cpuTimes();
+  const p0 = cpuByProcess();
+  await sleep(IDLE_S * 1000);
+  const c1 = cpuTimes();
+  const p1 = cpuByProcess();
+  const ncpu = os.cpus().length;
+  // Busy share of all CPUs, as a percentage of one core.
+  const pctOfCore = (jiffies) => Math.round((jiffies / (c1.total - c0.total)) * ncpu * 1000) / 10;
+  const idleCpuPct = pctOfCore(c1.busy - c0.busy);
+  // Who used it: processes alive at both ends, by kind.
+  const byKind = {};
+  for (const [pid, b] of p1) {
+    const a = p0.get(pid);
+    if (!a || a.kind !== b.kind) continue;
+    byKind[b.kind] = (byKind[b.kind] ?? 0) + (b.jiffies - a.jiffies);
+  }
+  const idleCpuByKind = Object.fromEntries(Object.entries(byKind).filter(([, j]) => j > 0).map(([k, j]) => [k, pctOfCore(j)]));
+
+  const ids = live.map((s) => s.sandboxId);
+  const by = runscBySandbox(ids);
+  const per = ids.map((id) => by.get(id)).filter(Boolean);
+  const mean = (f) => (per.length ? per.reduce((a, e) => a + f(e), 0) / per.length : null);
+  const mib = (b) => (b == null ? null : Math.round((b / 2 ** 20) * 10) / 10);
+  const usedDelta = baseline - memAvailable();
+
+  const out = {
+    live: n,
+    idleCpuPctOfOneCore: idleCpuPct,
+    idleCpuByKind,
+    vmonCpuPctOfOneCore: idleCpuByKind.vmon ?? 0,
+    vmonRssMiB: mib(procKb(`/proc/${VMON_PID}/status`, 'VmRSS')),
+    goroutines: await goroutines(),
+    pssPerSandboxMiB: { sentry: mib(mean((e) => e.sentry)), gofer: mib(mean((e) => e.gofer)), total: mib(mean((e) => e.sentry + e.gofer + e.other)), counted: per.length },
+    hostUsedPerSandboxMiB: mib(usedDelta / n),
+  };
+
+  say(`${n} live: latencies (${SAMPLES} samples each)`);
+  const createMs = [];
+  for (let i = 0; i < SAMPLES; i++) {
+    let sbx;
+    createMs.push(await timed(async () => {
+      sbx = await createReady();
+    }));
+    await Sandbox.kill(sbx.sandboxId, opts);
+  }
+  const execMs = [];
+  for (let i = 0; i < SAMPLES; i++) {
+    const s = pick();
+    execMs.push(await timed(() => s.commands.run('true')));
+  }
+  const listMs = [];
+  for (let i = 0; i < SAMPLES; i++) listMs.push(await timed(() => api('/sandboxes')));
+  const getMs = [];
+  for (let i = 0; i < SAMPLES; i++) getMs.push(await timed(() => api(`/sandboxes/${pick().sandboxId}`)));
+  const ingressMs = [];
+  for (let i = 0; i < SAMPLES; i++) {
+    const s = pick();
+    ingressMs.push(await timed(() => api('/health', { 'E2b-Sandbox-Id': s.sandboxId, 'E2b-Sandbox-Port': '49983' })));
+  }
+  Object.assign(out, {
+    createToFirstCommandMs: stats(createMs),
+    commandsRunMs: stats(execMs),
+    listSandboxesMs: stats(listMs),
+    getSandboxMs: stats(getMs),
+    ingressMs: stats(ingressMs),
+  });
+  say(`${n} live: ${JSON.stringify(out)}`);
+  return out;
+}
+
+/** CPU time (utime + stime, in jiffies, threads included) of every process, with its kind: vmon,
+ * runsc-sandbox (a sentry), runsc-gofer, runsc (other), or other. */
+function cpuByProcess() {
+  const out = new Map();
+  for (const ent of fs.readdirSync('/proc')) {
+    if (!/^\d+$/.test(ent)) continue;
+    try {
+      const f = fs.readFileSync(`/proc/${ent}/stat`, 'utf8');
+      const comm = f.slice(f.indexOf('(') + 1, f.lastIndexOf(')'));
+      const rest = f.slice(f.lastIndexOf(')') + 2).split(' ');
+      const argv0 = fs.readFileSync(`/proc/${ent}/cmdline`, 'utf8').split('\0')[0].split('/').pop();
+      let kind = 'other';
+      if (Number(ent) === VMON_PID) kind = 'vmon';
+      else if (argv0 === 'runsc-sandbox' || argv0 === 'runsc-gofer') kind = argv0;
+      else if (argv0.startsWith('runsc') || comm.startsWith('runsc')) kind = 'runsc';
+      else if (comm === 'node') kind = 'bench (node)';
+      else if (argv0) kind = `other: ${comm}`;
+      else kind = 'kernel threads';
+      out.set(ent, { kind, jiffies: Number(rest[11]) + Number(rest[12]) });
+    } catch {
+      /* gone meanwhile */
+    }
+  }
+  return out;
+}
+
+async function killAll() {
+  const all = live.splice(0);
+  const times = [];
+  const t0 = now();
+  let i = 0;
+  const worker = async () => {
+    while (i < all.length) {
+      const s = all[i++];
+      try {
+        times.push(await timed(() => Sandbox.kill(s.sandboxId, { ...opts, requestTimeoutMs: 60_000 })));
+      } catch (err) {
+        say(`kill ${s.sandboxId}: ${err.message}`);
+      }
+    }
+  };
+  await Promise.all(Array.from({ length: CONCURRENCY }, worker));
+  return { sandboxes: all.length, seconds: Math.round((now() - t0) / 100) / 10, perKillMs: stats(times) };
+}
+
+const result = { sdkVersion, steps: [], concurrency: CONCURRENCY, samples: SAMPLES, idleSeconds: IDLE_S, cpus: os.cpus().length,
+  memTotalMiB: Math.round(procKb('/proc/meminfo', 'MemTotal') / 2 ** 20) };
+try {
+  const baseline = memAvailable();
+  for (const n of steps) {
+    say(`filling to ${n}`);
+    const rate = await fillTo(n);
+    const m = await measureStep(n, baseline);
+    m.fillCreatesPerSecond = Math.round(rate * 100) / 100;
+    result.steps.push(m);
+    writeJson(args.out, result);
+  }
+} finally {
+  say(`killing ${live.length}`);
+  result.killAll = await killAll();
+  writeJson(args.out, result);
+}

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Density (issue 24): one node filled with idle `base` sandboxes, measured at 1, 100, 250 and 500
+# live (bench/density.mjs says what is measured at each step); then the report.
+#
+#   sudo bash bench/density.sh
+#
+# Environment knobs (defaults in brackets):
+#   VMON_BENCH_DATA_DIR [/var/lib/vmon-bench]  VMON_BENCH_TEMPLATE_SRC [/var/lib/vmon/templates/base]
+#   VMON_BENCH_OUT [/tmp/vmon-bench-density-<time>]  VMON_BIN [<repo>/bin/vmon]  RUNSC [/usr/local/bin/runsc]
+#   DENSITY_STEPS [1,100,250,500]  DENSITY_SAMPLES [20]  DENSITY_IDLE_S [20]  DENSITY_CONCURRENCY [4]
+#   DENSITY_SERVE_ARGS [] (more `vmon serve` flags, e.g. to compare runtime options)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repo=$(pwd)
+
+. "$repo/bench/lib.sh"
+require_root
+isolate_netns vmonbench-iso VMON_BENCH_IN_NETNS "$@"
+
+DATA=${VMON_BENCH_DATA_DIR:-/var/lib/vmon-bench}
+TEMPLATE_SRC=${VMON_BENCH_TEMPLATE_SRC:-/var/lib/vmon/templates/base}
+OUT=${VMON_BENCH_OUT:-/tmp/vmon-bench-density-$(date +%Y%m%dT%H%M%S)}
+RUNSC=${RUNSC:-/usr/local/bin/runsc}
+STEPS=${DENSITY_STEPS:-1,100,250,500}
+SAMPLES=${DENSITY_SAMPLES:-20}
+IDLE_S=${DENSITY_IDLE_S:-20}
+CONCURRENCY=${DENSITY_CONCURRENCY:-4}
+mkdir -p "$OUT"
+
+ensure_sdk
+snapshot_binaries
+trap on_exit EXIT
+trap 'exit 130' INT TERM
+prepare_data_dir
+write_meta "  \"steps\": \"$STEPS\", \"samples\": $SAMPLES, \"idleSeconds\": $IDLE_S"
+
+max=${STEPS##*,}
+metrics_port=$(node -e 'const s=require("net").createServer();s.listen(0,"127.0.0.1",()=>{console.log(s.address().port);s.close()})')
+# Room for the step's sandboxes and the ones measured on top of it; no warm pool, so what is
+# measured at idle is the sandboxes alone.
+# shellcheck disable=SC2086
+start_vmon "$OUT/vmon.log" --warm-pool 0 --max-sandboxes $((max + 8)) \
+  --metrics-listen "127.0.0.1:$metrics_port" ${DENSITY_SERVE_ARGS:-}
+node bench/density.mjs --steps "$STEPS" --samples "$SAMPLES" --idle-s "$IDLE_S" --concurrency "$CONCURRENCY" \
+  --vmon-pid "$VMON_PID" --metrics "http://127.0.0.1:$metrics_port" --out "$OUT/density.json"
+stop_vmon
+
+node bench/density-report.mjs "$OUT"
