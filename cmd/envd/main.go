@@ -83,6 +83,8 @@ func run(args []string) int {
 	}
 	jr := journal.New()
 	var starter process.Starter
+	var activity func() <-chan struct{}
+	var memHint *oomkill.Hint
 	if cfg.initMode || os.Getpid() == 1 {
 		r, err := reaper.New(log)
 		if err != nil {
@@ -93,8 +95,10 @@ func run(args []string) int {
 		defer cancel()
 		go r.Run(ctx)
 		starter = r
+		activity = r.Activity
 		if cfg.oomKill {
-			opts := oomkill.Options{Log: log.With("component", "oomkill"), OnKill: func(p oomkill.Proc, m oomkill.Memory) {
+			memHint = oomkill.NewHint()
+			opts := oomkill.Options{Log: log.With("component", "oomkill"), Hint: memHint, OnKill: func(p oomkill.Proc, m oomkill.Memory) {
 				jr.Add("error", journal.LimitsLogger, fmt.Sprintf("out of memory: killed process %d (%s), which held %d MiB of the sandbox's %d MiB", p.PID, p.Comm, p.RSS>>20, m.Total>>20),
 					map[string]string{"reason": "oom-kill", "pid": strconv.Itoa(p.PID), "comm": p.Comm, "rssBytes": strconv.FormatUint(p.RSS, 10), "totalBytes": strconv.FormatUint(m.Total, 10)})
 			}}
@@ -113,9 +117,11 @@ func run(args []string) int {
 	if cfg.initMode || os.Getpid() == 1 {
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
-		go limitwatch.New(limitOptions(log, jr)).Run(ctx)
+		lo := limitOptions(log, jr)
+		lo.Activity = activity
+		go limitwatch.New(lo).Run(ctx)
 	}
-	if err := serve(cfg, log, starter, jr); err != nil {
+	if err := serve(cfg, log, starter, jr, memHint); err != nil {
 		log.Error("envd failed", "err", err)
 		return 1
 	}
@@ -123,7 +129,7 @@ func run(args []string) int {
 }
 
 // serve runs the API on the agent channel and/or the TCP listener until SIGTERM or SIGINT.
-func serve(cfg config, log *slog.Logger, starter process.Starter, jr *journal.Journal) error {
+func serve(cfg config, log *slog.Logger, starter process.Starter, jr *journal.Journal, memHint *oomkill.Hint) error {
 	if cfg.socket == "" && cfg.listen == "" {
 		return errors.New("nothing to serve: set --agent-socket and/or --listen")
 	}
@@ -131,6 +137,9 @@ func serve(cfg config, log *slog.Logger, starter process.Starter, jr *journal.Jo
 	defer stop()
 
 	opts := server.Options{Logger: log, SetClock: cfg.setClock, Starter: starter, Journal: jr}
+	if memHint != nil {
+		opts.MemoryHint = memHint.SetNear
+	}
 	if cfg.configureNet {
 		opts.ConfigureNetwork = guestnet.Apply
 	}

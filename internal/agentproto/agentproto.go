@@ -60,6 +60,16 @@ type EndStreamsRequest struct {
 	Reason string `json:"reason"`
 }
 
+// MemoryHintPath is vmon's own envd endpoint (POST, access token required) by which the node
+// tells envd whether the sandbox is near its memory (MemoryHint), from its host cgroup's use: an
+// idle guest then need not poll its own memory often. An envd too old to know it answers 404.
+const MemoryHintPath = "/vmon/memory-hint"
+
+// MemoryHint is MemoryHintPath's body.
+type MemoryHint struct {
+	Near bool `json:"near"`
+}
+
 // TunnelAuthority is the CONNECT authority that asks envd for a tunnel to a guest loopback port.
 func TunnelAuthority(port int) string {
 	return net.JoinHostPort("127.0.0.1", strconv.Itoa(port))

@@ -231,6 +231,8 @@ type sandbox struct {
 	policy atomic.Pointer[egress.Policy]
 	// follow is the copy of envd's events into the sandbox's log (followGuest).
 	follow atomic.Pointer[follower]
+	// memHint is what the node told envd of its memory (watchMemory).
+	memHint memHintState
 }
 
 // New returns a node; call Recover before serving and Close at exit.
@@ -251,6 +253,7 @@ func New(opts Options) (*Node, error) {
 	n := &Node{opts: opts, log: opts.Log, sandboxes: map[string]*sandbox{}, finishing: map[string]chan struct{}{},
 		ctx: ctx, cancel: cancel}
 	n.pool = newPool(n, opts.Warm)
+	go n.watchMemory()
 	return n, nil
 }
 

@@ -34,11 +34,38 @@ type fakeRuntime struct {
 	failNext error
 	// events, when set, serves envd's events stream (agentproto.EventsPath).
 	events http.Handler
+	// mem is each sandbox's host memory use (MemoryUsage; absent: unknown); hints are the memory
+	// hints each envd was sent; oldEnvd's envds do not know the hint endpoint.
+	mem     map[string]uint64
+	hints   map[string][]bool
+	oldEnvd map[string]bool
+}
+
+func (f *fakeRuntime) MemoryUsage(id string) (uint64, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	v, ok := f.mem[id]
+	if !ok {
+		return 0, errors.New("no memory cgroup")
+	}
+	return v, nil
+}
+
+func (f *fakeRuntime) setMem(id string, mib uint64) {
+	f.mu.Lock()
+	f.mem[id] = mib << 20
+	f.mu.Unlock()
+}
+
+func (f *fakeRuntime) hintsOf(id string) []bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]bool(nil), f.hints[id]...)
 }
 
 func newFakeRuntime() *fakeRuntime {
 	return &fakeRuntime{running: map[string]func(){}, inits: map[string]map[string]any{},
-		exits: map[string]chan runtime.Exit{}}
+		exits: map[string]chan runtime.Exit{}, mem: map[string]uint64{}, hints: map[string][]bool{}, oldEnvd: map[string]bool{}}
 }
 
 // exitChan returns the channel id's end is announced on.
@@ -103,6 +130,19 @@ func (f *fakeRuntime) envd(id, sock string) (stop func()) {
 	})
 	path, h := processconnect.NewProcessHandler(fakeProcess{})
 	handler.Handle(path, h)
+	if !f.oldEnvd[id] {
+		handler.HandleFunc("POST "+agentproto.MemoryHintPath, func(w http.ResponseWriter, r *http.Request) {
+			var hint agentproto.MemoryHint
+			if err := json.NewDecoder(r.Body).Decode(&hint); err != nil {
+				w.WriteHeader(http.StatusBadRequest)
+				return
+			}
+			f.mu.Lock()
+			f.hints[id] = append(f.hints[id], hint.Near)
+			f.mu.Unlock()
+			w.WriteHeader(http.StatusNoContent)
+		})
+	}
 	if f.events != nil {
 		handler.Handle("GET "+agentproto.EventsPath, f.events)
 	}

@@ -35,8 +35,18 @@ type Options struct {
 	DiskPath string
 	// Interval between checks (default Interval).
 	Interval time.Duration
+	// MaxInterval is the longest an idle guest goes between checks (default MaxIdleInterval);
+	// each check that finds nothing changed doubles the interval up to it.
+	MaxInterval time.Duration
+	// Activity, when set, returns a channel closed when envd next starts a process: checks are
+	// back to every Interval at once.
+	Activity func() <-chan struct{}
 	Report   Report
 }
+
+// MaxIdleInterval: an idle guest is checked less and less often, down to this: each check wakes
+// the sentry, and hundreds of idle sandboxes on a node would spend a core finding nothing.
+const MaxIdleInterval = 16 * time.Second
 
 // Checking once a second costs two small reads and a statfs; a limit hit for less than that is
 // also one a user rarely needs explained.
@@ -63,6 +73,9 @@ type Watcher struct {
 	diskFull     bool
 	usersFull    map[int]bool
 	lastUserScan time.Time
+	// What the last check saw, to tell a quiet guest from a busy one.
+	lastTasks int
+	lastFree  uint64
 }
 
 // New returns a watcher with o's defaults filled in.
@@ -76,35 +89,63 @@ func New(o Options) *Watcher {
 	if o.Interval == 0 {
 		o.Interval = Interval
 	}
-	return &Watcher{o: o, usersFull: map[int]bool{}}
+	if o.MaxInterval < o.Interval {
+		o.MaxInterval = max(MaxIdleInterval, o.Interval)
+	}
+	return &Watcher{o: o, usersFull: map[int]bool{}, lastTasks: -1}
 }
 
-// Run checks every Interval until ctx ends.
+// Run checks every Interval while the guest is busy, less often while it is quiet, until ctx
+// ends.
 func (w *Watcher) Run(ctx context.Context) {
-	t := time.NewTicker(w.o.Interval)
+	every := w.o.Interval
+	t := time.NewTimer(every)
 	defer t.Stop()
 	for {
+		var activity <-chan struct{}
+		if w.o.Activity != nil {
+			activity = w.o.Activity()
+		}
 		select {
 		case <-ctx.Done():
 			return
+		case <-activity:
+			every = w.o.Interval
+			t.Reset(every)
+			continue
 		case now := <-t.C:
-			w.Check(now)
+			if w.Check(now) {
+				every = min(2*every, w.o.MaxInterval)
+			} else {
+				every = w.o.Interval
+			}
+			t.Reset(every)
 		}
 	}
 }
 
-// Check looks at every limit once.
-func (w *Watcher) Check(now time.Time) {
-	w.checkTasks(now)
-	w.checkDisk()
+// Check looks at every limit once and reports whether the guest was quiet: the same task count
+// and about the same free disk as at the last check, and no limit reached.
+func (w *Watcher) Check(now time.Time) (quiet bool) {
+	tasks := w.checkTasks(now)
+	free := w.checkDisk()
+	quiet = tasks == w.lastTasks && free+(1<<20) >= w.lastFree && free <= w.lastFree+(1<<20) &&
+		!w.guestFull && !w.diskFull && len(w.usersFull) == 0
+	w.lastTasks, w.lastFree = tasks, free
+	return quiet
 }
 
-func (w *Watcher) checkTasks(now time.Time) {
+// checkTasks returns the guest's task count (-1 when not watched).
+func (w *Watcher) checkTasks(now time.Time) int {
 	if w.o.TasksDir == "" {
-		return
+		return -1
 	}
 	cur, err1 := readInt(filepath.Join(w.o.TasksDir, "pids.current"))
 	limit, err2 := readInt(filepath.Join(w.o.TasksDir, "pids.max"))
+	tasks := cur
+	if err1 != nil {
+		tasks = -1
+	}
 	if err1 == nil && err2 == nil && limit > 0 {
 		switch {
 		case !w.guestFull && cur >= limit:
@@ -116,18 +157,18 @@ func (w *Watcher) checkTasks(now time.Time) {
 		}
 	}
 	if w.o.NProc <= 0 || err1 != nil {
-		return
+		return tasks
 	}
 	anyFull := len(w.usersFull) > 0
 	if cur < w.o.NProc*rearmShare/100 {
 		clear(w.usersFull)
-		return
+		return tasks
 	}
 	if !anyFull && cur < w.o.NProc {
-		return
+		return tasks
 	}
 	if now.Sub(w.lastUserScan) < userScanEvery {
-		return
+		return tasks
 	}
 	w.lastUserScan = now
 	counts := taskCounts(w.o.Proc)
@@ -153,12 +194,14 @@ func (w *Watcher) checkTasks(now time.Time) {
 			delete(w.usersFull, uid)
 		}
 	}
+	return tasks
 }
 
-func (w *Watcher) checkDisk() {
+// checkDisk returns the disk's free bytes (0 when it cannot tell).
+func (w *Watcher) checkDisk() uint64 {
 	var st unix.Statfs_t
 	if err := unix.Statfs(w.o.DiskPath, &st); err != nil || st.Blocks == 0 {
-		return
+		return 0
 	}
 	free := st.Bavail * uint64(st.Bsize)
 	total := st.Blocks * uint64(st.Bsize)
@@ -170,6 +213,7 @@ func (w *Watcher) checkDisk() {
 	case w.diskFull && free >= diskClear:
 		w.diskFull = false
 	}
+	return free
 }
 
 // taskCounts sums the threads of every process per real uid, as RLIMIT_NPROC counts them.

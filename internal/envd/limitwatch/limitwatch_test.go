@@ -124,3 +124,32 @@ func TestDiskFullOnARealFilesystem(t *testing.T) {
 		t.Fatalf("a second episode after room came back: %+v", got)
 	}
 }
+
+// A check says whether the guest was quiet, so Run can slow down while nothing changes: the same
+// task count (and disk) as last time and no limit reached; any change, or a limit reached, is busy.
+func TestQuiet(t *testing.T) {
+	dir := t.TempDir()
+	write(t, filepath.Join(dir, "pids.current"), "5\n")
+	write(t, filepath.Join(dir, "pids.max"), "100\n")
+	// /proc has no blocks: the disk stays out of it here.
+	w := New(Options{TasksDir: dir, DiskPath: "/proc", Report: func(string, string, map[string]string) {}})
+	now := time.Now()
+	if w.Check(now) {
+		t.Fatal("the first check is quiet (nothing to compare with)")
+	}
+	if !w.Check(now) {
+		t.Fatal("nothing changed, not quiet")
+	}
+	write(t, filepath.Join(dir, "pids.current"), "6\n")
+	if w.Check(now) {
+		t.Fatal("a task more, still quiet")
+	}
+	if !w.Check(now) {
+		t.Fatal("steady at 6 tasks, not quiet")
+	}
+	write(t, filepath.Join(dir, "pids.current"), "100\n")
+	w.Check(now)
+	if w.Check(now) {
+		t.Fatal("at the task limit, quiet")
+	}
+}

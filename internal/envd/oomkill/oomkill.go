@@ -20,6 +20,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -31,10 +32,56 @@ const (
 	IdleInterval = 250 * time.Millisecond
 	NearInterval = 50 * time.Millisecond
 	HotInterval  = 10 * time.Millisecond
+	// FarInterval replaces IdleInterval while the node says the sandbox is far from its memory
+	// (Hint): the node watches the sandbox's host cgroup, which costs the guest nothing, and says
+	// so before the guest can come near; this poll is only the net under that.
+	FarInterval = 30 * time.Second
 	// settle bounds the wait for a victim's memory to come back before judging again, so one
 	// allocation spike does not cost two processes.
 	settle = 2 * time.Second
 )
+
+// Hint is the node's word on whether the sandbox is near its memory. Polling /proc/meminfo every
+// IdleInterval costs the sentry four wake-ups a second, which on a node of hundreds of idle
+// sandboxes adds up to cores; the node's word lets an idle guest poll only every FarInterval.
+// Until the node says otherwise the sandbox counts as near (a node that never says keeps the
+// close watch).
+type Hint struct {
+	mu sync.Mutex
+	// +checklocks:mu
+	far  bool
+	wake chan struct{}
+}
+
+// NewHint returns a hint that says near.
+func NewHint() *Hint { return &Hint{wake: make(chan struct{}, 1)} }
+
+// SetNear records the node's word and makes Run look at once.
+func (h *Hint) SetNear(near bool) {
+	h.mu.Lock()
+	h.far = !near
+	h.mu.Unlock()
+	select {
+	case h.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (h *Hint) isFar() bool {
+	if h == nil {
+		return false
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.far
+}
+
+func (h *Hint) woken() <-chan struct{} {
+	if h == nil {
+		return nil
+	}
+	return h.wake
+}
 
 // TaskCost is what one guest task costs the host beyond what the guest's own account shows:
 // under gVisor's systrap platform every guest process has a stub process and shared message
@@ -126,6 +173,9 @@ type Options struct {
 	Log  *slog.Logger
 	// OnKill, when set, learns of every kill.
 	OnKill func(Proc, Memory)
+	// Hint, when set, is the node's word on whether the sandbox is near its memory; nil counts
+	// as near for ever.
+	Hint *Hint
 }
 
 // Run watches the guest's memory until ctx ends.
@@ -153,6 +203,7 @@ func Run(ctx context.Context, o Options) error {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
+		case <-o.Hint.woken():
 		}
 		// pread at 0 makes the sentry generate the file afresh: one syscall per look.
 		n, err := f.ReadAt(buf, 0)
@@ -185,7 +236,11 @@ func Run(ctx context.Context, o Options) error {
 				o.Log.Error("out of memory and nothing may be killed", "total_kib", m.Total>>10, "free_kib", m.Free>>10)
 			}
 		}
-		t.Reset(Interval(m))
+		next := Interval(m)
+		if next == IdleInterval && o.Hint.isFar() {
+			next = FarInterval
+		}
+		t.Reset(next)
 	}
 }
 

@@ -178,3 +178,49 @@ func TestRunKillsTheBiggestOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// While the node says the sandbox is far from its memory the killer polls only every
+// FarInterval; the node's word that it is near makes it look at once, and kill.
+func TestRunFollowsTheNodesHint(t *testing.T) {
+	f := &fakeProc{dir: t.TempDir()}
+	f.meminfo(t, 512<<10, 400<<10)
+	f.proc(t, 41, "python3", 90000, 0)
+	hint := NewHint()
+	hint.SetNear(false)
+	killed := make(chan int, 10)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		done <- Run(ctx, Options{Proc: f.dir, Hint: hint, Kill: func(pid int) error {
+			f.meminfo(t, 512<<10, 400<<10)
+			if err := os.RemoveAll(filepath.Join(f.dir, strconv.Itoa(pid))); err != nil {
+				t.Error(err)
+			}
+			killed <- pid
+			return nil
+		}})
+	}()
+	time.Sleep(IdleInterval) // the first look, at once, found plenty free
+	f.meminfo(t, 512<<10, 1<<10)
+	// Near, the killer would have looked again within IdleInterval; far, not before FarInterval.
+	time.Sleep(4 * IdleInterval)
+	select {
+	case pid := <-killed:
+		t.Fatalf("killed %d while told far, before FarInterval", pid)
+	default:
+	}
+	hint.SetNear(true)
+	select {
+	case pid := <-killed:
+		if pid != 41 {
+			t.Fatalf("killed %d, want 41", pid)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("told near, the killer did not look")
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}

@@ -29,6 +29,11 @@ type Reaper struct {
 	tracked map[int]struct{}
 	// kick asks Run for a sweep ahead of its next tick.
 	kick chan struct{}
+
+	actMu sync.Mutex
+	// activity is closed at the next Start (Activity).
+	// +checklocks:actMu
+	activity chan struct{}
 }
 
 // New makes this process a reaper of orphans (PID 1 is one already; otherwise it becomes a child
@@ -39,7 +44,26 @@ func New(log *slog.Logger) (*Reaper, error) {
 			return nil, fmt.Errorf("become subreaper: %w", err)
 		}
 	}
-	return &Reaper{log: log, tracked: map[int]struct{}{}, kick: make(chan struct{}, 1)}, nil
+	return &Reaper{log: log, tracked: map[int]struct{}{}, kick: make(chan struct{}, 1), activity: make(chan struct{})}, nil
+}
+
+// Activity returns a channel closed when envd next starts a process: the guest is busy, and
+// watchers that slowed down while it was idle look closely again.
+func (r *Reaper) Activity() <-chan struct{} {
+	r.actMu.Lock()
+	defer r.actMu.Unlock()
+	return r.activity
+}
+
+func (r *Reaper) active() {
+	r.actMu.Lock()
+	close(r.activity)
+	r.activity = make(chan struct{})
+	r.actMu.Unlock()
+	select {
+	case r.kick <- struct{}{}:
+	default:
+	}
 }
 
 // Start starts cmd as a tracked child: its exit status stays for cmd.Wait. Call Forget after
@@ -51,6 +75,7 @@ func (r *Reaper) Start(cmd *exec.Cmd) error {
 		return err
 	}
 	r.tracked[cmd.Process.Pid] = struct{}{}
+	r.active()
 	return nil
 }
 
@@ -80,21 +105,46 @@ const ReapsPerSecond = 32
 // SIGCHLD handler installed, gVisor occasionally broke envd's in-flight streams (about one
 // command in 60 ended "canceled" at the SDK), and a zombie that waits up to a second costs
 // nothing.
+//
+// An idle guest is swept less and less often, down to once every MaxIdleInterval: each wake-up
+// costs the sentry a host context switch, and hundreds of idle sandboxes on a node would spend a
+// core on sweeps that find nothing. A process envd starts, a tracked child's exit or an orphan
+// reaped brings the sweeps back to once a second.
 func (r *Reaper) Run(ctx context.Context) {
-	tick := time.NewTicker(time.Second)
+	every := time.Second
+	tick := time.NewTimer(every)
 	defer tick.Stop()
 	budget := ReapsPerSecond
+	busy := false
 	for {
-		budget -= r.sweep(budget)
+		n := r.sweep(budget)
+		budget -= n
+		busy = busy || n > 0
 		select {
 		case <-ctx.Done():
 			return
 		case <-r.kick:
+			busy = true
+			if every > time.Second {
+				every = time.Second
+				tick.Reset(every)
+			}
 		case <-tick.C:
 			budget = ReapsPerSecond
+			if busy {
+				every = time.Second
+			} else {
+				every = min(2*every, MaxIdleInterval)
+			}
+			busy = false
+			tick.Reset(every)
 		}
 	}
 }
+
+// MaxIdleInterval is the longest an idle guest goes between sweeps (an orphan that exits then
+// waits at most this long as a zombie).
+const MaxIdleInterval = 16 * time.Second
 
 // sweep reaps up to limit exited untracked children, stopping early when none is left or a tracked
 // one is next, and returns how many it reaped. It takes mu for one child at a time, so a Start

@@ -1,6 +1,7 @@
 package reaper
 
 import (
+	"context"
 	"io"
 	"log/slog"
 	"os"
@@ -69,5 +70,52 @@ func TestSweepIsBounded(t *testing.T) {
 	}
 	if z := zombieChildren(t); z != 0 {
 		t.Fatalf("%d zombies left", z)
+	}
+}
+
+// Activity fires at every process envd starts, so watchers slowed down by an idle guest look
+// closely again; an idle reaper still reaps an orphan, at most MaxIdleInterval late.
+func TestActivityAndIdleSweeps(t *testing.T) {
+	r, err := New(slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	act := r.Activity()
+	select {
+	case <-act:
+		t.Fatal("activity before any start")
+	default:
+	}
+	cmd := exec.Command("true")
+	if err := r.Start(cmd); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-act:
+	case <-time.After(time.Second):
+		t.Fatal("a start did not fire Activity")
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	r.Forget(cmd.Process.Pid)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go r.Run(ctx)
+	// An untracked child (an orphan, as far as the reaper knows) exits while the reaper idles.
+	orphan := exec.Command("sh", "-c", "sleep 2")
+	if err := orphan.Start(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(MaxIdleInterval + 5*time.Second)
+	for {
+		if _, err := os.Stat("/proc/" + strconv.Itoa(orphan.Process.Pid)); os.IsNotExist(err) {
+			break // reaped
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("an orphan was not reaped within MaxIdleInterval (%d zombies)", zombieChildren(t))
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }

@@ -18,3 +18,6 @@ func New(*slog.Logger) (*Reaper, error) { return nil, errors.New("reaper: not su
 func (*Reaper) Start(cmd *exec.Cmd) error { return cmd.Start() }
 func (*Reaper) Forget(int)                {}
 func (*Reaper) Run(context.Context)       {}
+
+// Activity never fires here.
+func (*Reaper) Activity() <-chan struct{} { return nil }

@@ -49,6 +49,9 @@ type Options struct {
 	// Journal is what envd reports for the sandbox's log (agentproto.EventsPath); nil starts an
 	// empty one.
 	Journal *journal.Journal
+	// MemoryHint takes the node's word on whether the sandbox is near its memory
+	// (agentproto.MemoryHintPath); nil takes it and does nothing with it.
+	MemoryHint func(near bool)
 }
 
 // Server is envd's HTTP handler. It is safe for concurrent use.
@@ -120,6 +123,17 @@ func New(opts Options) (*Server, error) {
 	mux.HandleFunc("GET /files", s.download)
 	mux.HandleFunc("POST /files", s.upload)
 	mux.HandleFunc("POST "+agentproto.EndStreamsPath, s.endStreams)
+	mux.HandleFunc("POST "+agentproto.MemoryHintPath, func(w http.ResponseWriter, r *http.Request) {
+		var h agentproto.MemoryHint
+		if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1024)).Decode(&h); err != nil {
+			s.writeError(w, r, errdefs.InvalidArgument("invalid memory hint: %v", err))
+			return
+		}
+		if opts.MemoryHint != nil {
+			opts.MemoryHint(h.Near)
+		}
+		w.WriteHeader(http.StatusNoContent)
+	})
 	mux.Handle("GET "+agentproto.EventsPath, s.journal)
 	// httpguard: unclean paths get a 404 instead of ServeMux's redirect, and the plain-text
 	// errors of ServeMux and http.ServeContent come out in E2B's JSON shape.

@@ -303,6 +303,20 @@ func TestSandboxLifecycle(t *testing.T) {
 	if err := rt.Start(ctx, s.spec); !errdefs.Is(err, errdefs.KindConflict) {
 		t.Fatalf("second Start = %v, want Conflict", err)
 	}
+	// The host's view of its memory (the node's memory watch): the runtime and guest hold some,
+	// and a guest that takes 64 MiB more shows at least that much more.
+	before, err := rt.MemoryUsage(id)
+	if err != nil || before == 0 {
+		t.Fatalf("MemoryUsage = %d, %v", before, err)
+	}
+	exec1(t, rt, id, "/bin/busybox", "sh", "-c", "head -c 67108864 /dev/zero > /dev/shm/fill")
+	if after, err := rt.MemoryUsage(id); err != nil || after < before+60<<20 {
+		t.Fatalf("MemoryUsage after 64 MiB in /dev/shm = %d (before %d), %v", after, before, err)
+	}
+	exec1(t, rt, id, "/bin/busybox", "rm", "/dev/shm/fill")
+	if _, err := rt.MemoryUsage("../x"); err == nil {
+		t.Fatal("MemoryUsage of a bad id succeeded")
+	}
 	wantStatus(t, rt, id, runtime.StatusRunning)
 
 	if got := strings.TrimSpace(exec1(t, rt, id, "/bin/busybox", "hostname")); got != s.spec.Hostname {

@@ -118,6 +118,24 @@ func cgroupMounts() ([]string, error) {
 	return out, nil
 }
 
+// memoryUsageFile finds the file holding sandbox id's host memory use: v1 memory.usage_in_bytes
+// or v2 memory.current.
+func memoryUsageFile(parent, id string) (string, error) {
+	mounts, err := cgroupMounts()
+	if err != nil {
+		return "", err
+	}
+	for _, m := range mounts {
+		for _, f := range []string{"memory.usage_in_bytes", "memory.current"} {
+			p := filepath.Join(m, parent, id, f)
+			if _, err := os.Stat(p); err == nil {
+				return p, nil
+			}
+		}
+	}
+	return "", fmt.Errorf("no memory cgroup for sandbox %s: %w", id, os.ErrNotExist)
+}
+
 // raiseMemoryLimit sets the memory limit of sandbox id's host cgroup (v1 memory.limit_in_bytes
 // or v2 memory.max) to bytes. runsc sized the guest's memory from the spec's limit when it
 // started the sandbox; raising the host's afterwards gives the runtime's own memory and the

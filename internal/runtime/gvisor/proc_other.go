@@ -47,3 +47,5 @@ type cgroupCounters struct{}
 func (*watcher) wait(context.Context, *pidfd) (waitStatus, bool, error) { return 0, false, supported() }
 
 func raiseMemoryLimit(parent, id string, bytes int64) error { return supported() }
+
+func memoryUsageFile(parent, id string) (string, error) { return "", supported() }
