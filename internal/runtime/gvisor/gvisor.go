@@ -60,8 +60,8 @@ type Runtime struct {
 	ignoreCgs    bool
 	// memFiles holds each sandbox's memory-use file open (MemoryUsage): id → *os.File.
 	memFiles sync.Map
-	log          *slog.Logger
-	watch        *watcher
+	log      *slog.Logger
+	watch    *watcher
 }
 
 var (
