@@ -14,7 +14,7 @@
 // Environment: VMON_BENCH_URL, VMON_BENCH_KEY_FILE (bench/lib.sh's start_vmon sets them).
 import fs from 'node:fs';
 import os from 'node:os';
-import { loadSdk, sdkOpts, now, sleep, stats, writeJson, parseArgs, procKb } from './lib.mjs';
+import { loadSdk, sdkOpts, now, sleep, stats, writeJson, parseArgs, procKb, processesMatching } from './lib.mjs';
 
 const { Sandbox, sdkVersion } = loadSdk();
 const args = parseArgs(process.argv.slice(2));
@@ -84,20 +84,12 @@ function cpuTimes() {
 function runscBySandbox(ids) {
   const want = new Set(ids);
   const by = new Map();
-  for (const ent of fs.readdirSync('/proc')) {
-    if (!/^\d+$/.test(ent)) continue;
-    let raw;
-    try {
-      raw = fs.readFileSync(`/proc/${ent}/cmdline`, 'utf8');
-    } catch {
-      continue;
-    }
-    const argv = raw.replace(/\0+$/, '').split('\0');
+  for (const { pid, argv } of processesMatching('runsc')) {
     const name = (argv[0] ?? '').split('/').pop();
     if (!name.startsWith('runsc')) continue;
     const id = argv.slice().reverse().find((a) => want.has(a));
     if (!id) continue;
-    const pss = procKb(`/proc/${ent}/smaps_rollup`, 'Pss');
+    const pss = procKb(`/proc/${pid}/smaps_rollup`, 'Pss');
     if (pss == null) continue;
     if (!by.has(id)) by.set(id, { sentry: 0, gofer: 0, other: 0 });
     const e = by.get(id);

@@ -118,8 +118,8 @@ export async function runOk(cmd, args, opts) {
   return r;
 }
 
-/** Every process whose command line contains `needle`: [{ pid, argv }]. */
-export function processesMatching(needle) {
+/** Every process whose command line contains `needle` (all of them without one): [{ pid, argv }]. */
+export function processesMatching(needle = '') {
   const out = [];
   for (const ent of fs.readdirSync('/proc')) {
     if (!/^\d+$/.test(ent)) continue;
