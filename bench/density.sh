@@ -7,7 +7,8 @@
 # Environment knobs (defaults in brackets):
 #   VMON_BENCH_DATA_DIR [/var/lib/vmon-bench]  VMON_BENCH_TEMPLATE_SRC [/var/lib/vmon/templates/base]
 #   VMON_BENCH_OUT [/tmp/vmon-bench-density-<time>]  VMON_BIN [<repo>/bin/vmon]  RUNSC [/usr/local/bin/runsc]
-#   DENSITY_STEPS [1,100,250,500]  DENSITY_SAMPLES [20]  DENSITY_IDLE_S [20]  DENSITY_CONCURRENCY [4]
+#   DENSITY_STEPS [1,100,250,500]  DENSITY_SAMPLES [20]  DENSITY_IDLE_S [20]  DENSITY_SETTLE_S [10]
+#   DENSITY_CONCURRENCY [4]
 #   DENSITY_SERVE_ARGS [] (more `vmon serve` flags, e.g. to compare runtime options)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,6 +25,7 @@ RUNSC=${RUNSC:-/usr/local/bin/runsc}
 STEPS=${DENSITY_STEPS:-1,100,250,500}
 SAMPLES=${DENSITY_SAMPLES:-20}
 IDLE_S=${DENSITY_IDLE_S:-20}
+SETTLE_S=${DENSITY_SETTLE_S:-10}
 CONCURRENCY=${DENSITY_CONCURRENCY:-4}
 mkdir -p "$OUT"
 
@@ -32,7 +34,7 @@ snapshot_binaries
 trap on_exit EXIT
 trap 'exit 130' INT TERM
 prepare_data_dir
-write_meta "  \"steps\": \"$STEPS\", \"samples\": $SAMPLES, \"idleSeconds\": $IDLE_S"
+write_meta "  \"steps\": \"$STEPS\", \"samples\": $SAMPLES, \"idleSeconds\": $IDLE_S, \"settleSeconds\": $SETTLE_S"
 
 max=${STEPS##*,}
 metrics_port=$(node -e 'const s=require("net").createServer();s.listen(0,"127.0.0.1",()=>{console.log(s.address().port);s.close()})')
@@ -41,7 +43,7 @@ metrics_port=$(node -e 'const s=require("net").createServer();s.listen(0,"127.0.
 # shellcheck disable=SC2086
 start_vmon "$OUT/vmon.log" --warm-pool 0 --max-sandboxes $((max + 8)) \
   --metrics-listen "127.0.0.1:$metrics_port" ${DENSITY_SERVE_ARGS:-}
-node bench/density.mjs --steps "$STEPS" --samples "$SAMPLES" --idle-s "$IDLE_S" --concurrency "$CONCURRENCY" \
+node bench/density.mjs --steps "$STEPS" --samples "$SAMPLES" --idle-s "$IDLE_S" --settle-s "$SETTLE_S" --concurrency "$CONCURRENCY" \
   --vmon-pid "$VMON_PID" --metrics "http://127.0.0.1:$metrics_port" --out "$OUT/density.json"
 stop_vmon
 
