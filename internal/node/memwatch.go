@@ -1,10 +1,7 @@
 package node
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
-	"io"
 	"net/http"
 	"sync/atomic"
 	"time"
@@ -110,21 +107,9 @@ func (n *Node) checkMemory(mr memoryReader, sb *sandbox) {
 func (n *Node) sendMemoryHint(sb *sandbox, near bool) int {
 	ctx, cancel := context.WithTimeout(n.ctx, 5*time.Second)
 	defer cancel()
-	body, _ := json.Marshal(agentproto.MemoryHint{Near: near})
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, envdURL(agentproto.MemoryHintPath), bytes.NewReader(body))
-	if err != nil {
-		return 0
-	}
-	req.Header.Set("Content-Type", "application/json")
-	if sb.token != "" {
-		req.Header.Set("X-Access-Token", sb.token)
-	}
-	resp, err := (&http.Client{Transport: sb.ch.Transport()}).Do(req)
+	status, err := n.postEnvd(ctx, sb, agentproto.MemoryHintPath, agentproto.MemoryHint{Near: near})
 	if err != nil {
 		n.log.Debug("memory hint not delivered", "sandbox", sb.id, "err", err)
-		return 0
 	}
-	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
-	resp.Body.Close()
-	return resp.StatusCode
+	return status
 }

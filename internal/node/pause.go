@@ -346,10 +346,26 @@ func (n *Node) endStreams(ctx context.Context, sb *sandbox, reason string) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
-	body, _ := json.Marshal(agentproto.EndStreamsRequest{Reason: reason})
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, envdURL(agentproto.EndStreamsPath), bytes.NewReader(body))
+	status, err := n.postEnvd(ctx, sb, agentproto.EndStreamsPath, agentproto.EndStreamsRequest{Reason: reason})
 	if err != nil {
+		n.log.Warn("envd did not end the process streams before a pause", "sandbox", sb.id, "err", err)
 		return
+	}
+	if status != http.StatusNoContent {
+		n.log.Debug("envd did not end the process streams before a pause", "sandbox", sb.id, "status", status)
+	}
+}
+
+// postEnvd posts body as JSON to one of envd's vmon endpoints over sb's agent channel, with the
+// sandbox's access token, and returns the answer's status.
+func (n *Node) postEnvd(ctx context.Context, sb *sandbox, path string, body any) (int, error) {
+	b, err := json.Marshal(body)
+	if err != nil {
+		return 0, err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, envdURL(path), bytes.NewReader(b))
+	if err != nil {
+		return 0, err
 	}
 	req.Header.Set("Content-Type", "application/json")
 	if sb.token != "" {
@@ -357,14 +373,11 @@ func (n *Node) endStreams(ctx context.Context, sb *sandbox, reason string) {
 	}
 	resp, err := (&http.Client{Transport: sb.ch.Transport()}).Do(req)
 	if err != nil {
-		n.log.Warn("envd did not end the process streams before a pause", "sandbox", sb.id, "err", err)
-		return
+		return 0, err
 	}
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
 	resp.Body.Close()
-	if resp.StatusCode != http.StatusNoContent {
-		n.log.Debug("envd did not end the process streams before a pause", "sandbox", sb.id, "status", resp.Status)
-	}
+	return resp.StatusCode, nil
 }
 
 // flushGuest asks the guest to write its cached file data back before its runtime is stopped

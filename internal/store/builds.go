@@ -165,18 +165,6 @@ func (s *Store) GetBuild(ctx context.Context, templateID, buildID string) (Build
 	return b, nil
 }
 
-// BuildByID returns a build by its id alone (build ids are unique across templates).
-func (s *Store) BuildByID(ctx context.Context, buildID string) (Build, error) {
-	b, err := scanBuild(s.db.QueryRowContext(ctx, buildCols+` WHERE id = ?`, buildID))
-	if isNoRows(err) {
-		return Build{}, errdefs.NotFound("build %q not found", buildID)
-	}
-	if err != nil {
-		return Build{}, fmt.Errorf("get build: %w", err)
-	}
-	return b, nil
-}
-
 // ListBuilds returns a template's builds, newest first.
 func (s *Store) ListBuilds(ctx context.Context, templateID string) ([]Build, error) {
 	rows, err := s.db.QueryContext(ctx, buildCols+` WHERE template_id = ? ORDER BY created_at DESC, id`, templateID)
@@ -195,10 +183,15 @@ func (s *Store) ListBuilds(ctx context.Context, templateID string) ([]Build, err
 	return out, rows.Err()
 }
 
+// underway is the condition "a start claimed the build and it has not finished"; its one
+// argument is true (started).
+const underway = `(status = 'building' OR (status = 'waiting' AND started = ?))`
+
 // FailUnfinishedBuilds marks every build a start claimed and that has not finished as failed with
 // reason: after a restart nothing is running them. A build created and not started yet stays: its
-// start may still come (FailUnstartedBuilds ends those that wait too long). With drivers sharing the database, it takes only the builds
-// of those it is told of (BuildsOf); with none, every unfinished build.
+// start may still come (FailUnstartedBuilds ends those that wait too long). With drivers sharing
+// the database, it takes only the builds of those it is told of (BuildsOf); with none, every
+// unfinished build.
 func (s *Store) FailUnfinishedBuilds(ctx context.Context, reason string, at time.Time, of ...BuildsOf) (int64, error) {
 	cond, args := "", []any{reason, toMillis(at), toMillis(at), true}
 	for _, o := range of {
@@ -207,7 +200,7 @@ func (s *Store) FailUnfinishedBuilds(ctx context.Context, reason string, at time
 		args = append(args, a...)
 	}
 	res, err := s.db.ExecContext(ctx, `UPDATE template_builds SET status = 'error', reason_message = ?,
-	updated_at = ?, finished_at = ? WHERE (status = 'building' OR (status = 'waiting' AND started = ?))`+cond, args...)
+	updated_at = ?, finished_at = ? WHERE `+underway+cond, args...)
 	if err != nil {
 		return 0, fmt.Errorf("fail unfinished builds: %w", err)
 	}
@@ -217,8 +210,7 @@ func (s *Store) FailUnfinishedBuilds(ctx context.Context, reason string, at time
 	const (
 		tagged  = `EXISTS (SELECT 1 FROM template_tags t WHERE t.template_id = templates.id)`
 		pending = `EXISTS (SELECT 1 FROM template_builds b WHERE b.template_id = templates.id AND b.status IN ('waiting', 'building'))`
-		running = `EXISTS (SELECT 1 FROM template_builds b WHERE b.template_id = templates.id
-	AND (b.status = 'building' OR (b.status = 'waiting' AND b.started = ?)))`
+		running = `EXISTS (SELECT 1 FROM template_builds b WHERE b.template_id = templates.id AND ` + underway + `)`
 	)
 	if _, err := s.db.ExecContext(ctx, `UPDATE templates SET status = 'error', updated_at = ?
 	WHERE status IN ('waiting', 'building') AND NOT `+tagged+` AND NOT `+pending, toMillis(at)); err != nil {

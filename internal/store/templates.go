@@ -152,8 +152,8 @@ func (s *Store) ListTemplates(ctx context.Context) ([]Template, error) {
 func (s *Store) DeleteTemplate(ctx context.Context, id string) error {
 	return s.tx(ctx, func(tx *tx) error {
 		var n int
-		if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM template_builds
-	WHERE template_id = ? AND (status = 'building' OR (status = 'waiting' AND started = ?))`, id, true).Scan(&n); err != nil {
+		if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM template_builds WHERE template_id = ? AND `+underway,
+			id, true).Scan(&n); err != nil {
 			return fmt.Errorf("delete template: %w", err)
 		}
 		if n > 0 {
