@@ -12,21 +12,25 @@ console.log(`vmon density benchmark — ${meta.startedAt}, vmon ${meta.git}${met
   `kernel ${meta.kernel}, ${r.cpus} CPUs, ${r.memTotalMiB} MiB; e2b SDK ${r.sdkVersion}; ${r.samples} samples per figure, ` +
   `fill ${r.concurrency} creates at a time, idle CPU over ${r.idleSeconds} s\n`);
 console.log('Latencies are p50 / p95 in ms.\n');
-console.log('| live | create → first command | `commands.run` | `GET /sandboxes` | `GET /sandboxes/{id}` | ingress (envd /health) | idle host CPU (% of one core) | vmon CPU | vmon RSS | goroutines | PSS per sandbox (sentry + gofer) | host memory per sandbox | fill rate |');
+console.log('| live | create → first command | `commands.run` | `GET /sandboxes` | `GET /sandboxes/{id}` | ingress (envd /health) | idle host CPU (% of one core) | vmon CPU | vmon RSS | goroutines | PSS per sandbox (sentry + gofer + stubs) | host memory per sandbox | fill rate |');
 console.log('|---|---|---|---|---|---|---|---|---|---|---|---|---|');
 for (const s of r.steps) {
   const p = s.pssPerSandboxMiB;
   console.log(`| ${s.live} | ${ms(s.createToFirstCommandMs)} | ${ms(s.commandsRunMs)} | ${ms(s.listSandboxesMs)} | ${ms(s.getSandboxMs)} | ` +
     `${ms(s.ingressMs)} | ${v(s.idleCpuPctOfOneCore, ' %')} | ${v(s.vmonCpuPctOfOneCore, ' %')} | ${v(s.vmonRssMiB, ' MiB')} | ${v(s.goroutines)} | ` +
-    `${v(p.total, ' MiB')} (${v(p.sentry)} + ${v(p.gofer)}) | ${v(s.hostUsedPerSandboxMiB, ' MiB')} | ${v(s.fillCreatesPerSecond, '/s')} |`);
+    `${v(p.total, ' MiB')} (${v(p.sentry)} + ${v(p.gofer)} + ${v(p.stubs)}) | ${v(s.hostUsedPerSandboxMiB, ' MiB')} | ${v(s.fillCreatesPerSecond, '/s')} |`);
 }
+// Idle CPU of vmon's own processes: what the sandboxes cost, without the machine's other daemons.
+const ownKinds = new Set(['vmon', 'runsc-sandbox', 'runsc-gofer', 'runsc', 'systrap stubs']);
+const own = (s) => Object.entries(s.idleCpuByKind ?? {}).filter(([k]) => ownKinds.has(k)).reduce((a, [, p]) => a + p, 0);
 const first = r.steps[0];
 const last = r.steps[r.steps.length - 1];
 if (first && last && first !== last) {
   const q = (a, b) => (a == null || b == null ? '–' : (a / b).toFixed(2));
   console.log(`\nAt ${last.live} live vs ${first.live}: create p50 ${q(last.createToFirstCommandMs.p50, first.createToFirstCommandMs.p50)}×, ` +
     `commands.run p50 ${q(last.commandsRunMs.p50, first.commandsRunMs.p50)}×; idle host CPU per 100 sandboxes ` +
-    `${last.idleCpuPctOfOneCore == null ? '–' : ((last.idleCpuPctOfOneCore / last.live) * 100).toFixed(1)} % of one core.`);
+    `${last.idleCpuPctOfOneCore == null ? '–' : ((last.idleCpuPctOfOneCore / last.live) * 100).toFixed(1)} % of one core, ` +
+    `${((own(last) / last.live) * 100).toFixed(1)} % of it vmon's own (vmon, sentries, gofers, stubs).`);
 }
 console.log('\nIdle host CPU by process kind (% of one core):\n');
 for (const s of r.steps) {

@@ -80,10 +80,28 @@ function cpuTimes() {
   return { busy: total - idle, total };
 }
 
-/** One scan of /proc: runsc processes by sandbox id (the container id is in their argv). */
+/** Parent pid of every process: one scan of /proc. */
+function parents() {
+  const out = new Map();
+  for (const ent of fs.readdirSync('/proc')) {
+    if (!/^\d+$/.test(ent)) continue;
+    try {
+      const f = fs.readFileSync(`/proc/${ent}/stat`, 'utf8');
+      out.set(Number(ent), Number(f.slice(f.lastIndexOf(')') + 2).split(' ')[1]));
+    } catch {
+      /* gone meanwhile */
+    }
+  }
+  return out;
+}
+
+/** One scan of /proc: runsc processes by sandbox id (the container id is in their argv), with
+ * the sentry's systrap stubs (its children, which hold the guest's address spaces and so map
+ * part of its memory) under "stubs". */
 function runscBySandbox(ids) {
   const want = new Set(ids);
   const by = new Map();
+  const sentries = new Map();
   for (const { pid, argv } of processesMatching('runsc')) {
     const name = (argv[0] ?? '').split('/').pop();
     if (!name.startsWith('runsc')) continue;
@@ -91,11 +109,18 @@ function runscBySandbox(ids) {
     if (!id) continue;
     const pss = procKb(`/proc/${pid}/smaps_rollup`, 'Pss');
     if (pss == null) continue;
-    if (!by.has(id)) by.set(id, { sentry: 0, gofer: 0, other: 0 });
+    if (!by.has(id)) by.set(id, { sentry: 0, gofer: 0, stubs: 0, other: 0 });
     const e = by.get(id);
-    if (name === 'runsc-sandbox') e.sentry += pss;
-    else if (name === 'runsc-gofer') e.gofer += pss;
+    if (name === 'runsc-sandbox') {
+      e.sentry += pss;
+      sentries.set(pid, e);
+    } else if (name === 'runsc-gofer') e.gofer += pss;
     else e.other += pss;
+  }
+  for (const [pid, ppid] of parents()) {
+    const e = sentries.get(ppid);
+    if (!e) continue;
+    e.stubs += procKb(`/proc/${pid}/smaps_rollup`, 'Pss') ?? 0;
   }
   return by;
 }
@@ -163,7 +188,7 @@ async function measureStep(n, baseline) {
     vmonCpuPctOfOneCore: idleCpuByKind.vmon ?? 0,
     vmonRssMiB: mib(procKb(`/proc/${VMON_PID}/status`, 'VmRSS')),
     goroutines: await goroutines(),
-    pssPerSandboxMiB: { sentry: mib(mean((e) => e.sentry)), gofer: mib(mean((e) => e.gofer)), total: mib(mean((e) => e.sentry + e.gofer + e.other)), counted: per.length },
+    pssPerSandboxMiB: { sentry: mib(mean((e) => e.sentry)), gofer: mib(mean((e) => e.gofer)), stubs: mib(mean((e) => e.stubs)), total: mib(mean((e) => e.sentry + e.gofer + e.stubs + e.other)), counted: per.length },
     hostUsedPerSandboxMiB: mib(usedDelta / n),
   };
 
@@ -202,9 +227,11 @@ async function measureStep(n, baseline) {
 }
 
 /** CPU time (utime + stime, in jiffies, threads included) of every process, with its kind: vmon,
- * runsc-sandbox (a sentry), runsc-gofer, runsc (other), or other. */
+ * runsc-sandbox (a sentry), runsc-gofer, systrap stubs (a sentry's children), runsc (other), or
+ * other. */
 function cpuByProcess() {
   const out = new Map();
+  const sentries = new Set(processesMatching('runsc-sandbox').filter((p) => p.argv[0] === 'runsc-sandbox').map((p) => p.pid));
   for (const ent of fs.readdirSync('/proc')) {
     if (!/^\d+$/.test(ent)) continue;
     try {
@@ -215,6 +242,7 @@ function cpuByProcess() {
       let kind = 'other';
       if (Number(ent) === VMON_PID) kind = 'vmon';
       else if (argv0 === 'runsc-sandbox' || argv0 === 'runsc-gofer') kind = argv0;
+      else if (sentries.has(Number(rest[1]))) kind = 'systrap stubs';
       else if (argv0.startsWith('runsc') || comm.startsWith('runsc')) kind = 'runsc';
       else if (comm === 'node') kind = 'bench (node)';
       else if (argv0) kind = `other: ${comm}`;

@@ -83,7 +83,7 @@ func run(args []string) int {
 	}
 	jr := journal.New()
 	var starter process.Starter
-	var activity func() <-chan struct{}
+	var guest *reaper.Reaper
 	var memHint *oomkill.Hint
 	if cfg.initMode || os.Getpid() == 1 {
 		r, err := reaper.New(log)
@@ -95,10 +95,10 @@ func run(args []string) int {
 		defer cancel()
 		go r.Run(ctx)
 		starter = r
-		activity = r.Activity
+		guest = r
 		if cfg.oomKill {
 			memHint = oomkill.NewHint()
-			opts := oomkill.Options{Log: log.With("component", "oomkill"), Hint: memHint, OnKill: func(p oomkill.Proc, m oomkill.Memory) {
+			opts := oomkill.Options{Log: log.With("component", "oomkill"), Hint: memHint, Guest: r, OnKill: func(p oomkill.Proc, m oomkill.Memory) {
 				jr.Add("error", journal.LimitsLogger, fmt.Sprintf("out of memory: killed process %d (%s), which held %d MiB of the sandbox's %d MiB", p.PID, p.Comm, p.RSS>>20, m.Total>>20),
 					map[string]string{"reason": "oom-kill", "pid": strconv.Itoa(p.PID), "comm": p.Comm, "rssBytes": strconv.FormatUint(p.RSS, 10), "totalBytes": strconv.FormatUint(m.Total, 10)})
 			}}
@@ -118,7 +118,9 @@ func run(args []string) int {
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		lo := limitOptions(log, jr)
-		lo.Activity = activity
+		if guest != nil {
+			lo.Guest = guest
+		}
 		go limitwatch.New(lo).Run(ctx)
 	}
 	if err := serve(cfg, log, starter, jr, memHint); err != nil {

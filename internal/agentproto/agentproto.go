@@ -78,8 +78,11 @@ func TunnelAuthority(port int) string {
 // YamuxConfig is the session configuration both ends use.
 func YamuxConfig() *yamux.Config {
 	c := yamux.DefaultConfig()
-	c.EnableKeepAlive = true
-	c.KeepAliveInterval = 10 * time.Second
+	// No keepalive: the channel is a unix socket between two processes on one host, so a peer
+	// that goes away (a sandbox killed or checkpointed, a node restarted) ends the session at
+	// once with EOF; a ping would find nothing more. Pings every 10 s from both ends were most
+	// of an idle sandbox's wake-ups, each one a round of host context switches for its sentry.
+	c.EnableKeepAlive = false
 	c.ConnectionWriteTimeout = 30 * time.Second
 	// Large windows keep bulk file transfers from stalling on one stream.
 	c.MaxStreamWindowSize = 4 << 20

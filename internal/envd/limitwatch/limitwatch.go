@@ -38,10 +38,19 @@ type Options struct {
 	// MaxInterval is the longest an idle guest goes between checks (default MaxIdleInterval);
 	// each check that finds nothing changed doubles the interval up to it.
 	MaxInterval time.Duration
-	// Activity, when set, returns a channel closed when envd next starts a process: checks are
-	// back to every Interval at once.
-	Activity func() <-chan struct{}
-	Report   Report
+	// Guest, when set, says when envd starts a process (checks are back to every Interval at
+	// once) and whether it runs none (checks stop until it starts one).
+	Guest  Guest
+	Report Report
+}
+
+// Guest is what envd's process starter (the reaper) tells about the guest's processes.
+type Guest interface {
+	// Activity returns a channel closed when envd next starts a process.
+	Activity() <-chan struct{}
+	// Alone reports whether envd has no child at all: nothing else runs in the guest, so no
+	// task count or disk use can move but by envd itself, until the next start.
+	Alone() bool
 }
 
 // MaxIdleInterval: an idle guest is checked less and less often, down to this: each check wakes
@@ -95,26 +104,35 @@ func New(o Options) *Watcher {
 	return &Watcher{o: o, usersFull: map[int]bool{}, lastTasks: -1}
 }
 
-// Run checks every Interval while the guest is busy, less often while it is quiet, until ctx
-// ends.
+// Run checks every Interval while the guest is busy, less often while it is quiet, and not at
+// all while it is quiet and envd runs no process (Guest.Alone), until ctx ends. A guest resting
+// so wakes for nothing; its next process start brings the checks back, the first at once. The
+// one change a rest can hide, a disk that envd's own file writes fill, is then reported at that
+// start, when a command is about to meet it.
 func (w *Watcher) Run(ctx context.Context) {
 	every := w.o.Interval
 	t := time.NewTimer(every)
 	defer t.Stop()
+	quiet := false
 	for {
 		var activity <-chan struct{}
-		if w.o.Activity != nil {
-			activity = w.o.Activity()
+		tick := t.C
+		if w.o.Guest != nil {
+			activity = w.o.Guest.Activity()
+			if quiet && w.o.Guest.Alone() {
+				tick = nil
+			}
 		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-activity:
 			every = w.o.Interval
+			quiet = w.Check(time.Now())
 			t.Reset(every)
-			continue
-		case now := <-t.C:
-			if w.Check(now) {
+		case now := <-tick:
+			quiet = w.Check(now)
+			if quiet {
 				every = min(2*every, w.o.MaxInterval)
 			} else {
 				every = w.o.Interval

@@ -1,6 +1,7 @@
 package limitwatch
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -9,6 +10,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/vibemon/vmon/internal/testutil/fakeguest"
 )
 
 type finding struct {
@@ -151,5 +154,48 @@ func TestQuiet(t *testing.T) {
 	w.Check(now)
 	if w.Check(now) {
 		t.Fatal("at the task limit, quiet")
+	}
+}
+
+// Run stops checking a quiet guest where envd runs nothing, and checks at once at the next start;
+// a quiet guest with a process still gets checked.
+func TestRunRestsWhileAlone(t *testing.T) {
+	for _, alone := range []bool{true, false} {
+		t.Run(fmt.Sprintf("alone=%v", alone), func(t *testing.T) {
+			dir := t.TempDir()
+			write(t, filepath.Join(dir, "pids.current"), "5\n")
+			write(t, filepath.Join(dir, "pids.max"), "100\n")
+			g := fakeguest.New(alone)
+			found := make(chan string, 10)
+			w := New(Options{TasksDir: dir, DiskPath: "/proc", Interval: 5 * time.Millisecond, MaxInterval: 20 * time.Millisecond, Guest: g,
+				Report: func(_, msg string, _ map[string]string) { found <- msg }})
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			done := make(chan struct{})
+			go func() { w.Run(ctx); close(done) }()
+			defer func() { cancel(); <-done }()
+			time.Sleep(300 * time.Millisecond) // two checks alike: quiet
+			write(t, filepath.Join(dir, "pids.current"), "100\n")
+			select {
+			case msg := <-found:
+				if alone {
+					t.Fatalf("a resting watcher checked: %q", msg)
+				}
+				return
+			case <-time.After(300 * time.Millisecond):
+				if !alone {
+					t.Fatal("a quiet guest with a process was not checked again")
+				}
+			}
+			g.Start()
+			select {
+			case msg := <-found:
+				if !strings.Contains(msg, "task limit reached") {
+					t.Fatalf("finding %q", msg)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatal("a start did not bring the checks back")
+			}
+		})
 	}
 }

@@ -176,6 +176,17 @@ type Options struct {
 	// Hint, when set, is the node's word on whether the sandbox is near its memory; nil counts
 	// as near for ever.
 	Hint *Hint
+	// Guest, when set, says whether envd runs any process: while it runs none there is nobody to
+	// kill, and Run looks again only when one starts or the node's word changes.
+	Guest Guest
+}
+
+// Guest is what envd's process starter (the reaper) tells about the guest's processes.
+type Guest interface {
+	// Activity returns a channel closed when envd next starts a process.
+	Activity() <-chan struct{}
+	// Alone reports whether envd has no child at all.
+	Alone() bool
 }
 
 // Run watches the guest's memory until ctx ends.
@@ -199,10 +210,19 @@ func Run(ctx context.Context, o Options) error {
 	t := time.NewTimer(0)
 	defer t.Stop()
 	for {
+		tick := t.C
+		var activity <-chan struct{}
+		if o.Guest != nil {
+			activity = o.Guest.Activity()
+			if o.Guest.Alone() {
+				tick = nil
+			}
+		}
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-t.C:
+		case <-tick:
+		case <-activity:
 		case <-o.Hint.woken():
 		}
 		// pread at 0 makes the sentry generate the file afresh: one syscall per look.

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/vibemon/vmon/internal/testutil/fakeguest"
 )
 
 func TestVictim(t *testing.T) {
@@ -218,6 +220,49 @@ func TestRunFollowsTheNodesHint(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("told near, the killer did not look")
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// While envd runs no process there is nobody to kill, and Run does not look; a start brings it
+// back at once.
+func TestRunRestsWhileAlone(t *testing.T) {
+	f := &fakeProc{dir: t.TempDir()}
+	f.meminfo(t, 512<<10, 1<<10)
+	f.proc(t, 41, "python3", 90000, 0)
+	g := fakeguest.New(true)
+	killed := make(chan int, 10)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		done <- Run(ctx, Options{Proc: f.dir, Guest: g, Kill: func(pid int) error {
+			f.meminfo(t, 512<<10, 400<<10)
+			if err := os.RemoveAll(filepath.Join(f.dir, strconv.Itoa(pid))); err != nil {
+				t.Error(err)
+			}
+			killed <- pid
+			return nil
+		}})
+	}()
+	// Near (no hint), a killer that looked would have done so at once and every IdleInterval.
+	time.Sleep(4 * IdleInterval)
+	select {
+	case pid := <-killed:
+		t.Fatalf("killed %d while envd ran no process", pid)
+	default:
+	}
+	g.Start()
+	select {
+	case pid := <-killed:
+		if pid != 41 {
+			t.Fatalf("killed %d, want 41", pid)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a process start did not bring the killer back")
 	}
 	cancel()
 	if err := <-done; err != nil {

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -27,6 +28,8 @@ type Reaper struct {
 	mu sync.Mutex
 	// +checklocks:mu
 	tracked map[int]struct{}
+	// alone is true while envd has no child at all (the last look found none); written under mu.
+	alone atomic.Bool
 	// kick asks Run for a sweep ahead of its next tick.
 	kick chan struct{}
 
@@ -55,6 +58,13 @@ func (r *Reaper) Activity() <-chan struct{} {
 	return r.activity
 }
 
+// Alone reports whether envd had no child process at all when the reaper last looked. Every
+// process in the guest descends from envd (it is init, and starts processes only through Start),
+// so a guest where envd is alone runs nothing but envd until the next Start: nothing there can
+// fork, exit, grow its memory or fill the disk on its own, and watchers may rest until Activity
+// fires. Read Activity's channel before Alone, so a Start between the two is not missed.
+func (r *Reaper) Alone() bool { return r.alone.Load() }
+
 func (r *Reaper) active() {
 	r.actMu.Lock()
 	close(r.activity)
@@ -75,6 +85,7 @@ func (r *Reaper) Start(cmd *exec.Cmd) error {
 		return err
 	}
 	r.tracked[cmd.Process.Pid] = struct{}{}
+	r.alone.Store(false)
 	r.active()
 	return nil
 }
@@ -109,7 +120,8 @@ const ReapsPerSecond = 32
 // An idle guest is swept less and less often, down to once every MaxIdleInterval: each wake-up
 // costs the sentry a host context switch, and hundreds of idle sandboxes on a node would spend a
 // core on sweeps that find nothing. A process envd starts, a tracked child's exit or an orphan
-// reaped brings the sweeps back to once a second.
+// reaped brings the sweeps back to once a second. While envd has no child at all (Alone) there is
+// nothing to reap until the next Start, and Run does not wake until then.
 func (r *Reaper) Run(ctx context.Context) {
 	every := time.Second
 	tick := time.NewTimer(every)
@@ -120,6 +132,10 @@ func (r *Reaper) Run(ctx context.Context) {
 		n := r.sweep(budget)
 		budget -= n
 		busy = busy || n > 0
+		tickC := tick.C
+		if r.alone.Load() {
+			tickC = nil
+		}
 		select {
 		case <-ctx.Done():
 			return
@@ -129,7 +145,7 @@ func (r *Reaper) Run(ctx context.Context) {
 				every = time.Second
 				tick.Reset(every)
 			}
-		case <-tick.C:
+		case <-tickC:
 			budget = ReapsPerSecond
 			if busy {
 				every = time.Second
@@ -162,6 +178,7 @@ func (r *Reaper) reapOne() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	pid, err := peekExited()
+	r.alone.Store(errors.Is(err, unix.ECHILD))
 	if err != nil {
 		if !errors.Is(err, unix.ECHILD) {
 			r.log.Warn("reaper: waitid", "err", err)

@@ -74,7 +74,8 @@ func TestSweepIsBounded(t *testing.T) {
 }
 
 // Activity fires at every process envd starts, so watchers slowed down by an idle guest look
-// closely again; an idle reaper still reaps an orphan, at most MaxIdleInterval late.
+// closely again; Alone says whether envd has any child; an idle reaper still reaps an orphan, at
+// most MaxIdleInterval late, and one resting because envd was alone wakes at the next Start.
 func TestActivityAndIdleSweeps(t *testing.T) {
 	r, err := New(slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
@@ -95,27 +96,58 @@ func TestActivityAndIdleSweeps(t *testing.T) {
 	case <-time.After(time.Second):
 		t.Fatal("a start did not fire Activity")
 	}
+	if r.Alone() {
+		t.Fatal("Alone with a child just started")
+	}
 	if err := cmd.Wait(); err != nil {
 		t.Fatal(err)
 	}
 	r.Forget(cmd.Process.Pid)
+	if r.sweep(1) != 0 || !r.Alone() {
+		t.Fatal("not Alone once the only child was reaped")
+	}
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go r.Run(ctx)
-	// An untracked child (an orphan, as far as the reaper knows) exits while the reaper idles.
-	orphan := exec.Command("sh", "-c", "sleep 2")
-	if err := orphan.Start(); err != nil {
-		t.Fatal(err)
+	// Give Run time to find envd alone and rest: only a Start may wake it now.
+	time.Sleep(200 * time.Millisecond)
+	for round, script := range []string{"sleep 0.2 &", "sleep 2 &"} {
+		// The tracked shell exits at once; its child becomes an orphan that exits later, while the
+		// reaper idles (the second one after the sweeps have begun to slow down).
+		sh := exec.Command("sh", "-c", script+` echo $!`)
+		out, err := sh.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Start(sh); err != nil {
+			t.Fatal(err)
+		}
+		b, err := io.ReadAll(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := sh.Wait(); err != nil {
+			t.Fatal(err)
+		}
+		r.Forget(sh.Process.Pid)
+		orphan := strings.TrimSpace(string(b))
+		deadline := time.Now().Add(MaxIdleInterval + 5*time.Second)
+		for {
+			if _, err := os.Stat("/proc/" + orphan); os.IsNotExist(err) {
+				break // reaped
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("round %d: an orphan was not reaped within MaxIdleInterval (%d zombies)", round, zombieChildren(t))
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
 	}
-	deadline := time.Now().Add(MaxIdleInterval + 5*time.Second)
-	for {
-		if _, err := os.Stat("/proc/" + strconv.Itoa(orphan.Process.Pid)); os.IsNotExist(err) {
-			break // reaped
-		}
+	deadline := time.Now().Add(5 * time.Second)
+	for !r.Alone() {
 		if time.Now().After(deadline) {
-			t.Fatalf("an orphan was not reaped within MaxIdleInterval (%d zombies)", zombieChildren(t))
+			t.Fatal("not Alone after every child was reaped")
 		}
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond)
 	}
 }

@@ -19,5 +19,8 @@ func (*Reaper) Start(cmd *exec.Cmd) error { return cmd.Start() }
 func (*Reaper) Forget(int)                {}
 func (*Reaper) Run(context.Context)       {}
 
+// Alone is never known here.
+func (*Reaper) Alone() bool { return false }
+
 // Activity never fires here.
 func (*Reaper) Activity() <-chan struct{} { return nil }
