@@ -95,9 +95,20 @@ function parents() {
   return out;
 }
 
+/** The sentry a process descends from (systrap forks its stubs from a stub of its own), or
+ * undefined. */
+function sentryOf(pid, ppids, sentries) {
+  for (let p = ppids.get(pid), hops = 0; p != null && hops < 4; p = ppids.get(p), hops++) {
+    if (sentries.has(p)) return p;
+  }
+  return undefined;
+}
+
 /** One scan of /proc: runsc processes by sandbox id (the container id is in their argv), with
- * the sentry's systrap stubs (its children, which hold the guest's address spaces and so map
- * part of its memory) under "stubs". */
+ * the sentry's systrap stubs under "stubs": its children, one per guest address space, which map
+ * the guest's memory and so hold part of its PSS. Their own children are threads cloned with the
+ * same address space (CLONE_VM), whose smaps repeat their leader's: counting them would count
+ * the same pages again. */
 function runscBySandbox(ids) {
   const want = new Set(ids);
   const by = new Map();
@@ -227,11 +238,12 @@ async function measureStep(n, baseline) {
 }
 
 /** CPU time (utime + stime, in jiffies, threads included) of every process, with its kind: vmon,
- * runsc-sandbox (a sentry), runsc-gofer, systrap stubs (a sentry's children), runsc (other), or
- * other. */
+ * runsc-sandbox (a sentry), runsc-gofer, systrap stubs (a sentry's descendants), runsc (other),
+ * or other ("kernel threads" are the processes without a command line that are not stubs). */
 function cpuByProcess() {
   const out = new Map();
   const sentries = new Set(processesMatching('runsc-sandbox').filter((p) => p.argv[0] === 'runsc-sandbox').map((p) => p.pid));
+  const ppids = parents();
   for (const ent of fs.readdirSync('/proc')) {
     if (!/^\d+$/.test(ent)) continue;
     try {
@@ -242,7 +254,7 @@ function cpuByProcess() {
       let kind = 'other';
       if (Number(ent) === VMON_PID) kind = 'vmon';
       else if (argv0 === 'runsc-sandbox' || argv0 === 'runsc-gofer') kind = argv0;
-      else if (sentries.has(Number(rest[1]))) kind = 'systrap stubs';
+      else if (sentryOf(Number(ent), ppids, sentries) != null) kind = 'systrap stubs';
       else if (argv0.startsWith('runsc') || comm.startsWith('runsc')) kind = 'runsc';
       else if (comm === 'node') kind = 'bench (node)';
       else if (argv0) kind = `other: ${comm}`;
