@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/user"
 	"path/filepath"
+	goruntime "runtime"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -136,7 +137,7 @@ func serve(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 	}
 	maxSandboxes := c.MaxSandboxes
 	if maxSandboxes == 0 {
-		maxSandboxes = capacityFromMemory()
+		maxSandboxes = defaultCapacity(log)
 	}
 	dopts := driver.Options{
 		Store:           st,
@@ -964,21 +965,25 @@ func installEnvd(c *config.Serve, log *slog.Logger) (string, error) {
 	return filepath.Join(dir, "envd"), nil
 }
 
-// capacityFromMemory bounds sandboxes by host memory so that too many creates get a clear 429
-// instead of an OOM: an idle gVisor sandbox costs about 64 MiB of host memory, a busy one more.
-func capacityFromMemory() int {
-	data, err := os.ReadFile("/proc/meminfo")
-	if err != nil {
-		return 64
-	}
-	var kb int
-	for _, line := range strings.Split(string(data), "\n") {
-		if v, ok := strings.CutPrefix(line, "MemTotal:"); ok {
-			fmt.Sscanf(strings.TrimSpace(v), "%d", &kb)
+// defaultCapacity is the node's bound on live sandboxes when --max-sandboxes is not set: the
+// model of limits.NodeCapacity over this host's memory and cores. Past it, creates get E2B's
+// capacity error at once instead of slowing every sandbox on the node.
+func defaultCapacity(log *slog.Logger) int {
+	memMiB := int64(0)
+	if data, err := os.ReadFile("/proc/meminfo"); err == nil {
+		for _, line := range strings.Split(string(data), "\n") {
+			if v, ok := strings.CutPrefix(line, "MemTotal:"); ok {
+				var kb int64
+				if _, err := fmt.Sscanf(strings.TrimSpace(v), "%d", &kb); err == nil {
+					memMiB = kb / 1024
+				}
+			}
 		}
 	}
-	n := kb / 1024 / 256
-	return max(n, 4)
+	c := limits.NodeCapacity(memMiB, goruntime.NumCPU())
+	log.Info("sandbox capacity derived from the host (set --max-sandboxes to override)",
+		"max_sandboxes", c.Max, "bound", c.Bound, "memory_bound", c.MemoryBound, "cpu_bound", c.CPUBound, "mem_total_mib", memMiB, "cpus", goruntime.NumCPU())
+	return c.Max
 }
 
 // ingressTargets joins the driver's view (is it running, its tokens) with the node's agent

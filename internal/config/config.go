@@ -169,7 +169,7 @@ func BindServe(fs *pflag.FlagSet, c *Serve) {
 	fs.StringVar(&c.EnvdPath, "envd-path", "", "envd binary to run in sandboxes (default: envd beside the vmon binary)")
 	fs.IntVar(&c.BootConcurrency, "boot-concurrency", 4, "sandboxes booted at the same time")
 	fs.IntVar(&c.WarmPool, "warm-pool", 1, "pre-started sandboxes kept per template, so creates skip the boot (0 disables)")
-	fs.IntVar(&c.MaxSandboxes, "max-sandboxes", 0, "sandboxes this node holds at most (0: derived from memory)")
+	fs.IntVar(&c.MaxSandboxes, "max-sandboxes", 0, "sandboxes this node holds at most (0: derived from its memory and cores, see docs/operations.md)")
 	fs.DurationVar(&c.MaxSandboxTimeout, "max-sandbox-timeout", 24*time.Hour, "longest sandbox timeout a client may ask for")
 	fs.StringVar(&c.Net, "net", "auto", "sandbox networking: auto (tap if CAP_NET_ADMIN, else none), tap, or user")
 	fs.IntVar(&c.NetReadyLinks, "net-ready-links", -1, "sandbox links kept pre-created (-1: one per --boot-concurrency slot, at most 32; 0: none, creates build their link)")

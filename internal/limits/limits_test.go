@@ -55,3 +55,31 @@ func TestOverridesValidate(t *testing.T) {
 		}
 	}
 }
+
+// The default capacity is the smaller of the memory and CPU bounds, never below the floor.
+func TestNodeCapacity(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		memMiB      int64
+		cpus        int
+		max         int
+		bound       string
+		memoryBound int
+	}{
+		// The reference machine: 24105 MiB less 10 % is 21695 MiB, 677 sandboxes of 32 MiB; two
+		// cores allow 500.
+		{"reference machine", 24105, 2, 500, "cpu", 677},
+		// 8 GiB, 8 cores: 8192 less 1024 (the minimum reserve beats 10 %) is 7168 MiB, 224.
+		{"small memory, many cores", 8192, 8, 224, "memory", 224},
+		{"big host", 256 << 10, 64, 7372, "memory", 7372},
+		{"tiny host", 1024, 1, MinSandboxes, "minimum", 0},
+		{"one core", 65536, 1, 250, "cpu", 1843},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := NodeCapacity(tc.memMiB, tc.cpus)
+			if c.Max != tc.max || c.Bound != tc.bound || c.MemoryBound != tc.memoryBound {
+				t.Fatalf("NodeCapacity(%d MiB, %d cpus) = %+v, want max %d (%s bound), memory bound %d", tc.memMiB, tc.cpus, c, tc.max, tc.bound, tc.memoryBound)
+			}
+		})
+	}
+}
