@@ -40,3 +40,10 @@ for (const s of r.steps) {
 if (r.killAll) {
   console.log(`\nKilling all ${r.killAll.sandboxes}: ${r.killAll.seconds} s (${r.concurrency} at a time; per kill p50 / p95 ${ms(r.killAll.perKillMs)} ms).`);
 }
+if (r.paused) {
+  const p = r.paused;
+  console.log(`\nPaused: ${p.sandboxes} sandboxes paused (each with a 1 MiB file it wrote), ${p.diskPerPausedMiB} MiB of disk each; ` +
+    `pause p50 / p95 ${ms(p.pauseFirstTenthMs)} ms for the first tenth, ${ms(p.pauseLastTenthMs)} ms for the last; ` +
+    `resume → first command with all of them on disk ${ms(p.resumeToFirstCommandMs)} ms; vmon RSS ${p.vmonRssMiB} MiB; ` +
+    `killing all of them ${p.killAll.seconds} s (per kill ${ms(p.killAll.perKillMs)} ms).`);
+}

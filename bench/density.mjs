@@ -11,6 +11,13 @@
 // /sandboxes, GET /sandboxes/{id}, and envd's /health through the ingress (header mode). At the end,
 // how long killing every sandbox takes.
 //
+// With --paused N (and --data-dir, vmon's): after that, the paused-sandbox phase: N sandboxes are
+// created (each running one command and holding a 1 MiB file it wrote) and paused, CONCURRENCY at
+// a time; reported: pause p50/p95 for the first and the last tenth (does a pause slow down as the
+// snapshot store fills?), the disk each paused sandbox takes (the paused directory's allocated
+// blocks over N), resume → first command p50/p95 on random paused sandboxes with N on disk (each
+// paused again after it is measured), and how long killing all the paused ones takes.
+//
 // Environment: VMON_BENCH_URL, VMON_BENCH_KEY_FILE (bench/lib.sh's start_vmon sets them).
 import fs from 'node:fs';
 import os from 'node:os';
@@ -19,13 +26,14 @@ import { loadSdk, sdkOpts, now, sleep, stats, writeJson, parseArgs, procKb, proc
 const { Sandbox, sdkVersion } = loadSdk();
 const args = parseArgs(process.argv.slice(2));
 const opts = sdkOpts();
-const steps = String(args.steps ?? '1,100,250,500').split(',').map(Number);
+const steps = String(args.steps ?? '1,100,250,500').split(',').map(Number).filter((n) => n > 0);
 const SAMPLES = Number(args.samples ?? 20);
 const IDLE_S = Number(args['idle-s'] ?? 20);
 const SETTLE_S = Number(args['settle-s'] ?? 10);
 const CONCURRENCY = Number(args.concurrency ?? 4);
 const VMON_PID = Number(args['vmon-pid']);
 const TIMEOUT_MS = 6 * 3600_000;
+const PAUSED = Number(args.paused ?? 0);
 if (!args.out || !VMON_PID) throw new Error('--out and --vmon-pid are required');
 
 const live = []; // Sandbox objects, in creation order
@@ -302,4 +310,78 @@ try {
   say(`killing ${live.length}`);
   result.killAll = await killAll();
   writeJson(args.out, result);
+}
+if (PAUSED > 0) {
+  result.paused = await pausedPhase(PAUSED);
+  writeJson(args.out, result);
+}
+
+/** Allocated bytes of every file under dir. */
+function duBytes(dir) {
+  let total = 0;
+  for (const e of fs.readdirSync(dir, { withFileTypes: true, recursive: true })) {
+    if (!e.isFile()) continue;
+    try {
+      total += fs.statSync(`${e.parentPath}/${e.name}`).blocks * 512;
+    } catch {
+      /* gone meanwhile */
+    }
+  }
+  return total;
+}
+
+async function pausedPhase(n) {
+  if (!args['data-dir']) throw new Error('--paused needs --data-dir');
+  const pausedDir = `${args['data-dir']}/paused`;
+  const paused = [];
+  const pauseMs = [];
+  say(`paused phase: creating and pausing ${n}`);
+  let i = 0;
+  const worker = async () => {
+    while (!stopping && i < n) {
+      i++;
+      const sbx = await createReady();
+      await sbx.commands.run('head -c 1048576 /dev/urandom > /home/user/state.bin');
+      pauseMs.push(await timed(() => sbx.pause()));
+      paused.push(sbx.sandboxId);
+      if (paused.length % 50 === 0) say(`${paused.length}/${n} paused`);
+    }
+  };
+  await Promise.all(Array.from({ length: CONCURRENCY }, worker));
+  const tenth = Math.max(1, Math.floor(pauseMs.length / 10));
+  const out = {
+    sandboxes: paused.length,
+    pauseFirstTenthMs: stats(pauseMs.slice(0, tenth)),
+    pauseLastTenthMs: stats(pauseMs.slice(-tenth)),
+    diskPerPausedMiB: Math.round((duBytes(pausedDir) / paused.length / 2 ** 20) * 10) / 10,
+    vmonRssMiB: Math.round((procKb(`/proc/${VMON_PID}/status`, 'VmRSS') / 2 ** 20) * 10) / 10,
+  };
+  const resumeMs = [];
+  for (let k = 0; k < SAMPLES; k++) {
+    const id = paused[Math.floor(Math.random() * paused.length)];
+    resumeMs.push(await timed(async () => {
+      const sbx = await Sandbox.connect(id, { ...opts, timeoutMs: TIMEOUT_MS });
+      await sbx.commands.run('test -s /home/user/state.bin');
+    }));
+    const again = await Sandbox.connect(id, { ...opts, timeoutMs: TIMEOUT_MS });
+    await again.pause();
+  }
+  out.resumeToFirstCommandMs = stats(resumeMs);
+  say(`killing ${paused.length} paused`);
+  const kills = [];
+  const t0 = now();
+  let j = 0;
+  await Promise.all(Array.from({ length: CONCURRENCY }, async () => {
+    while (j < paused.length) {
+      const id = paused[j++];
+      try {
+        kills.push(await timed(() => Sandbox.kill(id, { ...opts, requestTimeoutMs: 60_000 })));
+      } catch (err) {
+        say(`kill ${id}: ${err.message}`);
+      }
+    }
+  }));
+  out.killAll = { seconds: Math.round((now() - t0) / 100) / 10, perKillMs: stats(kills) };
+  say(`paused: ${JSON.stringify(out)}`);
+  return out;
 }

@@ -8,7 +8,7 @@
 #   VMON_BENCH_DATA_DIR [/var/lib/vmon-bench]  VMON_BENCH_TEMPLATE_SRC [/var/lib/vmon/templates/base]
 #   VMON_BENCH_OUT [/tmp/vmon-bench-density-<time>]  VMON_BIN [<repo>/bin/vmon]  RUNSC [/usr/local/bin/runsc]
 #   DENSITY_STEPS [1,100,250,500]  DENSITY_SAMPLES [20]  DENSITY_IDLE_S [20]  DENSITY_SETTLE_S [10]
-#   DENSITY_CONCURRENCY [4]
+#   DENSITY_CONCURRENCY [4]  DENSITY_PAUSED [0] (the paused-sandbox phase: so many created and paused)
 #   DENSITY_SERVE_ARGS [] (more `vmon serve` flags, e.g. to compare runtime options)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,6 +27,7 @@ SAMPLES=${DENSITY_SAMPLES:-20}
 IDLE_S=${DENSITY_IDLE_S:-20}
 SETTLE_S=${DENSITY_SETTLE_S:-10}
 CONCURRENCY=${DENSITY_CONCURRENCY:-4}
+PAUSED=${DENSITY_PAUSED:-0}
 mkdir -p "$OUT"
 
 ensure_sdk
@@ -37,14 +38,15 @@ prepare_data_dir
 write_meta "  \"steps\": \"$STEPS\", \"samples\": $SAMPLES, \"idleSeconds\": $IDLE_S, \"settleSeconds\": $SETTLE_S"
 
 max=${STEPS##*,}
+max=${max:-0}
 metrics_port=$(node -e 'const s=require("net").createServer();s.listen(0,"127.0.0.1",()=>{console.log(s.address().port);s.close()})')
 # Room for the step's sandboxes and the ones measured on top of it; no warm pool, so what is
 # measured at idle is the sandboxes alone.
 # shellcheck disable=SC2086
-start_vmon "$OUT/vmon.log" --warm-pool 0 --max-sandboxes $((max + 8)) \
+start_vmon "$OUT/vmon.log" --warm-pool 0 --max-sandboxes $((max + 8 + PAUSED)) \
   --metrics-listen "127.0.0.1:$metrics_port" ${DENSITY_SERVE_ARGS:-}
 node bench/density.mjs --steps "$STEPS" --samples "$SAMPLES" --idle-s "$IDLE_S" --settle-s "$SETTLE_S" --concurrency "$CONCURRENCY" \
-  --vmon-pid "$VMON_PID" --metrics "http://127.0.0.1:$metrics_port" --out "$OUT/density.json"
+  --paused "$PAUSED" --data-dir "$DATA" --vmon-pid "$VMON_PID" --metrics "http://127.0.0.1:$metrics_port" --out "$OUT/density.json"
 stop_vmon
 
 node bench/density-report.mjs "$OUT"

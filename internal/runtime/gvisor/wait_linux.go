@@ -23,6 +23,8 @@ import (
 // observed through a pidfd polled by Go's network poller, so no OS thread waits per sandbox.
 type watcher struct {
 	adopt bool
+	// reap asks the reaping goroutine (adopt only) for a look at this process's exited children.
+	reap chan struct{}
 
 	mu sync.Mutex
 	// pidfds are the sandboxes this process started or waited on, by sandbox id.
@@ -43,7 +45,18 @@ func newWatcher(adopt bool) (*watcher, error) {
 			return nil, fmt.Errorf("become child subreaper: %w", err)
 		}
 	}
-	return &watcher{adopt: adopt, pidfds: map[string]*pidfd{}}, nil
+	w := &watcher{adopt: adopt, pidfds: map[string]*pidfd{}, reap: make(chan struct{}, 1)}
+	if adopt {
+		// One goroutine for the life of the process (a runtime is never closed): looks are
+		// asked for at every sandbox's end and coalesce, so a burst of kills costs one look, and
+		// no kill waits for it.
+		go func() {
+			for range w.reap {
+				w.reapOrphansNow()
+			}
+		}()
+	}
+	return w, nil
 }
 
 // track opens a pidfd on sandbox id's process as soon as it exists, so its identity is fixed
@@ -132,25 +145,27 @@ func (w *watcher) wait(ctx context.Context, p *pidfd) (status waitStatus, ok boo
 	return ws, true, nil
 }
 
-// reapRunscOrphans reaps exited runsc helper processes (gofers, sandboxes nobody waits for) that
-// were reparented to this process. It only touches zombies whose command is runsc's re-exec
-// ("exe", from /proc/self/exe) and whose pid no waiter owns, so it never steals the exit status
-// of a child os/exec waits for.
+// reapRunscOrphans asks for exited runsc helper processes (gofers, sandboxes nobody waits for)
+// that were reparented to this process to be reaped soon, without waiting for it.
 func (w *watcher) reapRunscOrphans() {
 	if !w.adopt {
 		return
 	}
-	self := os.Getpid()
-	entries, err := os.ReadDir("/proc")
-	if err != nil {
-		return
+	select {
+	case w.reap <- struct{}{}:
+	default: // a look is pending already and will see this one's orphans too
 	}
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+}
+
+// reapOrphansNow reaps the exited runsc helpers among this process's children. It only touches
+// zombies whose command is runsc's re-exec ("exe", from /proc/self/exe) and whose pid no waiter
+// owns, so it never steals the exit status of a child os/exec waits for. It reads the children
+// lists, not all of /proc: on a node of 400 sandboxes /proc holds some 4000 processes, and
+// reading each one's stat at every kill made kills slower the fuller the node.
+func (w *watcher) reapOrphansNow() {
+	self := os.Getpid()
+	for _, pid := range childPIDs() {
+		b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
 		if err != nil {
 			continue
 		}
@@ -161,6 +176,28 @@ func (w *watcher) reapRunscOrphans() {
 		var ws unix.WaitStatus
 		_, _ = unix.Wait4(pid, &ws, unix.WNOHANG, nil)
 	}
+}
+
+// childPIDs lists this process's children: each thread's /proc children file (an orphan is
+// reparented to one of the subreaper's threads).
+func childPIDs() []int {
+	tasks, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		return nil
+	}
+	var pids []int
+	for _, t := range tasks {
+		b, err := os.ReadFile(filepath.Join("/proc/self/task", t.Name(), "children"))
+		if err != nil {
+			continue
+		}
+		for _, f := range strings.Fields(string(b)) {
+			if pid, err := strconv.Atoi(f); err == nil {
+				pids = append(pids, pid)
+			}
+		}
+	}
+	return pids
 }
 
 // parseStat reads comm, state and ppid from /proc/<pid>/stat ("pid (comm) S ppid ...").

@@ -116,6 +116,28 @@ func TestWaitClassifiesExits(t *testing.T) {
 			t.Fatalf("a sandbox we did not adopt reported as %+v", e)
 		}
 	})
+	// A destroyed sandbox's runsc helpers (its gofer), reparented to this process, are reaped
+	// soon after, without leaving zombies behind.
+	t.Run("helpers reaped", func(t *testing.T) {
+		s := newSandbox(t, fx, adopting, nil)
+		if err := adopting.Start(context.Background(), s.spec); err != nil {
+			t.Fatal(err)
+		}
+		if err := adopting.Destroy(context.Background(), s.spec.ID); err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			z := zombieHelpers()
+			if len(z) == 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("runsc helpers left as zombies: %v", z)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	})
 	// Wait returns when its context ends, and a later Wait still works.
 	t.Run("context", func(t *testing.T) {
 		s := newSandbox(t, fx, adopting, nil)
@@ -151,4 +173,19 @@ func killAndWait(t *testing.T, rt *Runtime, s *sandbox) runtime.Exit {
 		t.Fatal("Wait did not return")
 	}
 	return runtime.Exit{}
+}
+
+// zombieHelpers lists this process's exited, unreaped runsc helpers.
+func zombieHelpers() []int {
+	var z []int
+	for _, pid := range childPIDs() {
+		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+		if err != nil {
+			continue
+		}
+		if comm, state, _, ok := parseStat(b); ok && state == 'Z' && comm == "exe" {
+			z = append(z, pid)
+		}
+	}
+	return z
 }
