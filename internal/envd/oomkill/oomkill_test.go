@@ -133,24 +133,13 @@ func TestRunKillsTheBiggestOnce(t *testing.T) {
 	if err := os.WriteFile(tasks, []byte("5\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	killed := make(chan int, 10)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	done := make(chan error, 1)
-	go func() {
-		done <- Run(ctx, Options{Proc: f.dir, TasksFile: tasks, Kill: func(pid int) error {
-			// The kernel frees the victim's memory and reaps it; its tasks go.
-			f.meminfo(t, 512<<10, 400<<10)
-			if err := os.WriteFile(tasks, []byte("5\n"), 0o644); err != nil {
-				t.Error(err)
-			}
-			if err := os.RemoveAll(filepath.Join(f.dir, strconv.Itoa(pid))); err != nil {
-				t.Error(err)
-			}
-			killed <- pid
-			return nil
-		}})
-	}()
+	killed, stop := f.runKiller(t, Options{TasksFile: tasks}, func() {
+		// Its tasks go too.
+		if err := os.WriteFile(tasks, []byte("5\n"), 0o644); err != nil {
+			t.Error(err)
+		}
+	})
+	defer stop()
 	time.Sleep(3 * IdleInterval)
 	select {
 	case pid := <-killed:
@@ -175,9 +164,33 @@ func TestRunKillsTheBiggestOnce(t *testing.T) {
 		t.Fatalf("killed a second process (%d) after memory came back", pid)
 	default:
 	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatal(err)
+}
+
+// runKiller runs Run over f with o until stop, which fails the test if Run failed. A kill frees
+// the victim's memory and reaps it (then calls after, if set) and is reported on killed.
+func (f *fakeProc) runKiller(t *testing.T, o Options, after func()) (killed <-chan int, stop func()) {
+	t.Helper()
+	ch := make(chan int, 10)
+	o.Proc = f.dir
+	o.Kill = func(pid int) error {
+		f.meminfo(t, 512<<10, 400<<10)
+		if after != nil {
+			after()
+		}
+		if err := os.RemoveAll(filepath.Join(f.dir, strconv.Itoa(pid))); err != nil {
+			t.Error(err)
+		}
+		ch <- pid
+		return nil
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- Run(ctx, o) }()
+	return ch, func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
 	}
 }
 
@@ -189,20 +202,8 @@ func TestRunFollowsTheNodesHint(t *testing.T) {
 	f.proc(t, 41, "python3", 90000, 0)
 	hint := NewHint()
 	hint.SetNear(false)
-	killed := make(chan int, 10)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	done := make(chan error, 1)
-	go func() {
-		done <- Run(ctx, Options{Proc: f.dir, Hint: hint, Kill: func(pid int) error {
-			f.meminfo(t, 512<<10, 400<<10)
-			if err := os.RemoveAll(filepath.Join(f.dir, strconv.Itoa(pid))); err != nil {
-				t.Error(err)
-			}
-			killed <- pid
-			return nil
-		}})
-	}()
+	killed, stop := f.runKiller(t, Options{Hint: hint}, nil)
+	defer stop()
 	time.Sleep(IdleInterval) // the first look, at once, found plenty free
 	f.meminfo(t, 512<<10, 1<<10)
 	// Near, the killer would have looked again within IdleInterval; far, not before FarInterval.
@@ -221,10 +222,6 @@ func TestRunFollowsTheNodesHint(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("told near, the killer did not look")
 	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
 }
 
 // While envd runs no process there is nobody to kill, and Run does not look; a start brings it
@@ -234,20 +231,8 @@ func TestRunRestsWhileAlone(t *testing.T) {
 	f.meminfo(t, 512<<10, 1<<10)
 	f.proc(t, 41, "python3", 90000, 0)
 	g := fakeguest.New(true)
-	killed := make(chan int, 10)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	done := make(chan error, 1)
-	go func() {
-		done <- Run(ctx, Options{Proc: f.dir, Guest: g, Kill: func(pid int) error {
-			f.meminfo(t, 512<<10, 400<<10)
-			if err := os.RemoveAll(filepath.Join(f.dir, strconv.Itoa(pid))); err != nil {
-				t.Error(err)
-			}
-			killed <- pid
-			return nil
-		}})
-	}()
+	killed, stop := f.runKiller(t, Options{Guest: g}, nil)
+	defer stop()
 	// Near (no hint), a killer that looked would have done so at once and every IdleInterval.
 	time.Sleep(4 * IdleInterval)
 	select {
@@ -263,9 +248,5 @@ func TestRunRestsWhileAlone(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("a process start did not bring the killer back")
-	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatal(err)
 	}
 }
