@@ -216,14 +216,8 @@ func (c *cpuSampler) usedPct() float64 {
 	if err != nil {
 		return 0
 	}
-	if c.lastTotal == 0 {
-		// First call: sample a short interval so the value means something.
-		time.Sleep(100 * time.Millisecond)
-		c.lastBusy, c.lastTotal = busy, total
-		if busy, total, err = readCPUStat("/proc/stat"); err != nil {
-			return 0
-		}
-	}
+	// The first call measures since boot: sampling an interval instead would hold every first
+	// /metrics request (the node's snapshot-budget check before a pause among them) for it.
 	if busy < c.lastBusy || total <= c.lastTotal {
 		c.lastBusy, c.lastTotal = busy, total
 		return 0
