@@ -8,7 +8,7 @@
 #   VMON_BENCH_DATA_DIR [/var/lib/vmon-bench]  VMON_BENCH_TEMPLATE_SRC [/var/lib/vmon/templates/base]
 #   VMON_BENCH_OUT [/tmp/vmon-bench-density-<time>]  VMON_BIN [<repo>/bin/vmon]  RUNSC [/usr/local/bin/runsc]
 #   DENSITY_STEPS [1,100,250,500]  DENSITY_SAMPLES [20]  DENSITY_IDLE_S [20]  DENSITY_SETTLE_S [10]
-#   DENSITY_CONCURRENCY [4]  DENSITY_PAUSED [0] (the paused-sandbox phase: so many created and paused)
+#   DENSITY_CONCURRENCY [4]  DENSITY_PAUSED [0] (the paused-sandbox phase: so many created and paused; DENSITY_STEPS=0 for it alone)
 #   DENSITY_SERVE_ARGS [] (more `vmon serve` flags, e.g. to compare runtime options)
 set -euo pipefail
 cd "$(dirname "$0")/.."
