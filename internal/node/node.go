@@ -35,6 +35,7 @@ import (
 	"github.com/vibemon/vmon/internal/limits"
 	"github.com/vibemon/vmon/internal/netpool"
 	"github.com/vibemon/vmon/internal/runtime"
+	"github.com/vibemon/vmon/internal/snapshot"
 )
 
 // RootFS gives each sandbox a writable root over a template's read-only layers.
@@ -178,6 +179,9 @@ type Node struct {
 	// ctx ends the runtime watchers at Close.
 	ctx    context.Context
 	cancel context.CancelFunc
+
+	// snapUsage remembers what each paused sandbox's snapshot takes, for the budget check.
+	snapUsage snapshot.Usage
 
 	mu sync.Mutex
 	// sandboxes are keyed by API sandbox id.

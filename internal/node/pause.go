@@ -706,7 +706,7 @@ func (n *Node) checkSnapshotBudget(ctx context.Context, sb *sandbox, memory bool
 	if limit <= 0 {
 		return nil
 	}
-	used := snapshot.Bytes(filepath.Join(n.opts.DataDir, "paused"))
+	used := n.snapUsage.Bytes(filepath.Join(n.opts.DataDir, "paused"))
 	need := layerBytes(n.sandboxDir(sb.runtimeID))
 	if m, err := n.SandboxMetrics(ctx, sb.id); err == nil {
 		// The guest's view of its disk is ahead of the image's blocks: the host writes a loop
