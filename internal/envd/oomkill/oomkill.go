@@ -207,6 +207,24 @@ func Run(ctx context.Context, o Options) error {
 	defer f.Close()
 	self := os.Getpid()
 	buf := make([]byte, 4096)
+	look := func() (Memory, error) {
+		// pread at 0 makes the sentry generate the file afresh: one syscall per look.
+		n, err := f.ReadAt(buf, 0)
+		if err != nil && n == 0 {
+			return Memory{}, fmt.Errorf("oomkill: read meminfo: %w", err)
+		}
+		m, err := parseMeminfo(buf[:n])
+		if err != nil {
+			return Memory{}, fmt.Errorf("oomkill: %w", err)
+		}
+		if o.TasksFile != "" {
+			// Best effort: without the count the killer still acts on the guest's own account.
+			if b, err := os.ReadFile(o.TasksFile); err == nil {
+				m.Tasks, _ = strconv.ParseUint(string(bytes.TrimSpace(b)), 10, 64)
+			}
+		}
+		return m, nil
+	}
 	t := time.NewTimer(0)
 	defer t.Stop()
 	for {
@@ -225,20 +243,9 @@ func Run(ctx context.Context, o Options) error {
 		case <-activity:
 		case <-o.Hint.woken():
 		}
-		// pread at 0 makes the sentry generate the file afresh: one syscall per look.
-		n, err := f.ReadAt(buf, 0)
-		if err != nil && n == 0 {
-			return fmt.Errorf("oomkill: read meminfo: %w", err)
-		}
-		m, err := parseMeminfo(buf[:n])
+		m, err := look()
 		if err != nil {
-			return fmt.Errorf("oomkill: %w", err)
-		}
-		if o.TasksFile != "" {
-			// Best effort: without the count the killer still acts on the guest's own account.
-			if b, err := os.ReadFile(o.TasksFile); err == nil {
-				m.Tasks, _ = strconv.ParseUint(string(bytes.TrimSpace(b)), 10, 64)
-			}
+			return err
 		}
 		if m.Total > 0 && m.Available() < Reserve(m.Total) {
 			if v, ok := Victim(listProcs(o.Proc, self), m.Total); ok {
@@ -250,7 +257,9 @@ func Run(ctx context.Context, o Options) error {
 					if o.OnKill != nil {
 						o.OnKill(v, m)
 					}
-					waitGone(ctx, o.Proc, v.PID)
+					if m, err = settleAfterKill(ctx, o.Proc, v.PID, look); err != nil {
+						return err
+					}
 				}
 			} else {
 				o.Log.Error("out of memory and nothing may be killed", "total_kib", m.Total>>10, "free_kib", m.Free>>10)
@@ -264,20 +273,46 @@ func Run(ctx context.Context, o Options) error {
 	}
 }
 
-// waitGone waits, at most settle, for pid's memory to be released (its /proc entry goes once
-// it is reaped; a zombie no longer holds memory, so its state counts too).
-func waitGone(ctx context.Context, proc string, pid int) {
+// settleAfterKill waits, at most settle, for the victim's memory to come back before the killer
+// judges again, and returns the memory it last saw. The victim's /proc entry goes once it is
+// reaped (a zombie's state counts too), but the sentry returns a dead process's pages to its
+// memory file in the background, later still on a loaded host: judged before that, the guest
+// still looks full, and the next process to start (often the very command that follows the
+// killed one) would be taken for the hog. The wait ends early when free memory shrinks instead,
+// since then someone is allocating and the host's headroom is going; memory that does not come
+// back within settle is held by someone else, who is next.
+func settleAfterKill(ctx context.Context, proc string, pid int, look func() (Memory, error)) (Memory, error) {
 	deadline := time.Now().Add(settle)
-	for time.Now().Before(deadline) && ctx.Err() == nil {
-		b, err := os.ReadFile(filepath.Join(proc, strconv.Itoa(pid), "stat"))
-		if err != nil {
-			return
-		}
-		if _, rest, ok := bytes.Cut(b, []byte(") ")); ok && len(rest) > 0 && (rest[0] == 'Z' || rest[0] == 'X') {
-			return
-		}
+	for time.Now().Before(deadline) && ctx.Err() == nil && !gone(proc, pid) {
 		time.Sleep(HotInterval)
 	}
+	var last uint64
+	for first := true; ; first = false {
+		m, err := look()
+		if err != nil || m.Total == 0 || ctx.Err() != nil || !time.Now().Before(deadline) {
+			return m, err
+		}
+		a := m.Available()
+		if a >= Reserve(m.Total) || (!first && a+shrink < last) {
+			return m, nil
+		}
+		last = a
+		time.Sleep(HotInterval)
+	}
+}
+
+// shrink is how much free memory may drift down between two looks while the killer waits for a
+// victim's memory before it counts as someone allocating.
+const shrink = 1 << 20
+
+// gone reports whether pid no longer holds memory: reaped, or a zombie.
+func gone(proc string, pid int) bool {
+	b, err := os.ReadFile(filepath.Join(proc, strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return true
+	}
+	_, rest, ok := bytes.Cut(b, []byte(") "))
+	return ok && len(rest) > 0 && (rest[0] == 'Z' || rest[0] == 'X')
 }
 
 func parseMeminfo(b []byte) (Memory, error) {

@@ -90,6 +90,9 @@ func TestParseMeminfo(t *testing.T) {
 type fakeProc struct {
 	dir string
 	mu  sync.Mutex
+	// lag is how long a killed process's memory takes to come back after it is gone, as the
+	// sentry returns a dead process's pages in the background.
+	lag time.Duration
 }
 
 func (f *fakeProc) meminfo(t *testing.T, totalKiB, freeKiB uint64) {
@@ -173,7 +176,11 @@ func (f *fakeProc) runKiller(t *testing.T, o Options, after func()) (killed <-ch
 	ch := make(chan int, 10)
 	o.Proc = f.dir
 	o.Kill = func(pid int) error {
-		f.meminfo(t, 512<<10, 400<<10)
+		if f.lag > 0 {
+			time.AfterFunc(f.lag, func() { f.meminfo(t, 512<<10, 400<<10) })
+		} else {
+			f.meminfo(t, 512<<10, 400<<10)
+		}
 		if after != nil {
 			after()
 		}
@@ -248,5 +255,55 @@ func TestRunRestsWhileAlone(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("a process start did not bring the killer back")
+	}
+}
+
+// The victim is reaped before its memory comes back: the command that starts next (here at once,
+// which wakes a killer that rested while envd ran nothing) must not be taken for the hog.
+func TestRunWaitsForTheVictimsMemory(t *testing.T) {
+	f := &fakeProc{dir: t.TempDir(), lag: settle / 4}
+	f.meminfo(t, 512<<10, 1<<10)
+	f.proc(t, 41, "python3", 90000, 0)
+	g := fakeguest.New(false)
+	killed, stop := f.runKiller(t, Options{Guest: g}, func() {
+		f.proc(t, 42, "echo", 500, 0)
+		g.Start()
+	})
+	defer stop()
+	select {
+	case pid := <-killed:
+		if pid != 41 {
+			t.Fatalf("killed %d, want 41", pid)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("nothing killed out of memory")
+	}
+	select {
+	case pid := <-killed:
+		t.Fatalf("killed %d, the next command, while the victim's memory was coming back", pid)
+	case <-time.After(settle + 2*IdleInterval):
+	}
+}
+
+// While the killer waits for a victim's memory, free memory that shrinks further is a new hog
+// allocating into the host's headroom: it is judged at once, not after settle.
+func TestRunJudgesAtOnceWhenMemoryShrinks(t *testing.T) {
+	f := &fakeProc{dir: t.TempDir(), lag: time.Hour}
+	f.meminfo(t, 512<<10, 3<<10)
+	f.proc(t, 41, "python3", 90000, 0)
+	killed, stop := f.runKiller(t, Options{}, func() {
+		f.proc(t, 42, "hog", 80000, 0)
+		time.AfterFunc(settle/10, func() { f.meminfo(t, 512<<10, 1<<10) })
+	})
+	defer stop()
+	for _, want := range []int{41, 42} {
+		select {
+		case pid := <-killed:
+			if pid != want {
+				t.Fatalf("killed %d, want %d", pid, want)
+			}
+		case <-time.After(settle / 2):
+			t.Fatalf("%d not killed within %s", want, settle/2)
+		}
 	}
 }
