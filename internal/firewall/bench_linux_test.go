@@ -3,9 +3,11 @@ package firewall
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net/netip"
 	"os"
 	"sort"
+	"sync"
 	"testing"
 	"time"
 
@@ -122,4 +124,63 @@ func init() {
 	if os.Getenv("VMON_BENCH_FW_NOLOG") == "1" {
 		benchLogGroup = 0
 	}
+}
+
+// BenchmarkDetachBurst measures what a node killing many sandboxes at once costs the firewall:
+// with 500 links attached, 100 of them are detached at once (as their sandboxes' links are
+// released) and the burst's wall time is reported, with the iptables-restore processes it took.
+//
+//	go test ./internal/firewall -run '^$' -bench DetachBurst -benchtime 5x
+func BenchmarkDetachBurst(b *testing.B) {
+	ctx := context.Background()
+	node := netnstest.New(b, "burst")
+	run, err := newRunner(node.Path, DefaultTools)
+	if err != nil {
+		b.Fatal(err)
+	}
+	cr := &countingRunner{runner: run}
+	fw := newFirewall(testNames(b), egress.NewEnv(nil), cr, slog.New(slog.DiscardHandler))
+	fw.proxyPort, fw.dnsPort, fw.logGroup = benchProxyPort, benchDNSPort, benchLogGroup
+	b.Cleanup(fw.Close)
+	typical := egress.Policy{
+		AllowOut:     pfx("203.0.113.0/24", "198.51.100.7/32", "2001:db8:a::/48", "8.8.8.8/32"),
+		DenyOut:      pfx("0.0.0.0/0", "::/0"),
+		AllowDomains: []string{"pypi.org", "*.pythonhosted.org"},
+	}
+	const links, burst = 500, 100
+	hooks := make([]*Hooks, links)
+	for i := range hooks {
+		h, err := fw.Install(ctx, Link{Index: i, Guest: leaseGuest(i), Pool: testPool})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := h.Attach(ctx, typical); err != nil {
+			b.Fatal(err)
+		}
+		hooks[i] = h
+	}
+	fw.wg.Wait()
+	var restores int32
+	for b.Loop() {
+		cr.n.Store(0)
+		var wg sync.WaitGroup
+		for _, h := range hooks[:burst] {
+			wg.Go(func() {
+				if err := h.Detach(ctx); err != nil {
+					b.Error(err)
+				}
+			})
+		}
+		wg.Wait()
+		restores += cr.n.Load()
+		b.StopTimer()
+		for _, h := range hooks[:burst] {
+			if err := h.Attach(ctx, typical); err != nil {
+				b.Fatal(err)
+			}
+		}
+		fw.wg.Wait()
+		b.StartTimer()
+	}
+	b.ReportMetric(float64(restores)/float64(b.N), "restores/burst")
 }

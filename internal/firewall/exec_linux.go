@@ -26,13 +26,8 @@ func (r *execRunner) restore(ctx context.Context, f family, script string) error
 	}
 	// -w waits for the xtables lock under the legacy backend instead of failing; --noflush
 	// keeps every rule the transaction does not name.
-	_, err := r.exec(ctx, script, bin, "-w", "--noflush")
-	if err != nil {
-		// The script says which rule the kernel refused; long ones are cut for the log.
-		if len(script) > 4096 {
-			script = script[:4096] + "..."
-		}
-		return fmt.Errorf("%s: %w\n%s", bin, err, script)
+	if _, err := r.exec(ctx, script, bin, "-w", "--noflush"); err != nil {
+		return &restoreError{bin: bin, err: err, script: script}
 	}
 	return nil
 }

@@ -49,6 +49,11 @@ type Firewall struct {
 	gcPending atomic.Bool
 	gcWG      sync.WaitGroup
 
+	// links batches the per-link transactions of each family (batch.go).
+	links [len(families)]*batcher
+	// removing coalesces link removals (batch.go).
+	removing remover
+
 	// bg runs compactions; Close cancels it and waits.
 	bg     context.Context
 	cancel context.CancelFunc
@@ -76,7 +81,12 @@ func New(cfg Config) (*Firewall, error) {
 
 func newFirewall(n names, env egress.Env, run runner, log *slog.Logger) *Firewall {
 	bg, cancel := context.WithCancel(context.Background())
-	return &Firewall{names: n, env: env, run: run, log: log, bg: bg, cancel: cancel}
+	fw := &Firewall{names: n, env: env, run: run, log: log, bg: bg, cancel: cancel}
+	for _, f := range families {
+		fw.links[f] = &batcher{run: run, f: f}
+	}
+	fw.removing.fw = fw
+	return fw
 }
 
 func (t Tools) withDefaults() Tools {
@@ -275,7 +285,7 @@ func (fw *Firewall) Sweep(ctx context.Context, keep func(index int) bool) ([]int
 // Remove deletes every rule and chain of link index i as found in the kernel, for a link
 // without Hooks (an orphan after a crash). Rules already gone are not an error.
 func (fw *Firewall) Remove(ctx context.Context, i int) error {
-	if err := fw.remove(ctx, func(x int) bool { return x == i }); err != nil {
+	if err := fw.removing.remove(ctx, i); err != nil {
 		return fmt.Errorf("remove rules of link %d: %w", i, err)
 	}
 	return nil
@@ -419,7 +429,7 @@ func (h *Hooks) apply(ctx context.Context, p egress.Policy) error {
 		return fmt.Errorf("attach egress policy to %s: %w", h.link, err)
 	}
 	err := perFamily(func(f family) error {
-		return h.fw.run.restore(ctx, f, renderAttach(h.fw.names, h.link, blocks[f], proxy[f]))
+		return h.fw.links[f].restore(ctx, renderAttach(h.fw.names, h.link, blocks[f], proxy[f]))
 	})
 	h.fw.slotMu.RUnlock()
 	h.gen++
@@ -470,7 +480,7 @@ func (h *Hooks) Detach(ctx context.Context) error {
 		flushProxy = flushProxy || h.proxy[i] != nil
 	}
 	err := perFamily(func(f family) error {
-		return h.fw.run.restore(ctx, f, renderReplace(h.fw.names, h.link, nil, flushProxy, nil))
+		return h.fw.links[f].restore(ctx, renderReplace(h.fw.names, h.link, nil, flushProxy, nil))
 	})
 	if err != nil {
 		h.state, h.dirty = unknown, true
@@ -489,7 +499,7 @@ func (h *Hooks) Remove(ctx context.Context) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.gen++
-	if err := h.fw.remove(ctx, func(i int) bool { return i == h.link.Index }); err != nil {
+	if err := h.fw.removing.remove(ctx, h.link.Index); err != nil {
 		return fmt.Errorf("remove rules of %s: %w", h.link, err)
 	}
 	h.state = removed
@@ -525,7 +535,7 @@ func (h *Hooks) compactLater(gen uint64) {
 			return // superseded: a later update queued its own, or a detach rewrote the chain
 		}
 		err := perFamily(func(f family) error {
-			return h.fw.run.restore(h.fw.bg, f, renderReplace(h.fw.names, h.link, h.block[f], h.proxy[f] != nil, h.proxy[f]))
+			return h.fw.links[f].restore(h.fw.bg, renderReplace(h.fw.names, h.link, h.block[f], h.proxy[f] != nil, h.proxy[f]))
 		})
 		if err != nil {
 			h.fw.log.Warn("compacting egress chain", "link", h.link.Index, "err", err)
