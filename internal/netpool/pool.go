@@ -165,6 +165,9 @@ type Pool struct {
 	releasing int
 	// +checklocks:mu
 	releaseDone chan struct{}
+	// returning counts released links being reset on their way back to the ready pool.
+	// +checklocks:mu
+	returning int
 
 	kick   chan struct{}
 	bg     context.Context
@@ -410,10 +413,11 @@ func (p *Pool) Prepare(ctx context.Context, l *Link) error {
 	return p.sys.prepare(ctx, l)
 }
 
-// Release takes a link back after its sandbox's runtime exited. The link's policy chains are
-// closed and its conntrack entries flushed; it returns to the ready pool while that holds
-// fewer than twice the target, else it is torn down. Call it off the request path: it runs
-// iptables and netlink.
+// Release takes a link back after its sandbox's runtime exited. While the ready pool holds fewer
+// than twice the target the link goes back to it, its policy chains closed and its conntrack
+// entries flushed; otherwise it is torn down at once (resetting a link only to delete it would
+// cost an iptables transaction for nothing, hundreds of them when a node kills its sandboxes).
+// Call it off the request path: it runs iptables and netlink.
 func (p *Pool) Release(ctx context.Context, l *Link) error {
 	p.mu.Lock()
 	if p.inUse[l.ID()] != l {
@@ -421,21 +425,24 @@ func (p *Pool) Release(ctx context.Context, l *Link) error {
 		return errdefs.NotFound("link %d is not in use", l.ID())
 	}
 	delete(p.inUse, l.ID())
-	closed := p.closed
+	keep := !l.unrestricted && !p.closed && len(p.ready)+p.returning < 2*p.target
+	if keep {
+		p.returning++
+	}
 	p.mu.Unlock()
 	p.proxyRemove(l)
 
-	if !l.unrestricted && !closed {
+	if keep {
 		err := p.sys.reset(ctx, l)
-		if err == nil {
-			p.mu.Lock()
-			if !p.closed && len(p.ready) < 2*p.target {
-				p.ready = append(p.ready, l)
-				p.mu.Unlock()
-				return nil
-			}
+		p.mu.Lock()
+		p.returning--
+		if err == nil && !p.closed {
+			p.ready = append(p.ready, l)
 			p.mu.Unlock()
-		} else {
+			return nil
+		}
+		p.mu.Unlock()
+		if err != nil {
 			p.log.Warn("resetting a released link failed; tearing it down", "link", l.name, "err", err)
 		}
 	}
