@@ -182,6 +182,11 @@ type Node struct {
 
 	// snapUsage remembers what each paused sandbox's snapshot takes, for the budget check.
 	snapUsage snapshot.Usage
+	// snapMu serialises the budget check; snapReserved is what the pauses and snapshots it let
+	// through may still write before their snapshot is published (and counted in snapUsage).
+	snapMu sync.Mutex
+	// +checklocks:snapMu
+	snapReserved int64
 
 	mu sync.Mutex
 	// sandboxes are keyed by API sandbox id.

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -193,9 +194,18 @@ func (n *Node) PauseSandbox(ctx context.Context, id string, memory bool) (PauseI
 	if err != nil {
 		return PauseInfo{}, errdefs.Wrap(errdefs.KindUnavailable, err, "sandbox %q cannot be paused", id)
 	}
-	if err := n.checkSnapshotBudget(ctx, sb, memory); err != nil {
+	release, err := n.checkSnapshotBudget(ctx, sb, memory)
+	if err != nil {
 		return PauseInfo{}, err
 	}
+	// Released when the snapshot is published, in the background, or at once if the pause stops
+	// short of it.
+	handedOff := false
+	defer func() {
+		if !handedOff {
+			release()
+		}
+	}()
 	if err := n.diskHeld(ctx, id, dir); err != nil {
 		return PauseInfo{}, err
 	}
@@ -270,7 +280,9 @@ func (n *Node) PauseSandbox(ctx context.Context, id string, memory bool) (PauseI
 	// everything that reads a paused sandbox waits for it (waitFinished). A crash meanwhile is
 	// finished by recovery from the pausing mark, as for a pause interrupted at any other point.
 	estimate := snapshot.Bytes(tmp) + layerBytes(dir)
+	handedOff = true
 	n.inBackground(id, func() {
+		defer release()
 		bctx := context.WithoutCancel(ctx)
 		if destroyLater {
 			if err := n.opts.Runtime.Destroy(bctx, sb.runtimeID); err != nil {
@@ -700,13 +712,14 @@ func (n *Node) finishInterruptedPause(ctx context.Context, rid string) (memory, 
 // checkSnapshotBudget refuses a pause that would take the paused sandboxes past MaxSnapshotBytes,
 // before anything is stopped or written. The estimate is what the pause writes at most: its
 // writable layer's allocated blocks, plus the guest's file cache (written back into the layer
-// before the stop) and, with memory, the memory in use (the checkpoint's pages).
-func (n *Node) checkSnapshotBudget(ctx context.Context, sb *sandbox, memory bool) error {
+// before the stop) and, with memory, the memory in use (the checkpoint's pages). What it lets
+// through is reserved until release is called, once the snapshot is published (then counted from
+// the disk) or abandoned: concurrent pauses count each other's snapshots before they exist.
+func (n *Node) checkSnapshotBudget(ctx context.Context, sb *sandbox, memory bool) (release func(), err error) {
 	limit := n.opts.MaxSnapshotBytes
 	if limit <= 0 {
-		return nil
+		return func() {}, nil
 	}
-	used := n.snapUsage.Bytes(filepath.Join(n.opts.DataDir, "paused"))
 	need := layerBytes(n.sandboxDir(sb.runtimeID))
 	if m, err := n.SandboxMetrics(ctx, sb.id); err == nil {
 		// The guest's view of its disk is ahead of the image's blocks: the host writes a loop
@@ -719,11 +732,22 @@ func (n *Node) checkSnapshotBudget(ctx context.Context, sb *sandbox, memory bool
 		// No sample: assume the worst the sandbox's memory allows.
 		need += int64(sb.memoryMB) << 20
 	}
-	if used+need > limit {
-		return errdefs.InsufficientStorage("not enough snapshot storage to pause sandbox %q: paused sandboxes use %d MiB of the node's %d MiB (--max-snapshot-disk) and this one needs up to %d MiB; it keeps running",
-			sb.id, used>>20, limit>>20, (need+(1<<20)-1)>>20)
+	n.snapMu.Lock()
+	defer n.snapMu.Unlock()
+	used := n.snapUsage.Bytes(filepath.Join(n.opts.DataDir, "paused"))
+	if used+n.snapReserved+need > limit {
+		return nil, errdefs.InsufficientStorage("not enough snapshot storage to pause sandbox %q: paused sandboxes use %d MiB of the node's %d MiB (--max-snapshot-disk), pauses under way may write %d MiB more, and this one needs up to %d MiB; it keeps running",
+			sb.id, used>>20, limit>>20, (n.snapReserved+(1<<20)-1)>>20, (need+(1<<20)-1)>>20)
 	}
-	return nil
+	n.snapReserved += need
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			n.snapMu.Lock()
+			n.snapReserved -= need
+			n.snapMu.Unlock()
+		})
+	}, nil
 }
 
 // layerBytes is the disk a sandbox's writable layer takes: its disk image's allocated blocks, or

@@ -61,9 +61,11 @@ func (n *Node) SnapshotSandbox(ctx context.Context, id, snapID string) (PauseInf
 		return PauseInfo{}, errdefs.Wrap(errdefs.KindUnavailable, err, "sandbox %q cannot be snapshotted", id)
 	}
 	rspec := rec.Runtime
-	if err := n.checkSnapshotBudget(ctx, sb, true); err != nil {
+	release, err := n.checkSnapshotBudget(ctx, sb, true)
+	if err != nil {
 		return PauseInfo{}, err
 	}
+	defer release()
 	began := time.Now()
 	ptmp, err := snapshot.TempDir(n.pausedDir(id))
 	if err != nil {
