@@ -77,33 +77,47 @@ func (c *countingRunner) restore(ctx context.Context, f family, s string) error 
 	return c.runner.restore(ctx, f, s)
 }
 
+// countingFirewall is a firewall over the host's iptables in node whose restores are counted.
+func countingFirewall(tb testing.TB, node *netnstest.NS) (*Firewall, *countingRunner) {
+	tb.Helper()
+	run, err := newRunner(node.Path, DefaultTools)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	cr := &countingRunner{runner: run}
+	fw := newFirewall(testNames(tb), egress.NewEnv(nil), cr, slog.New(slog.DiscardHandler))
+	tb.Cleanup(fw.Close)
+	return fw, cr
+}
+
+// attachedLinks installs links 0..n-1 and attaches pol to each, compactions done.
+func attachedLinks(tb testing.TB, fw *Firewall, n int, pol egress.Policy) []*Hooks {
+	tb.Helper()
+	ctx := context.Background()
+	hooks := make([]*Hooks, n)
+	for i := range hooks {
+		h, err := fw.Install(ctx, Link{Index: i, Guest: leaseGuest(i), Pool: testPool})
+		if err != nil {
+			tb.Fatal(err)
+		}
+		if err := h.Attach(ctx, pol); err != nil {
+			tb.Fatal(err)
+		}
+		hooks[i] = h
+	}
+	fw.wg.Wait()
+	return hooks
+}
+
 // Many links detached at once (a node killing its sandboxes) take far fewer iptables-restores
 // than links, never more than one per family at a time, and every chain ends up closed.
 func TestKernelConcurrentDetach(t *testing.T) {
 	ctx := context.Background()
 	node := netnstest.New(t, "burst")
-	run, err := newRunner(node.Path, DefaultTools)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cr := &countingRunner{runner: run}
-	n := testNames(t)
-	fw := newFirewall(n, egress.NewEnv(nil), cr, slog.New(slog.DiscardHandler))
-	t.Cleanup(fw.Close)
+	fw, cr := countingFirewall(t, node)
+	n := fw.names
 	const links = 60
-	pol := egress.Policy{AllowOut: pfx("203.0.113.0/24"), DenyOut: pfx("0.0.0.0/0", "::/0")}
-	hooks := make([]*Hooks, links)
-	for i := range hooks {
-		h, err := fw.Install(ctx, Link{Index: i, Guest: leaseGuest(i), Pool: testPool})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := h.Attach(ctx, pol); err != nil {
-			t.Fatal(err)
-		}
-		hooks[i] = h
-	}
-	fw.wg.Wait()
+	hooks := attachedLinks(t, fw, links, egress.Policy{AllowOut: pfx("203.0.113.0/24"), DenyOut: pfx("0.0.0.0/0", "::/0")})
 	cr.n.Store(0)
 	cr.peak.Store(0)
 	var wg sync.WaitGroup

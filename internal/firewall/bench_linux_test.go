@@ -3,7 +3,6 @@ package firewall
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"net/netip"
 	"os"
 	"sort"
@@ -134,32 +133,15 @@ func init() {
 func BenchmarkDetachBurst(b *testing.B) {
 	ctx := context.Background()
 	node := netnstest.New(b, "burst")
-	run, err := newRunner(node.Path, DefaultTools)
-	if err != nil {
-		b.Fatal(err)
-	}
-	cr := &countingRunner{runner: run}
-	fw := newFirewall(testNames(b), egress.NewEnv(nil), cr, slog.New(slog.DiscardHandler))
+	fw, cr := countingFirewall(b, node)
 	fw.proxyPort, fw.dnsPort, fw.logGroup = benchProxyPort, benchDNSPort, benchLogGroup
-	b.Cleanup(fw.Close)
 	typical := egress.Policy{
 		AllowOut:     pfx("203.0.113.0/24", "198.51.100.7/32", "2001:db8:a::/48", "8.8.8.8/32"),
 		DenyOut:      pfx("0.0.0.0/0", "::/0"),
 		AllowDomains: []string{"pypi.org", "*.pythonhosted.org"},
 	}
 	const links, burst = 500, 100
-	hooks := make([]*Hooks, links)
-	for i := range hooks {
-		h, err := fw.Install(ctx, Link{Index: i, Guest: leaseGuest(i), Pool: testPool})
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := h.Attach(ctx, typical); err != nil {
-			b.Fatal(err)
-		}
-		hooks[i] = h
-	}
-	fw.wg.Wait()
+	hooks := attachedLinks(b, fw, links, typical)
 	var restores int32
 	for b.Loop() {
 		cr.n.Store(0)
