@@ -2,6 +2,8 @@ package node
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/vibemon/vmon/internal/errdefs"
@@ -63,8 +65,23 @@ func TestSnapshotBudgetReserves(t *testing.T) {
 	r2()
 	r3()
 	n.snapMu.Lock()
-	defer n.snapMu.Unlock()
-	if n.snapReserved != 0 {
-		t.Fatalf("%d bytes still reserved", n.snapReserved)
+	left := n.snapReserved
+	n.snapMu.Unlock()
+	if left != 0 {
+		t.Fatalf("%d bytes still reserved", left)
+	}
+
+	// Snapshots count with the paused sandboxes: one pause fits until a 1 MiB snapshot exists.
+	n.opts.MaxSnapshotBytes = need + 512<<10
+	one(sbs[0])
+	snap := filepath.Join(e.dir, "snapshots", "snap1")
+	if err := os.MkdirAll(snap, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(snap, "disk.img"), make([]byte, 1<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.checkSnapshotBudget(ctx, sbs[0], true); !errdefs.Is(err, errdefs.KindInsufficientStorage) {
+		t.Fatalf("a pause past the budget with a snapshot counted: %v", err)
 	}
 }

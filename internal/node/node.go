@@ -180,10 +180,11 @@ type Node struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 
-	// snapUsage remembers what each paused sandbox's snapshot takes, for the budget check.
-	snapUsage snapshot.Usage
+	// pausedUsage and snapsUsage remember what each paused sandbox's and each snapshot's files
+	// take, for the budget check.
+	pausedUsage, snapsUsage snapshot.Usage
 	// snapMu serialises the budget check; snapReserved is what the pauses and snapshots it let
-	// through may still write before their snapshot is published (and counted in snapUsage).
+	// through may still write before their snapshot is published.
 	snapMu sync.Mutex
 	// +checklocks:snapMu
 	snapReserved int64

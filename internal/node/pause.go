@@ -712,9 +712,11 @@ func (n *Node) finishInterruptedPause(ctx context.Context, rid string) (memory, 
 // checkSnapshotBudget refuses a pause that would take the paused sandboxes past MaxSnapshotBytes,
 // before anything is stopped or written. The estimate is what the pause writes at most: its
 // writable layer's allocated blocks, plus the guest's file cache (written back into the layer
-// before the stop) and, with memory, the memory in use (the checkpoint's pages). What it lets
-// through is reserved until release is called, once the snapshot is published (then counted from
-// the disk) or abandoned: concurrent pauses count each other's snapshots before they exist.
+// before the stop) and, with memory, the memory in use (the checkpoint's pages). It counts the
+// paused sandboxes and the snapshots together. What it lets through is reserved until release is
+// called, once the snapshot is published or abandoned: concurrent pauses count each other's
+// snapshots before they are written (what one has written so far is counted twice meanwhile,
+// which errs on the side of the budget).
 func (n *Node) checkSnapshotBudget(ctx context.Context, sb *sandbox, memory bool) (release func(), err error) {
 	limit := n.opts.MaxSnapshotBytes
 	if limit <= 0 {
@@ -734,9 +736,10 @@ func (n *Node) checkSnapshotBudget(ctx context.Context, sb *sandbox, memory bool
 	}
 	n.snapMu.Lock()
 	defer n.snapMu.Unlock()
-	used := n.snapUsage.Bytes(filepath.Join(n.opts.DataDir, "paused"))
+	used := n.pausedUsage.Bytes(filepath.Join(n.opts.DataDir, "paused")) +
+		n.snapsUsage.Bytes(filepath.Join(n.opts.DataDir, "snapshots"))
 	if used+n.snapReserved+need > limit {
-		return nil, errdefs.InsufficientStorage("not enough snapshot storage to pause sandbox %q: paused sandboxes use %d MiB of the node's %d MiB (--max-snapshot-disk), pauses under way may write %d MiB more, and this one needs up to %d MiB; it keeps running",
+		return nil, errdefs.InsufficientStorage("not enough snapshot storage to pause sandbox %q: paused sandboxes and snapshots use %d MiB of the node's %d MiB (--max-snapshot-disk), pauses under way may write %d MiB more, and this one needs up to %d MiB; it keeps running",
 			sb.id, used>>20, limit>>20, (n.snapReserved+(1<<20)-1)>>20, (need+(1<<20)-1)>>20)
 	}
 	n.snapReserved += need
