@@ -55,6 +55,27 @@ func (e *restoreError) Unwrap() error { return e.err }
 // rule the kernel or the table refused, or one it could not parse.
 var refusedLine = regexp.MustCompile(`line (\d+) failed|Error occurred at line: (\d+)`)
 
+// refusedLineOf is the input line err names as refused, or 0.
+func refusedLineOf(err error) int {
+	m := refusedLine.FindStringSubmatch(err.Error())
+	for _, g := range m[min(1, len(m)):] {
+		if n, err := strconv.Atoi(g); err == nil {
+			return n
+		}
+	}
+	return 0
+}
+
+// await waits for a batch worker's answer on done, or for ctx to end first.
+func await(ctx context.Context, done <-chan error) error {
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
 type queued struct {
 	script string
 	done   chan error // buffered: the worker never waits for a waiter that left
@@ -83,12 +104,7 @@ func (b *batcher) restore(ctx context.Context, script string) error {
 		go b.work()
 	}
 	b.mu.Unlock()
-	select {
-	case err := <-q.done:
-		return err
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	return await(ctx, q.done)
 }
 
 func (b *batcher) work() {
@@ -133,15 +149,9 @@ func (b *batcher) apply(batch []*queued) []*queued {
 		return nil
 	}
 	var re *restoreError
-	m := []string(nil)
-	if errors.As(err, &re) {
-		m = refusedLine.FindStringSubmatch(re.err.Error())
-	}
 	refused := 0
-	for _, g := range append(m, "", "", "")[1:3] {
-		if n, err := strconv.Atoi(g); err == nil {
-			refused = n
-		}
+	if errors.As(err, &re) {
+		refused = refusedLineOf(re.err)
 	}
 	k := 0
 	for k < len(batch) && ends[k] < refused {
@@ -204,12 +214,7 @@ func (r *remover) remove(ctx context.Context, i int) error {
 		go r.work()
 	}
 	r.mu.Unlock()
-	select {
-	case err := <-done:
-		return err
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	return await(ctx, done)
 }
 
 func (r *remover) work() {

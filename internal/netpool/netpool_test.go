@@ -257,7 +257,8 @@ func TestPoolLifecycle(t *testing.T) {
 		}
 		taken = append(taken, l)
 	}
-	taken = append(taken, a)
+	// a (attached) first, so it goes back to the pool and must come back detached.
+	taken = append([]*Link{a}, taken...)
 	waitReady(t, p, 2)
 	for _, l := range taken {
 		if err := p.Release(ctx, l); err != nil {
@@ -267,6 +268,9 @@ func TestPoolLifecycle(t *testing.T) {
 	if s := p.Stats(); s.Ready != 4 || s.InUse != 0 || s.Destroyed != 2 {
 		t.Errorf("after releasing 4 into a pool of 2 ready (target 2): %+v", s)
 	}
+	if a.hooks.(*fakeHooks).attached {
+		t.Error("release left the policy attached")
+	}
 	if err := p.Release(ctx, a); !errdefs.Is(err, errdefs.KindNotFound) {
 		t.Errorf("double release: %v", err)
 	}
@@ -275,8 +279,10 @@ func TestPoolLifecycle(t *testing.T) {
 	sys.mu.Lock()
 	resets := slices.Clone(sys.resets)
 	sys.mu.Unlock()
+	want := []int{taken[0].lease.Index, taken[1].lease.Index}
 	slices.Sort(resets)
-	if want := []int{taken[0].lease.Index, taken[1].lease.Index}; !slices.Equal(resets, sortedInts(want)) {
+	slices.Sort(want)
+	if !slices.Equal(resets, want) {
 		t.Errorf("reset links %v, want %v (those returned to the pool)", resets, want)
 	}
 
@@ -499,10 +505,4 @@ func TestNamespaceNamesAreScoped(t *testing.T) {
 	if strings.HasPrefix(plain.nsName(3), scoped.nsPrefix()) {
 		t.Fatal("a scoped node would take an unscoped namespace for its own")
 	}
-}
-
-func sortedInts(s []int) []int {
-	s = slices.Clone(s)
-	slices.Sort(s)
-	return s
 }

@@ -709,8 +709,8 @@ func (n *Node) finishInterruptedPause(ctx context.Context, rid string) (memory, 
 	return memory, true
 }
 
-// checkSnapshotBudget refuses a pause that would take the paused sandboxes past MaxSnapshotBytes,
-// before anything is stopped or written. The estimate is what the pause writes at most: its
+// checkSnapshotBudget refuses a pause or snapshot that would take the node's saved state past
+// MaxSnapshotBytes, before anything is stopped or written. The estimate is what the pause writes at most: its
 // writable layer's allocated blocks, plus the guest's file cache (written back into the layer
 // before the stop) and, with memory, the memory in use (the checkpoint's pages). It counts the
 // paused sandboxes and the snapshots together. What it lets through is reserved until release is

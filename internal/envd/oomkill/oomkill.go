@@ -286,14 +286,14 @@ func settleAfterKill(ctx context.Context, proc string, pid int, look func() (Mem
 	for time.Now().Before(deadline) && ctx.Err() == nil && !gone(proc, pid) {
 		time.Sleep(HotInterval)
 	}
-	var last uint64
-	for first := true; ; first = false {
+	var last uint64 // 0 at the first look: nothing to have shrunk from
+	for {
 		m, err := look()
 		if err != nil || m.Total == 0 || ctx.Err() != nil || !time.Now().Before(deadline) {
 			return m, err
 		}
 		a := m.Available()
-		if a >= Reserve(m.Total) || (!first && a+shrink < last) {
+		if a >= Reserve(m.Total) || a+shrink < last {
 			return m, nil
 		}
 		last = a
