@@ -49,11 +49,12 @@ lint:
 # internal/artifacts goes last: its S3 tests need SeaweedFS's weed (scripts/weed.sh), which CI
 # builds in the background meanwhile. The Helm chart's test is a module of its own (deploy/helm:
 # Helm's dependencies stay out of vmon's); it checks the chart against the vmon just built. So is
-# runsc/ (vmon's build of gVisor's runsc; gVisor's dependencies stay out of vmon's).
+# runsc/ (vmon's build of gVisor's runsc; gVisor's dependencies stay out of vmon's), tested with
+# install-runsc.sh's -trimpath so the test reuses that build's compiled gVisor.
 test-go: build
 	$(GO) test -count=1 -p 1 -timeout 20m $$($(GO) list ./... | grep -v '/internal/artifacts$$') ./internal/artifacts
 	cd deploy/helm && VMON_BIN=$(CURDIR)/$(BIN)/vmon $(GO) test -count=1 -timeout 10m ./...
-	cd runsc && $(GO) test -count=1 ./...
+	cd runsc && $(GO) test -trimpath -count=1 ./...
 
 # The fixture OCI registry the template tests pull from (loopback only).
 $(BIN)/vmon-test-registry: FORCE

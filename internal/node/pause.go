@@ -710,10 +710,10 @@ func (n *Node) finishInterruptedPause(ctx context.Context, rid string) (memory, 
 }
 
 // checkSnapshotBudget refuses a pause or snapshot that would take the node's saved state past
-// MaxSnapshotBytes, before anything is stopped or written. The estimate is what the pause writes at most: its
-// writable layer's allocated blocks, plus the guest's file cache (written back into the layer
-// before the stop) and, with memory, the memory in use (the checkpoint's pages). It counts the
-// paused sandboxes and the snapshots together. What it lets through is reserved until release is
+// MaxSnapshotBytes, before anything is stopped or written. The estimate is what the pause writes
+// at most: its writable layer's allocated blocks, plus the guest's file cache (written back into
+// the layer before the stop) and, with memory, the memory in use (the checkpoint's pages). It
+// counts the paused sandboxes and the snapshots together. What it lets through is reserved until release is
 // called, once the snapshot is published or abandoned: concurrent pauses count each other's
 // snapshots before they are written (what one has written so far is counted twice meanwhile,
 // which errs on the side of the budget).
