@@ -5,9 +5,10 @@
 #
 # Static (CGO_ENABLED=0) matters: a dynamically linked runsc dies after pivot_root ("error executing
 # umounter: fork/exec /proc/self/exe"). Debian's runsc package (2022) is too old for
-# --network=sandbox on current kernels. Idempotent: the build is reproducible (-trimpath), and the
-# installed binary is replaced only when the new one differs. Needs Go (the version in go.mod) and
-# the module proxy; the first build takes a few minutes, later ones seconds (Go's build cache).
+# --network=sandbox on current kernels. Idempotent: the build depends on runsc/ alone (-trimpath;
+# -buildvcs=false, no commit stamp), and the installed binary is replaced only when the new one
+# differs. Needs Go (the version in go.mod) and the module proxy; the first build takes a few
+# minutes, later ones seconds (Go's build cache).
 set -eu
 cd "$(dirname "$0")/../runsc"
 
@@ -23,7 +24,7 @@ pin=$(go list -m -f '{{.Version}}' gvisor.dev/gvisor)
 tmp=$(mktemp "$BIN_DIR/.runsc.XXXXXX")
 trap 'rm -f "$tmp"' EXIT
 echo "building runsc (gVisor $pin, static)"
-CGO_ENABLED=0 go build -trimpath -o "$tmp" .
+CGO_ENABLED=0 go build -trimpath -buildvcs=false -o "$tmp" .
 
 if file "$tmp" 2>/dev/null | grep -q 'dynamically linked'; then
 	echo "install-runsc: the runsc built is dynamically linked; it must be built with CGO_ENABLED=0" >&2
