@@ -11,12 +11,13 @@ const v = (x, unit = '') => (x == null ? '–' : `${x}${unit}`);
 console.log(`vmon density benchmark — ${meta.startedAt}, vmon ${meta.git}${meta.gitDirty ? '+dirty' : ''}, ` +
   `kernel ${meta.kernel}, ${r.cpus} CPUs, ${r.memTotalMiB} MiB; e2b SDK ${r.sdkVersion}; ${r.samples} samples per figure, ` +
   `fill ${r.concurrency} creates at a time, idle CPU over ${r.idleSeconds} s\n`);
-console.log('Latencies are p50 / p95 in ms.\n');
-console.log('| live | create → first command | `commands.run` | `GET /sandboxes` | `GET /sandboxes/{id}` | ingress (envd /health) | idle host CPU (% of one core) | vmon CPU | vmon RSS | goroutines | PSS per sandbox (sentry + gofer + stubs) | host memory per sandbox | fill rate |');
-console.log('|---|---|---|---|---|---|---|---|---|---|---|---|---|');
-for (const s of r.steps) {
+console.log('Latencies are p50 / p95 in ms.' + (meta.reclaim ? ` Host memory reclaim: ${meta.reclaim}.` : '') + '\n');
+console.log('| live | create → first command | `commands.run`, random sandbox (its idle age p50) | `commands.run` after a ' + (r.steps[0]?.gapS ?? '–') + ' s gap | `GET /sandboxes` | `GET /sandboxes/{id}` | ingress (envd /health) | idle host CPU (% of one core) | vmon CPU | vmon RSS | goroutines | PSS per sandbox (sentry + gofer + stubs) | host memory per sandbox | fill rate |');
+console.log('|---|---|---|---|---|---|---|---|---|---|---|---|---|---|');
+for (const s of [...r.steps, ...(r.recheck ? [r.recheck] : [])]) {
   const p = s.pssPerSandboxMiB;
-  console.log(`| ${s.live} | ${ms(s.createToFirstCommandMs)} | ${ms(s.commandsRunMs)} | ${ms(s.listSandboxesMs)} | ${ms(s.getSandboxMs)} | ` +
+  const age = s.commandsRunIdleAgeS?.p50 == null ? '' : ` (${s.commandsRunIdleAgeS.p50.toFixed(0)} s)`;
+  console.log(`| ${s.live}${s.recheck ? ' (again, at the end)' : ''} | ${ms(s.createToFirstCommandMs)} | ${ms(s.commandsRunMs)}${age} | ${ms(s.commandsRunAfterGapMs)} | ${ms(s.listSandboxesMs)} | ${ms(s.getSandboxMs)} | ` +
     `${ms(s.ingressMs)} | ${v(s.idleCpuPctOfOneCore, ' %')} | ${v(s.vmonCpuPctOfOneCore, ' %')} | ${v(s.vmonRssMiB, ' MiB')} | ${v(s.goroutines)} | ` +
     `${v(p.total, ' MiB')} (${v(p.sentry)} + ${v(p.gofer)} + ${v(p.stubs)}) | ${v(s.hostUsedPerSandboxMiB, ' MiB')} | ${v(s.fillCreatesPerSecond, '/s')} |`);
 }
@@ -28,7 +29,8 @@ const last = r.steps[r.steps.length - 1];
 if (first && last && first !== last) {
   const q = (a, b) => (a == null || b == null ? '–' : (a / b).toFixed(2));
   console.log(`\nAt ${last.live} live vs ${first.live}: create p50 ${q(last.createToFirstCommandMs.p50, first.createToFirstCommandMs.p50)}×, ` +
-    `commands.run p50 ${q(last.commandsRunMs.p50, first.commandsRunMs.p50)}×; idle host CPU per 100 sandboxes ` +
+    `commands.run p50 ${q(last.commandsRunMs.p50, first.commandsRunMs.p50)}× on a random sandbox, ` +
+    `${q(last.commandsRunAfterGapMs?.p50, first.commandsRunAfterGapMs?.p50)}× after a ${last.gapS ?? '–'} s gap; idle host CPU per 100 sandboxes ` +
     `${last.idleCpuPctOfOneCore == null ? '–' : ((last.idleCpuPctOfOneCore / last.live) * 100).toFixed(1)} % of one core, ` +
     `${((own(last) / last.live) * 100).toFixed(1)} % of it vmon's own (vmon, sentries, gofers, stubs).`);
 }

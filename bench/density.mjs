@@ -2,14 +2,18 @@
 //
 //   node bench/density.mjs --steps 1,100,250,500 --out F --vmon-pid P --metrics URL
 //                          [--samples 20] [--idle-s 20] [--settle-s 10] [--concurrency 4]
+//                          [--gap-s 3] [--recheck 1]
 //
 // At each step (so many sandboxes live, each having answered one command), with nothing else
 // running: host CPU over --idle-s seconds of idleness (all cores, as % of one core), vmon's RSS and
 // goroutines, the PSS of every sandbox's runsc processes (from one /proc scan), the host's used
 // memory; then --samples each of: Sandbox.create → first commands.run (each killed after it is
-// measured, so the count stays at the step), commands.run('true') on a random live sandbox, GET
+// measured, so the count stays at the step), commands.run('true') on a random live sandbox (idle
+// since it last ran one: minutes at the big steps), commands.run('true') on a random sandbox
+// --gap-s seconds after it ran one (the same thing at every step: an agent's think time), GET
 // /sandboxes, GET /sandboxes/{id}, and envd's /health through the ingress (header mode). At the end,
-// how long killing every sandbox takes.
+// how long killing every sandbox takes; then (--recheck, default 1) the first step again, to show
+// how far the machine drifted meanwhile.
 //
 // With --paused N (and --data-dir, vmon's): after that, the paused-sandbox phase: N sandboxes are
 // created (each running one command and holding a 1 MiB file it wrote) and paused, CONCURRENCY at
@@ -34,6 +38,7 @@ const CONCURRENCY = Number(args.concurrency ?? 4);
 const VMON_PID = Number(args['vmon-pid']);
 const TIMEOUT_MS = 6 * 3600_000;
 const PAUSED = Number(args.paused ?? 0);
+const RECHECK = args.recheck !== '0';
 if (!args.out || !VMON_PID) throw new Error('--out and --vmon-pid are required');
 
 const live = []; // Sandbox objects, in creation order
@@ -48,11 +53,20 @@ for (const sig of ['SIGINT', 'SIGTERM']) {
 }
 
 const pick = () => live[Math.floor(Math.random() * live.length)];
+// When each live sandbox last finished a command (ms, performance.now()): a sandbox idle for a
+// minute or more answers its next command slower at any count on hosts that reclaim idle pages
+// (see reclaimPolicy), so the report gives the idle age of what it sampled.
+const lastUsed = new Map();
+const used = (s) => lastUsed.set(s.sandboxId, now());
+// Agent think time: the matched-idle samples run a command, wait this long, and time the next one,
+// so every step times the same thing however many sandboxes are live.
+const GAP_S = Number(args['gap-s'] ?? 3);
 const say = (m) => process.stderr.write(`  [density] ${m}\n`);
 
 async function createReady() {
   const sbx = await Sandbox.create({ ...opts, timeoutMs: TIMEOUT_MS });
   await sbx.commands.run('true');
+  used(sbx);
   return sbx;
 }
 
@@ -221,9 +235,20 @@ async function measureStep(n, baseline) {
     await Sandbox.kill(sbx.sandboxId, opts);
   }
   const execMs = [];
+  const idleAgeS = [];
   for (let i = 0; i < SAMPLES; i++) {
     const s = pick();
+    idleAgeS.push((now() - (lastUsed.get(s.sandboxId) ?? 0)) / 1000);
     execMs.push(await timed(() => s.commands.run('true')));
+    used(s);
+  }
+  const matchedMs = [];
+  for (let i = 0; i < SAMPLES; i++) {
+    const s = pick();
+    await s.commands.run('true');
+    await sleep(GAP_S * 1000);
+    matchedMs.push(await timed(() => s.commands.run('true')));
+    used(s);
   }
   const listMs = [];
   for (let i = 0; i < SAMPLES; i++) listMs.push(await timed(() => api('/sandboxes')));
@@ -237,6 +262,9 @@ async function measureStep(n, baseline) {
   Object.assign(out, {
     createToFirstCommandMs: stats(createMs),
     commandsRunMs: stats(execMs),
+    commandsRunIdleAgeS: stats(idleAgeS),
+    commandsRunAfterGapMs: stats(matchedMs),
+    gapS: GAP_S,
     listSandboxesMs: stats(listMs),
     getSandboxMs: stats(getMs),
     ingressMs: stats(ingressMs),
@@ -309,6 +337,24 @@ try {
 } finally {
   say(`killing ${live.length}`);
   result.killAll = await killAll();
+  writeJson(args.out, result);
+}
+// The machine drifts (other tenants, the host's reclaim): the first step measured again, now that
+// the node has been full, says how much of a difference between steps is the count's.
+if (RECHECK && steps.length > 1) {
+  try {
+    const baseline = memAvailable();
+    say(`recheck: filling to ${steps[0]} again`);
+    const rate = await fillTo(steps[0]);
+    const m = await measureStep(steps[0], baseline);
+    m.fillCreatesPerSecond = Math.round(rate * 100) / 100;
+    m.recheck = true;
+    // Memory freed by the kill-all is still coming back to the host: no baseline to measure from.
+    m.hostUsedPerSandboxMiB = null;
+    result.recheck = m;
+  } finally {
+    await killAll();
+  }
   writeJson(args.out, result);
 }
 if (PAUSED > 0) {

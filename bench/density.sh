@@ -8,6 +8,7 @@
 #   VMON_BENCH_DATA_DIR [/var/lib/vmon-bench]  VMON_BENCH_TEMPLATE_SRC [/var/lib/vmon/templates/base]
 #   VMON_BENCH_OUT [/tmp/vmon-bench-density-<time>]  VMON_BIN [<repo>/bin/vmon]  RUNSC [/usr/local/bin/runsc]
 #   DENSITY_STEPS [1,100,250,500]  DENSITY_SAMPLES [20]  DENSITY_IDLE_S [20]  DENSITY_SETTLE_S [10]
+#   DENSITY_GAP_S [3] (think time before the matched-idle command samples)  DENSITY_RECHECK [1] (the first step again at the end)
 #   DENSITY_CONCURRENCY [4]  DENSITY_PAUSED [0] (the paused-sandbox phase: so many created and paused; DENSITY_STEPS=0 for it alone)
 #   DENSITY_SERVE_ARGS [] (more `vmon serve` flags, e.g. to compare runtime options)
 set -euo pipefail
@@ -27,6 +28,8 @@ SAMPLES=${DENSITY_SAMPLES:-20}
 IDLE_S=${DENSITY_IDLE_S:-20}
 SETTLE_S=${DENSITY_SETTLE_S:-10}
 CONCURRENCY=${DENSITY_CONCURRENCY:-4}
+GAP_S=${DENSITY_GAP_S:-3}
+RECHECK=${DENSITY_RECHECK:-1}
 PAUSED=${DENSITY_PAUSED:-0}
 mkdir -p "$OUT"
 
@@ -35,7 +38,7 @@ snapshot_binaries
 trap on_exit EXIT
 trap 'exit 130' INT TERM
 prepare_data_dir
-write_meta "  \"steps\": \"$STEPS\", \"samples\": $SAMPLES, \"idleSeconds\": $IDLE_S, \"settleSeconds\": $SETTLE_S"
+write_meta "  \"reclaim\": \"$(reclaim_policy)\", \"steps\": \"$STEPS\", \"samples\": $SAMPLES, \"idleSeconds\": $IDLE_S, \"settleSeconds\": $SETTLE_S"
 
 max=${STEPS##*,}
 max=${max:-0}
@@ -46,6 +49,7 @@ metrics_port=$(node -e 'const s=require("net").createServer();s.listen(0,"127.0.
 start_vmon "$OUT/vmon.log" --warm-pool 0 --max-sandboxes $((max + 8 + PAUSED)) \
   --metrics-listen "127.0.0.1:$metrics_port" ${DENSITY_SERVE_ARGS:-}
 node bench/density.mjs --steps "$STEPS" --samples "$SAMPLES" --idle-s "$IDLE_S" --settle-s "$SETTLE_S" --concurrency "$CONCURRENCY" \
+  --gap-s "$GAP_S" --recheck "$RECHECK" \
   --paused "$PAUSED" --data-dir "$DATA" --vmon-pid "$VMON_PID" --metrics "http://127.0.0.1:$metrics_port" --out "$OUT/density.json"
 stop_vmon
 

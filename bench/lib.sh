@@ -179,6 +179,25 @@ prepare_data_dir() {
   : >"$OUT/leftovers.txt"
 }
 
+# Prints the host's proactive memory reclaim, if any: DAMON schemes that page memory out once it
+# has been idle for a while make the first command after that idleness slower at any sandbox count,
+# so a density figure is only comparable with one taken under the same policy.
+reclaim_policy() {
+  local out="" k c s age_min aggr_us action
+  for k in /sys/kernel/mm/damon/admin/kdamonds/[0-9]*; do
+    [ "$(cat "$k/state" 2>/dev/null)" = on ] || continue
+    for c in "$k"/contexts/[0-9]*; do
+      aggr_us=$(cat "$c/monitoring_attrs/intervals/aggr_us" 2>/dev/null || echo 0)
+      for s in "$c"/schemes/[0-9]*; do
+        action=$(cat "$s/action" 2>/dev/null) || continue
+        age_min=$(cat "$s/access_pattern/age/min" 2>/dev/null || echo 0)
+        out="${out:+$out; }DAMON $action of $(cat "$c/operations" 2>/dev/null) memory idle for $((age_min * aggr_us / 1000000)) s or more"
+      done
+    done
+  done
+  echo "${out:-none seen}"
+}
+
 # Writes $OUT/meta.json: the fields both benchmarks record, then $1 (the script's own members,
 # JSON lines without the braces).
 write_meta() {
