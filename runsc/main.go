@@ -19,10 +19,7 @@ import (
 	"time"
 
 	"gvisor.dev/gvisor/runsc/cli/maincli"
-	"gvisor.dev/gvisor/runsc/version"
 )
-
-var _ = version.Version()
 
 const (
 	// interval between looks at the heap. Each look is a timer wake-up and a read of a runtime
