@@ -11,7 +11,8 @@ const v = (x, unit = '') => (x == null ? '–' : `${x}${unit}`);
 console.log(`vmon density benchmark — ${meta.startedAt}, vmon ${meta.git}${meta.gitDirty ? '+dirty' : ''}, ` +
   `kernel ${meta.kernel}, ${r.cpus} CPUs, ${r.memTotalMiB} MiB; e2b SDK ${r.sdkVersion}; ${r.samples} samples per figure, ` +
   `fill ${r.concurrency} creates at a time, idle CPU over ${r.idleSeconds} s\n`);
-console.log('Latencies are p50 / p95 in ms.' + (meta.reclaim ? ` Host memory reclaim: ${meta.reclaim}.` : '') + '\n');
+console.log('Latencies are p50 / p95 in ms.' + (meta.reclaim ? ` Host memory reclaim: ${meta.reclaim}.` : '') +
+  (meta.serveArgs ? ` vmon serve ${meta.serveArgs}.` : '') + (meta.ksm && /memory-merge/.test(meta.serveArgs ?? '') ? ` ksmd's pace: ${meta.ksm.replace(/run=\d+ /, '')}.` : '') + '\n');
 console.log('| live | create → first command | `commands.run`, random sandbox (its idle age p50) | `commands.run` after a ' + (r.steps[0]?.gapS ?? '–') + ' s gap | `GET /sandboxes` | `GET /sandboxes/{id}` | ingress (envd /health) | idle host CPU (% of one core) | vmon CPU | vmon RSS | goroutines | PSS per sandbox (sentry + gofer + stubs) | host memory per sandbox | fill rate |');
 console.log('|---|---|---|---|---|---|---|---|---|---|---|---|---|---|');
 for (const s of [...r.steps, ...(r.recheck ? [r.recheck] : [])]) {
@@ -22,7 +23,8 @@ for (const s of [...r.steps, ...(r.recheck ? [r.recheck] : [])]) {
     `${v(p.total, ' MiB')} (${v(p.sentry)} + ${v(p.gofer)} + ${v(p.stubs)}) | ${v(s.hostUsedPerSandboxMiB, ' MiB')} | ${v(s.fillCreatesPerSecond, '/s')} |`);
 }
 // Idle CPU of vmon's own processes: what the sandboxes cost, without the machine's other daemons.
-const ownKinds = new Set(['vmon', 'runsc-sandbox', 'runsc-gofer', 'runsc', 'systrap stubs']);
+// ksmd runs for vmon serve --memory-merge, so its CPU is the sandboxes' too.
+const ownKinds = new Set(['vmon', 'runsc-sandbox', 'runsc-gofer', 'runsc', 'systrap stubs', 'ksmd']);
 const own = (s) => Object.entries(s.idleCpuByKind ?? {}).filter(([k]) => ownKinds.has(k)).reduce((a, [, p]) => a + p, 0);
 const first = r.steps[0];
 const last = r.steps[r.steps.length - 1];
@@ -38,6 +40,15 @@ console.log('\nIdle host CPU by process kind (% of one core):\n');
 for (const s of r.steps) {
   const kinds = Object.entries(s.idleCpuByKind ?? {}).sort((a, b) => b[1] - a[1]).map(([k, p]) => `${k} ${p} %`).join(', ');
   console.log(`- ${s.live} live: ${kinds || '–'}`);
+}
+const merged = r.steps.filter((s) => s.ksm);
+if (merged.length) {
+  console.log('\nMemory merging (KSM) at each step:\n');
+  for (const s of merged) {
+    const k = s.ksm;
+    console.log(`- ${s.live} live: ${v(k.profitMiB, ' MiB')} saved in all (${v(k.profitMiB == null ? null : Math.round((k.profitMiB / s.live) * 10) / 10, ' MiB')} a sandbox), ` +
+      `${v(k.pagesSharing)} pages sharing ${v(k.pagesShared)}, ${v(k.zeroPages)} pages of zeros, after ${v(k.fullScans)} full scans`);
+  }
 }
 if (r.killAll) {
   console.log(`\nKilling all ${r.killAll.sandboxes}: ${r.killAll.seconds} s (${r.concurrency} at a time; per kill p50 / p95 ${ms(r.killAll.perKillMs)} ms).`);

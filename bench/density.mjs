@@ -158,6 +158,27 @@ function runscBySandbox(ids) {
   return by;
 }
 
+/** KSM's counters while ksmd runs (vmon serve --memory-merge), else null: what merging saves,
+ * net of its own bookkeeping, and how far ksmd got. */
+function ksmCounters() {
+  const read = (name) => {
+    try {
+      return Number(fs.readFileSync(`/sys/kernel/mm/ksm/${name}`, 'utf8').trim());
+    } catch {
+      return null;
+    }
+  };
+  if (read('run') !== 1) return null;
+  const profit = read('general_profit');
+  return {
+    profitMiB: profit == null ? null : Math.round((profit / 2 ** 20) * 10) / 10,
+    pagesShared: read('pages_shared'),
+    pagesSharing: read('pages_sharing'),
+    zeroPages: read('ksm_zero_pages'),
+    fullScans: read('full_scans'),
+  };
+}
+
 function memAvailable() {
   return procKb('/proc/meminfo', 'MemAvailable');
 }
@@ -223,6 +244,7 @@ async function measureStep(n, baseline) {
     goroutines: await goroutines(),
     pssPerSandboxMiB: { sentry: mib(mean((e) => e.sentry)), gofer: mib(mean((e) => e.gofer)), stubs: mib(mean((e) => e.stubs)), total: mib(mean((e) => e.sentry + e.gofer + e.stubs + e.other)), counted: per.length },
     hostUsedPerSandboxMiB: mib(usedDelta / n),
+    ksm: ksmCounters(),
   };
 
   say(`${n} live: latencies (${SAMPLES} samples each)`);
@@ -293,6 +315,7 @@ function cpuByProcess() {
       else if (sentryOf(Number(ent), ppids, sentries) != null) kind = 'systrap stubs';
       else if (argv0.startsWith('runsc') || comm.startsWith('runsc')) kind = 'runsc';
       else if (comm === 'node') kind = 'bench (node)';
+      else if (comm === 'ksmd') kind = 'ksmd';
       else if (argv0) kind = `other: ${comm}`;
       else kind = 'kernel threads';
       out.set(ent, { kind, jiffies: Number(rest[11]) + Number(rest[12]) });

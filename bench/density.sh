@@ -35,10 +35,18 @@ mkdir -p "$OUT"
 
 ensure_sdk
 snapshot_binaries
+# vmon serve --memory-merge starts ksmd; a host that had it stopped gets it stopped again.
+ksm_run_before=$(cat /sys/kernel/mm/ksm/run 2>/dev/null || true)
+restore_ksm() {
+  if [ -n "$ksm_run_before" ] && [ "$(cat /sys/kernel/mm/ksm/run)" != "$ksm_run_before" ]; then
+    echo "$ksm_run_before" >/sys/kernel/mm/ksm/run
+  fi
+}
+EXIT_CLEANUP=restore_ksm
 trap on_exit EXIT
 trap 'exit 130' INT TERM
 prepare_data_dir
-write_meta "  \"reclaim\": \"$(reclaim_policy)\", \"steps\": \"$STEPS\", \"samples\": $SAMPLES, \"idleSeconds\": $IDLE_S, \"settleSeconds\": $SETTLE_S"
+write_meta "  \"reclaim\": \"$(reclaim_policy)\", \"ksm\": \"$(ksm_pace)\", \"serveArgs\": \"${DENSITY_SERVE_ARGS:-}\", \"steps\": \"$STEPS\", \"samples\": $SAMPLES, \"idleSeconds\": $IDLE_S, \"settleSeconds\": $SETTLE_S"
 
 max=${STEPS##*,}
 max=${max:-0}

@@ -200,6 +200,13 @@ reclaim_policy() {
 
 # Writes $OUT/meta.json: the fields both benchmarks record, then $1 (the script's own members,
 # JSON lines without the braces).
+# KSM's pace (what ksmd scans per wake-up), for runs with vmon serve --memory-merge.
+ksm_pace() {
+  local d=/sys/kernel/mm/ksm
+  [ -e $d/run ] || { echo "no KSM"; return; }
+  echo "run=$(cat $d/run) pages_to_scan=$(cat $d/pages_to_scan) sleep_millisecs=$(cat $d/sleep_millisecs) use_zero_pages=$(cat $d/use_zero_pages 2>/dev/null || echo -)"
+}
+
 write_meta() {
   cat >"$OUT/meta.json" <<EOF
 {

@@ -41,6 +41,7 @@ import (
 	"github.com/vibemon/vmon/internal/httpguard"
 	"github.com/vibemon/vmon/internal/ingress"
 	"github.com/vibemon/vmon/internal/limits"
+	"github.com/vibemon/vmon/internal/memmerge"
 	"github.com/vibemon/vmon/internal/metrics"
 	"github.com/vibemon/vmon/internal/mountns"
 	"github.com/vibemon/vmon/internal/netclaim"
@@ -313,6 +314,16 @@ func startNodeStack(ctx context.Context, c *config.Serve, st *store.Store, guest
 			return nil, closeAll, err
 		}
 		cleanups = append(cleanups, claims.Release)
+	}
+	// Before the first sandbox: the mark reaches only processes started after it.
+	if c.MemoryMerge {
+		started, err := memmerge.Enable(ctx)
+		if err != nil {
+			return nil, closeAll, fmt.Errorf("--memory-merge: %w", err)
+		}
+		h, _ := memmerge.ReadHost(memmerge.SysDir)
+		log.Info("memory merging on: the kernel merges identical pages of the sandboxes' sentries and gofers",
+			"started_ksmd", started, "ksm_pages_to_scan", h.PagesToScan, "ksm_sleep_millisecs", h.SleepMillis)
 	}
 	if _, err := template.Load(c.DataDir, "base"); err != nil {
 		fmt.Fprintln(os.Stderr, "vmon: building template base (first start; cached afterwards)")

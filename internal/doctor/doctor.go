@@ -17,6 +17,7 @@ import (
 
 	"github.com/vibemon/vmon/internal/capability"
 	"github.com/vibemon/vmon/internal/limits"
+	"github.com/vibemon/vmon/internal/memmerge"
 	"github.com/vibemon/vmon/internal/rootfs"
 )
 
@@ -74,6 +75,7 @@ func Run(ctx context.Context, o Options) []Result {
 		checkSocketPath(o.DataDir),
 		checkTemplate(o.TemplateReady),
 		checkKVM(),
+		checkMemoryMerge(memmerge.SysDir, kernelRelease()),
 	}
 }
 
@@ -304,6 +306,50 @@ func checkKVM() Result {
 	}
 	r.Detail = "present; the firecracker runtime is not implemented yet, gvisor is used"
 	return r
+}
+
+// checkMemoryMerge says whether vmon serve --memory-merge can work here: a kernel with KSM that
+// carries PR_SET_MEMORY_MERGE across exec (Linux 6.7), and in what state ksmd is.
+func checkMemoryMerge(dir, release string) Result {
+	r := Result{Name: "memory merging (KSM, for --memory-merge)"}
+	h, err := memmerge.ReadHost(dir)
+	switch {
+	case err != nil:
+		r.Level, r.Detail = Warn, err.Error()
+		return r
+	case !h.Available:
+		r.Level, r.Detail = Warn, "this kernel has no KSM: --memory-merge cannot be used"
+		r.Fix = "a kernel built with CONFIG_KSM, Linux 6.7 or later (optional: merging only saves memory)"
+		return r
+	}
+	if major, minor, ok := kernelVersion(release); ok && (major < 6 || major == 6 && minor < 7) {
+		r.Level, r.Detail = Warn, "Linux "+release+" does not carry the merge mark into the processes vmon starts: --memory-merge cannot be used"
+		r.Fix = "Linux 6.7 or later (optional: merging only saves memory)"
+		return r
+	}
+	switch h.Run {
+	case 1:
+		r.Detail = fmt.Sprintf("available; ksmd running, %d pages every %d ms", h.PagesToScan, h.SleepMillis)
+	default:
+		r.Detail = "available; ksmd stopped (vmon serve --memory-merge starts it)"
+	}
+	return r
+}
+
+func kernelRelease() string {
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		return ""
+	}
+	return unix.ByteSliceToString(u.Release[:])
+}
+
+// kernelVersion parses the major and minor numbers of a kernel release such as "6.18.44-fc".
+func kernelVersion(release string) (major, minor int, ok bool) {
+	if _, err := fmt.Sscanf(release, "%d.%d", &major, &minor); err != nil {
+		return 0, 0, false
+	}
+	return major, minor, true
 }
 
 // checkDiskLimit says whether sandboxes' disks can be capped here (a loop-mounted ext4 image per

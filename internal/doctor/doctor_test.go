@@ -68,3 +68,30 @@ func TestEnvdAndRunscFound(t *testing.T) {
 		t.Fatalf("a non-runsc binary passed the runsc check: %+v", r)
 	}
 }
+
+func TestCheckMemoryMerge(t *testing.T) {
+	ksm := func(run string) string {
+		dir := t.TempDir()
+		for name, v := range map[string]string{"run": run, "pages_to_scan": "100", "sleep_millisecs": "20"} {
+			if err := os.WriteFile(filepath.Join(dir, name), []byte(v+"\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return dir
+	}
+	for _, tc := range []struct {
+		name, dir, release string
+		level              Level
+		detail             string
+	}{
+		{"no KSM", t.TempDir(), "6.18.1", Warn, "no KSM"},
+		{"old kernel", ksm("0"), "6.6.30-amd64", Warn, "Linux 6.6.30-amd64"},
+		{"stopped", ksm("0"), "6.7.0", OK, "ksmd stopped"},
+		{"running", ksm("1"), "6.18.44-fc", OK, "ksmd running, 100 pages every 20 ms"},
+	} {
+		r := checkMemoryMerge(tc.dir, tc.release)
+		if r.Level != tc.level || !strings.Contains(r.Detail, tc.detail) {
+			t.Errorf("%s: got %v %q, want %v with %q", tc.name, r.Level, r.Detail, tc.level, tc.detail)
+		}
+	}
+}
