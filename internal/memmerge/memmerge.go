@@ -42,15 +42,15 @@ func Enable(ctx context.Context) (started bool, err error) {
 	if _, err := os.Stat(filepath.Join(SysDir, "run")); err != nil {
 		return false, fmt.Errorf("this kernel has no KSM (%s: %w); it needs CONFIG_KSM", SysDir, err)
 	}
-	if err := Mark(ctx); err != nil {
+	if err := mark(ctx); err != nil {
 		return false, err
 	}
 	return startKsmd(SysDir)
 }
 
-// Mark sets PR_SET_MEMORY_MERGE on this process and checks that a child started through exec
+// mark sets PR_SET_MEMORY_MERGE on this process and checks that a child started through exec
 // carries it.
-func Mark(ctx context.Context) error {
+func mark(ctx context.Context) error {
 	if err := unix.Prctl(prSetMemoryMerge, 1, 0, 0, 0); err != nil {
 		return fmt.Errorf("mark vmon's memory mergeable (PR_SET_MEMORY_MERGE needs Linux 6.4 or later with CONFIG_KSM): %w", err)
 	}
@@ -58,7 +58,7 @@ func Mark(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("read a child's /proc/self/ksm_stat: %w", err)
 	}
-	if st := ParseStat(out); st["ksm_merge_any"] != "yes" {
+	if st := parseStat(out); st["ksm_merge_any"] != "yes" {
 		return errors.New("processes vmon starts do not keep the merge mark (the kernel carries PR_SET_MEMORY_MERGE across exec from Linux 6.7)")
 	}
 	return nil
@@ -80,8 +80,8 @@ func startKsmd(dir string) (bool, error) {
 	return true, nil
 }
 
-// ParseStat parses the "key value" or "key: value" lines of /proc/<pid>/ksm_stat.
-func ParseStat(b []byte) map[string]string {
+// parseStat parses the "key value" or "key: value" lines of /proc/<pid>/ksm_stat.
+func parseStat(b []byte) map[string]string {
 	out := map[string]string{}
 	sc := bufio.NewScanner(bytes.NewReader(b))
 	for sc.Scan() {

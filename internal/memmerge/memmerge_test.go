@@ -16,7 +16,7 @@ import (
 )
 
 func TestParseStat(t *testing.T) {
-	got := ParseStat([]byte("ksm_rmap_items 12\nksm_zero_pages 3\nksm_merge_any: yes\nksm_mergeable: no\n\n"))
+	got := parseStat([]byte("ksm_rmap_items 12\nksm_zero_pages 3\nksm_merge_any: yes\nksm_mergeable: no\n\n"))
 	want := map[string]string{"ksm_rmap_items": "12", "ksm_zero_pages": "3", "ksm_merge_any": "yes", "ksm_mergeable": "no"}
 	if len(got) != len(want) {
 		t.Fatalf("got %v, want %v", got, want)
@@ -132,7 +132,7 @@ func TestEnableMerges(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := ParseStat(out)["ksm_merge_any"]; got != "yes" {
+	if got := parseStat(out)["ksm_merge_any"]; got != "yes" {
 		t.Fatalf("a grandchild's ksm_merge_any = %q, want yes", got)
 	}
 
