@@ -144,8 +144,9 @@ describe('container image (make image)', () => {
     assert.equal(levels['template base'], 'warn');
     // Only what a gVisor sandbox cannot give a node may fall short: no loop devices (the disk
     // limit fails), no cgroup2 mount (gVisor shows v1 hierarchies), the sandbox's free disk,
-    // and the pids controller where gVisor's cgroups lack it.
+    // the pids controller where gVisor's cgroups lack it, and KSM, which gVisor's kernel lacks.
     const sandboxBound = new Set([
+      'memory merging (KSM, for --memory-merge)',
       'sandbox disk limit',
       'cgroup v2 (CPU and memory limits)',
       'disk space (/var/lib/vmon)',
