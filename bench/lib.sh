@@ -198,8 +198,6 @@ reclaim_policy() {
   echo "${out:-none seen}"
 }
 
-# Writes $OUT/meta.json: the fields both benchmarks record, then $1 (the script's own members,
-# JSON lines without the braces).
 # KSM's pace (what ksmd scans per wake-up), for runs with vmon serve --memory-merge.
 ksm_pace() {
   local d=/sys/kernel/mm/ksm
@@ -207,6 +205,8 @@ ksm_pace() {
   echo "run=$(cat $d/run) pages_to_scan=$(cat $d/pages_to_scan) sleep_millisecs=$(cat $d/sleep_millisecs) use_zero_pages=$(cat $d/use_zero_pages 2>/dev/null || echo -)"
 }
 
+# Writes $OUT/meta.json: the fields both benchmarks record, then $1 (the script's own members,
+# JSON lines without the braces).
 write_meta() {
   cat >"$OUT/meta.json" <<EOF
 {

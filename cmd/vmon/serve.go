@@ -317,11 +317,10 @@ func startNodeStack(ctx context.Context, c *config.Serve, st *store.Store, guest
 	}
 	// Before the first sandbox: the mark reaches only processes started after it.
 	if c.MemoryMerge {
-		started, err := memmerge.Enable(ctx)
+		h, started, err := memmerge.Enable(ctx)
 		if err != nil {
 			return nil, closeAll, fmt.Errorf("--memory-merge: %w", err)
 		}
-		h, _ := memmerge.ReadHost(memmerge.SysDir)
 		log.Info("memory merging on: the kernel merges identical pages of the sandboxes' sentries and gofers",
 			"started_ksmd", started, "ksm_pages_to_scan", h.PagesToScan, "ksm_sleep_millisecs", h.SleepMillis)
 	}

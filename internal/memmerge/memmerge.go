@@ -36,16 +36,22 @@ const SysDir = "/sys/kernel/mm/ksm"
 
 // Enable marks this process and all it starts from now on for merging, checks that the mark
 // reaches a process started through exec (the kernel carries it across exec only from Linux
-// 6.7), and starts ksmd if it is stopped. It reports whether it started ksmd. Processes started
-// before the call (sandboxes adopted from an earlier run of vmon) are not marked.
-func Enable(ctx context.Context) (started bool, err error) {
-	if _, err := os.Stat(filepath.Join(SysDir, "run")); err != nil {
-		return false, fmt.Errorf("this kernel has no KSM (%s: %w); it needs CONFIG_KSM", SysDir, err)
+// 6.7), and starts ksmd if it is stopped. It returns KSM's state as it found it and whether it
+// started ksmd. Processes started before the call (sandboxes adopted from an earlier run of
+// vmon) are not marked.
+func Enable(ctx context.Context) (h Host, started bool, err error) {
+	h, err = ReadHost(SysDir)
+	if err != nil {
+		return h, false, err
+	}
+	if !h.Available {
+		return h, false, fmt.Errorf("this kernel has no KSM (no %s); it needs CONFIG_KSM", SysDir)
 	}
 	if err := mark(ctx); err != nil {
-		return false, err
+		return h, false, err
 	}
-	return startKsmd(SysDir)
+	started, err = startKsmd(SysDir, h.Run)
+	return h, started, err
 }
 
 // mark sets PR_SET_MEMORY_MERGE on this process and checks that a child started through exec
@@ -65,15 +71,11 @@ func mark(ctx context.Context) error {
 }
 
 // startKsmd turns ksmd on when it is stopped (0) or unmerging (2), and reports whether it did.
-func startKsmd(dir string) (bool, error) {
-	path := filepath.Join(dir, "run")
-	cur, err := os.ReadFile(path)
-	if err != nil {
-		return false, fmt.Errorf("read ksmd's state: %w", err)
-	}
-	if strings.TrimSpace(string(cur)) == "1" {
+func startKsmd(dir string, run int) (bool, error) {
+	if run == 1 {
 		return false, nil
 	}
+	path := filepath.Join(dir, "run")
 	if err := os.WriteFile(path, []byte("1"), 0o644); err != nil {
 		return false, fmt.Errorf("start ksmd (write 1 to %s): %w", path, err)
 	}
@@ -102,39 +104,33 @@ type Host struct {
 	Run int
 	// PagesToScan and SleepMillis are ksmd's pace: so many pages per wake-up.
 	PagesToScan, SleepMillis int
-	// ProfitBytes is the memory merging saves, net of its own bookkeeping.
-	ProfitBytes int64
 }
 
-// ReadHost reads KSM's switches and counters from dir (SysDir on a real host).
+// ReadHost reads KSM's switches from dir (SysDir on a real host).
 func ReadHost(dir string) (Host, error) {
-	vals := map[string]int64{}
-	for _, name := range []string{"run", "pages_to_scan", "sleep_millisecs", "general_profit"} {
-		v, err := readInt(filepath.Join(dir, name))
-		switch {
-		case errors.Is(err, os.ErrNotExist) && name == "run":
+	h := Host{Available: true}
+	for _, f := range []struct {
+		name string
+		dst  *int
+	}{{"run", &h.Run}, {"pages_to_scan", &h.PagesToScan}, {"sleep_millisecs", &h.SleepMillis}} {
+		v, err := readInt(filepath.Join(dir, f.name))
+		if errors.Is(err, os.ErrNotExist) && f.name == "run" {
 			return Host{}, nil
-		case errors.Is(err, os.ErrNotExist) && name == "general_profit": // before Linux 6.7
-		case err != nil:
+		}
+		if err != nil {
 			return Host{}, err
 		}
-		vals[name] = v
+		*f.dst = v
 	}
-	return Host{
-		Available:   true,
-		Run:         int(vals["run"]),
-		PagesToScan: int(vals["pages_to_scan"]),
-		SleepMillis: int(vals["sleep_millisecs"]),
-		ProfitBytes: vals["general_profit"],
-	}, nil
+	return h, nil
 }
 
-func readInt(path string) (int64, error) {
+func readInt(path string) (int, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return 0, err
 	}
-	v, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	v, err := strconv.Atoi(strings.TrimSpace(string(b)))
 	if err != nil {
 		return 0, fmt.Errorf("%s: %w", path, err)
 	}

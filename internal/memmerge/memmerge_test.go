@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -46,20 +47,13 @@ func TestReadHost(t *testing.T) {
 	})
 	t.Run("running", func(t *testing.T) {
 		dir := t.TempDir()
-		writeFiles(t, dir, map[string]string{"run": "1\n", "pages_to_scan": "100\n", "sleep_millisecs": "20\n", "general_profit": "-4096\n"})
+		writeFiles(t, dir, map[string]string{"run": "1\n", "pages_to_scan": "100\n", "sleep_millisecs": "20\n"})
 		h, err := ReadHost(dir)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if want := (Host{Available: true, Run: 1, PagesToScan: 100, SleepMillis: 20, ProfitBytes: -4096}); h != want {
+		if want := (Host{Available: true, Run: 1, PagesToScan: 100, SleepMillis: 20}); h != want {
 			t.Fatalf("got %+v, want %+v", h, want)
-		}
-	})
-	t.Run("before general_profit", func(t *testing.T) {
-		dir := t.TempDir()
-		writeFiles(t, dir, map[string]string{"run": "0", "pages_to_scan": "100", "sleep_millisecs": "20"})
-		if h, err := ReadHost(dir); err != nil || h.ProfitBytes != 0 || h.Run != 0 || !h.Available {
-			t.Fatalf("got %+v, %v", h, err)
 		}
 	})
 	t.Run("garbage", func(t *testing.T) {
@@ -73,21 +67,21 @@ func TestReadHost(t *testing.T) {
 
 func TestStartKsmd(t *testing.T) {
 	for _, tc := range []struct {
-		run     string
+		run     int
 		started bool
-	}{{"0\n", true}, {"2\n", true}, {"1\n", false}} {
+	}{{0, true}, {2, true}, {1, false}} {
 		dir := t.TempDir()
-		writeFiles(t, dir, map[string]string{"run": tc.run})
-		started, err := startKsmd(dir)
+		writeFiles(t, dir, map[string]string{"run": strconv.Itoa(tc.run) + "\n"})
+		started, err := startKsmd(dir, tc.run)
 		if err != nil || started != tc.started {
-			t.Fatalf("run %q: started %v, %v; want %v", tc.run, started, err, tc.started)
+			t.Fatalf("run %d: started %v, %v; want %v", tc.run, started, err, tc.started)
 		}
 		if b, _ := os.ReadFile(filepath.Join(dir, "run")); strings.TrimSpace(string(b)) != "1" {
-			t.Fatalf("run %q: afterwards %q, want 1", tc.run, b)
+			t.Fatalf("run %d: afterwards %q, want 1", tc.run, b)
 		}
 	}
-	if _, err := startKsmd(t.TempDir()); err == nil {
-		t.Fatal("no run file: want an error")
+	if _, err := startKsmd(filepath.Join(t.TempDir(), "missing"), 0); err == nil {
+		t.Fatal("no KSM directory: want an error")
 	}
 }
 
@@ -118,7 +112,7 @@ func TestEnableMerges(t *testing.T) {
 	// A quick pace, so the merge shows within the test; restored afterwards.
 	setKSM(t, "sleep_millisecs", "10")
 	setKSM(t, "pages_to_scan", "5000")
-	started, err := Enable(ctx)
+	_, started, err := Enable(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
