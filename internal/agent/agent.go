@@ -26,7 +26,8 @@ import (
 var ErrClosed = errors.New("agent channel closed")
 
 // DialWait bounds how long a request waits for envd to (re)connect before it fails: envd redials
-// within milliseconds after a restore or a node restart, so a longer wait means it is not coming.
+// at once after a restore, so a longer wait means it is not coming. (After a node restart the
+// node holds a sandbox back until its envd is connected again; see node.adopt.)
 const DialWait = 5 * time.Second
 
 // Channel is the host end of one sandbox's agent channel.

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"time"
@@ -27,12 +28,14 @@ type Options struct {
 	// Handler serves the HTTP requests of every stream (envd's server). CONNECT requests never
 	// reach it: they are tunnels.
 	Handler http.Handler
-	// MinBackoff and MaxBackoff bound the redial delay; defaults 50 ms and 1 s.
+	// MinBackoff and MaxBackoff bound the redial delay; defaults 50 ms and 30 s. In between the
+	// delay is half of how long the node has been away (redialDelay), drawn from the upper half
+	// of that so guests that lost the node together do not redial in step.
 	MinBackoff, MaxBackoff time.Duration
 }
 
 // Run keeps a session with the node up until ctx is done, then returns nil. Dial failures and
-// session ends are retried with exponential backoff; they are not errors.
+// session ends are retried (redialDelay); they are not errors.
 func Run(ctx context.Context, opts Options) error {
 	if opts.Handler == nil {
 		return errors.New("channel: Options.Handler is required")
@@ -44,7 +47,7 @@ func Run(ctx context.Context, opts Options) error {
 		opts.MinBackoff = 50 * time.Millisecond
 	}
 	if opts.MaxBackoff < opts.MinBackoff {
-		opts.MaxBackoff = max(time.Second, opts.MinBackoff)
+		opts.MaxBackoff = max(30*time.Second, opts.MinBackoff)
 	}
 	log := opts.Logger
 	if log == nil {
@@ -53,7 +56,7 @@ func Run(ctx context.Context, opts Options) error {
 	log = log.With("component", "channel", "socket", opts.Socket)
 	handler := Tunnel(opts.Handler, log)
 
-	backoff := opts.MinBackoff
+	var lost time.Time // since when the node has been away
 	failures := 0
 	for ctx.Err() == nil {
 		began := time.Now()
@@ -61,15 +64,21 @@ func Run(ctx context.Context, opts Options) error {
 		switch {
 		case connected && time.Since(began) > 100*time.Millisecond:
 			// A session ended because the node went away for a moment (a restore, a node
-			// restart): it is usually listening again already, so redial at once. A node that
-			// closes sessions as soon as they open meets the backoff below instead.
-			backoff, failures = opts.MinBackoff, 0
+			// restart): it is usually listening again already, so redial at once.
+			lost, failures = time.Now(), 0
 			log.Info("agent session ended; redialling", "err", err)
 			continue
 		case connected:
-			backoff, failures = opts.MinBackoff, 0
+			// A node that closes sessions as soon as they open has not really come back.
+			if lost.IsZero() {
+				lost = began
+			}
+			failures = 0
 			log.Info("agent session ended; redialling", "err", err)
 		case failures == 0:
+			if lost.IsZero() {
+				lost = began
+			}
 			log.Warn("agent socket dial failed; retrying", "err", err)
 			failures++
 		default:
@@ -79,11 +88,30 @@ func Run(ctx context.Context, opts Options) error {
 		}
 		select {
 		case <-ctx.Done():
-		case <-time.After(backoff):
+		case <-time.After(jitter(redialDelay(time.Since(lost), opts.MinBackoff, opts.MaxBackoff))):
 		}
-		backoff = min(backoff*2, opts.MaxBackoff)
 	}
 	return nil
+}
+
+// redialDelay is how long to wait before the next dial once the node has been away for away:
+// half of that, within [lo, hi]. A guest is back within half the node's absence after it
+// returns, and its dials thin out as the absence grows, since they are not free: under gVisor a
+// failed dial of a host socket wakes the sentry and the gofer for 5 ms of CPU or more, so 500
+// guests redialling every second kept two cores busy while the node was away (every 5 s still
+// did), and starved the node that came back to adopt them. Halving the absence costs a guest
+// about twenty dials over a 30 s absence, most of them in its first second, and one every 30 s
+// after a minute.
+func redialDelay(away, lo, hi time.Duration) time.Duration {
+	return min(max(away/2, lo), hi)
+}
+
+// jitter returns a delay drawn uniformly from [d/2, d].
+func jitter(d time.Duration) time.Duration {
+	if d < 2 {
+		return d
+	}
+	return d/2 + rand.N(d/2+1)
 }
 
 // serveOnce dials the socket and serves one yamux session until it closes or ctx is done.
