@@ -156,6 +156,18 @@ type Runtime interface {
 	Wait(ctx context.Context, id string) (Exit, error)
 }
 
+// Reattacher is implemented by backends that can find a sandbox a previous node process started
+// from what Start left in its state directory, without asking the backend's tools. A node that
+// restarts beside hundreds of sandboxes needs that: each question to runsc is a process of its
+// own, and the answer waits for the sandbox to wake.
+type Reattacher interface {
+	// Reattach reports whether sandbox id, started with spec.StateDir == stateDir by an earlier
+	// process, still runs, and when it does watches it as if this process had started it (Wait
+	// then asks nothing more). A sandbox it cannot find alive is StatusStopped: what is left of
+	// it is for Destroy.
+	Reattach(ctx context.Context, id, stateDir string) (Status, error)
+}
+
 // Checkpointer is implemented by backends that can save a running sandbox (memory, processes,
 // open files and sockets, kernel state) and bring it back later, possibly many times.
 type Checkpointer interface {

@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -67,6 +68,7 @@ type Runtime struct {
 var (
 	_ runtime.Runtime      = (*Runtime)(nil)
 	_ runtime.Checkpointer = (*Runtime)(nil)
+	_ runtime.Reattacher   = (*Runtime)(nil)
 )
 
 // Files the runtime writes into a sandbox's StateDir.
@@ -321,6 +323,39 @@ func (r *Runtime) Status(ctx context.Context, id string) (runtime.Status, error)
 	default:
 		return runtime.StatusUnknown, nil
 	}
+}
+
+// Reattach finds sandbox id from the pid file runsc wrote into stateDir when it started it: the
+// process must still be that sandbox's runsc process (its command line names the id), and a
+// pidfd fixes its identity from then on. Unlike Status it runs no runsc command, which would
+// also wait for the sandbox to answer; at a restart among hundreds of sandboxes those commands
+// took seconds each.
+func (r *Runtime) Reattach(ctx context.Context, id, stateDir string) (runtime.Status, error) {
+	if err := validateID(id); err != nil {
+		return runtime.StatusUnknown, err
+	}
+	if p := r.watch.lookup(id); p != nil && sandboxAlive(p.pid, id) {
+		return runtime.StatusRunning, nil
+	}
+	pid, err := readPidFile(filepath.Join(stateDir, pidFileName))
+	if errors.Is(err, fs.ErrNotExist) {
+		return runtime.StatusStopped, nil
+	}
+	if err != nil {
+		return runtime.StatusUnknown, fmt.Errorf("reattach sandbox %s: %w", id, err)
+	}
+	if !sandboxAlive(pid, id) {
+		return runtime.StatusStopped, nil
+	}
+	if _, err := r.watch.track(id, pid); err != nil {
+		return runtime.StatusStopped, nil // exited since
+	}
+	if !sandboxAlive(pid, id) {
+		// Gone between the check and pidfd_open: the pidfd may name a process that reused the pid.
+		r.watch.forget(id)
+		return runtime.StatusStopped, nil
+	}
+	return runtime.StatusRunning, nil
 }
 
 // Destroy kills the sandbox, removes its runsc state and its host cgroup. A sandbox that is

@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -435,10 +436,45 @@ func TestSurvivesCreatorKill(t *testing.T) {
 	if got := strings.TrimSpace(exec1(t, rt, s.spec.ID, "/bin/busybox", "echo", "alive")); got != "alive" {
 		t.Fatalf("exec after creator kill = %q", got)
 	}
+
+	// Another state dir (no pid file), or a pid file naming some other process: not this sandbox.
+	if st, err := rt.Reattach(ctx, s.spec.ID, t.TempDir()); err != nil || st != runtime.StatusStopped {
+		t.Fatalf("Reattach without a pid file = %v, %v; want stopped", st, err)
+	}
+	// Reattach finds it from the pid file alone, and watches it from then on.
+	if st, err := rt.Reattach(ctx, s.spec.ID, s.spec.StateDir); err != nil || st != runtime.StatusRunning {
+		t.Fatalf("Reattach = %v, %v; want running", st, err)
+	}
+	if rt.watch.lookup(s.spec.ID) == nil {
+		t.Fatal("Reattach did not start watching the sandbox process")
+	}
+	other := t.TempDir()
+	if err := os.WriteFile(filepath.Join(other, pidFileName), []byte(strconv.Itoa(os.Getpid())), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := rt.Reattach(ctx, "other", other); err != nil || st != runtime.StatusStopped {
+		t.Fatalf("Reattach of a pid that is not the sandbox = %v, %v; want stopped", st, err)
+	}
+	waited := make(chan error, 1)
+	go func() {
+		_, err := rt.Wait(ctx, s.spec.ID)
+		waited <- err
+	}()
 	if err := rt.Destroy(ctx, s.spec.ID); err != nil {
 		t.Fatal(err)
 	}
+	select {
+	case err := <-waited:
+		if err != nil {
+			t.Fatalf("Wait on the reattached sandbox: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Wait on the reattached sandbox did not return after Destroy")
+	}
 	wantStatus(t, rt, s.spec.ID, runtime.StatusNotFound)
+	if st, err := rt.Reattach(ctx, s.spec.ID, s.spec.StateDir); err != nil || st != runtime.StatusStopped {
+		t.Fatalf("Reattach after Destroy = %v, %v; want stopped", st, err)
+	}
 }
 
 // TestLimits checks that CPU and memory limits reach the host cgroup, that the guest sees its
