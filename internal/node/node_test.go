@@ -39,6 +39,23 @@ type fakeRuntime struct {
 	mem     map[string]uint64
 	hints   map[string][]bool
 	oldEnvd map[string]bool
+	// dials, when set, holds every envd's dialling until it is closed (holdDials).
+	dials chan struct{}
+}
+
+// holdDials keeps the envds from dialling the node until the returned func is called.
+func (f *fakeRuntime) holdDials() (release func()) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	ch := make(chan struct{})
+	f.dials = ch
+	return func() { close(ch) }
+}
+
+func (f *fakeRuntime) dialGate() chan struct{} {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.dials
 }
 
 func (f *fakeRuntime) MemoryUsage(id string) (uint64, error) {
@@ -148,6 +165,13 @@ func (f *fakeRuntime) envd(id, sock string) (stop func()) {
 	}
 	go func() {
 		for ctx.Err() == nil {
+			if gate := f.dialGate(); gate != nil {
+				select {
+				case <-gate:
+				case <-ctx.Done():
+					return
+				}
+			}
 			conn, err := net.Dial("unix", sock)
 			if err != nil {
 				time.Sleep(10 * time.Millisecond)
@@ -276,7 +300,9 @@ func (fakeTemplates) Image(_ context.Context, id, _ string) (Image, error) {
 type env struct {
 	dir string
 	rt  *fakeRuntime
-	ns  *fakeNetNS
+	// wrap, when set, is the runtime nodes get around rt.
+	wrap runtime.Runtime
+	ns   *fakeNetNS
 	// guestLog, when set, follows handed-out sandboxes' events.
 	guestLog GuestLog
 }
@@ -293,8 +319,12 @@ func newEnv(t *testing.T) *env {
 
 func (e *env) node(t *testing.T, warm []WarmSpec) *Node {
 	t.Helper()
+	var rt runtime.Runtime = e.rt
+	if e.wrap != nil {
+		rt = e.wrap
+	}
 	n, err := New(Options{
-		DataDir: e.dir, Runtime: e.rt, RootFS: fakeRootFS{}, NetNS: e.ns, Templates: fakeTemplates{},
+		DataDir: e.dir, Runtime: rt, RootFS: fakeRootFS{}, NetNS: e.ns, Templates: fakeTemplates{},
 		EnvdPath: "/usr/local/bin/envd", BootTimeout: 5 * time.Second, Warm: warm, GuestLog: e.guestLog,
 		Log: slog.New(slog.DiscardHandler),
 	})

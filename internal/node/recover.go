@@ -55,6 +55,9 @@ type pendingRecovery struct {
 	mark    string
 	hadMark bool
 	link    *netpool.Link
+	// ch is the agent socket, listened on again as soon as the sandbox was found running, so
+	// its envd stops redialling before anything slower happens.
+	ch *agent.Channel
 }
 
 // IDs are the API ids of the sandboxes Run will settle.
@@ -189,10 +192,26 @@ func (n *Node) survivor(ctx context.Context, rid string) *pendingRecovery {
 		p.mark, p.hadMark = string(m), true
 		return p
 	}
-	if st, err := n.opts.Runtime.Status(ctx, rid); err == nil && st == runtime.StatusRunning {
-		return p
+	if st, err := n.reattach(ctx, rid); err != nil || st != runtime.StatusRunning {
+		return nil
 	}
-	return nil
+	ch, err := agent.Listen(filepath.Join(dir, "agent"), n.log.With("sandbox", id))
+	if err != nil {
+		n.log.Warn("cannot reopen agent socket", "sandbox", id, "err", err)
+		return nil
+	}
+	p.ch = ch
+	return p
+}
+
+// reattach says whether the runtime of sandbox rid, started by an earlier node process, still
+// runs: from what it left in the sandbox's directory when the runtime can tell from that
+// (runtime.Reattacher), by asking the runtime otherwise.
+func (n *Node) reattach(ctx context.Context, rid string) (runtime.Status, error) {
+	if r, ok := n.opts.Runtime.(runtime.Reattacher); ok {
+		return r.Reattach(ctx, rid, n.sandboxDir(rid))
+	}
+	return n.opts.Runtime.Status(ctx, rid)
 }
 
 // recoverLinks hands the survivors their links back (their rules and policy are still in the
@@ -240,7 +259,7 @@ func (n *Node) recoverOne(ctx context.Context, p pendingRecovery) (out Recovered
 		// neither running nor stopped.
 		n.awaitCheckpoints(ctx, p)
 	}
-	if sb := n.adopt(ctx, p.rid); sb != nil {
+	if sb := n.adopt(ctx, p); sb != nil {
 		sb.link = p.link
 		if n.opts.Network != nil && sb.link == nil {
 			n.log.Warn("removing sandbox whose network link is gone", "sandbox", sb.id)
@@ -303,30 +322,55 @@ func (n *Node) awaitCheckpoints(ctx context.Context, p pendingRecovery) {
 	}
 }
 
-// adopt re-listens on a live, handed-out sandbox's agent socket and waits for its envd to redial.
-func (n *Node) adopt(ctx context.Context, rid string) *sandbox {
-	dir := n.sandboxDir(rid)
-	b, err := os.ReadFile(filepath.Join(dir, sandboxIDFile))
-	id := strings.TrimSpace(string(b))
-	if err != nil || !idRe.MatchString(id) {
-		return nil // pre-started and never claimed, or a create the crash interrupted
-	}
-	st, err := n.opts.Runtime.Status(ctx, rid)
-	if err != nil || st != runtime.StatusRunning {
+// adoptWait bounds how long a recovered sandbox whose runtime still runs may take to redial:
+// envd redials within half the node's absence (30 s at most) of the socket coming back, and a
+// node restarting beside hundreds of guests shares the host's cores with all of them. Its runtime
+// is checked every adoptCheck meanwhile, so a sandbox that died is let go then.
+var (
+	adoptWait  = 2 * time.Minute
+	adoptCheck = 15 * time.Second
+)
+
+// adopt listens on a live, handed-out sandbox's agent socket (Recover may have done so already)
+// and waits for its envd to redial. A sandbox whose runtime stops meanwhile, or whose envd does
+// not come back within adoptWait, is not adopted.
+func (n *Node) adopt(ctx context.Context, p pendingRecovery) *sandbox {
+	dir := n.sandboxDir(p.rid)
+	ch := p.ch
+	fail := func() *sandbox {
+		if ch != nil {
+			_ = ch.Close()
+		}
 		return nil
 	}
-	ch, err := agent.Listen(filepath.Join(dir, "agent"), n.log.With("sandbox", id))
-	if err != nil {
-		n.log.Warn("cannot reopen agent socket", "sandbox", id, "err", err)
-		return nil
+	// A pause or snapshot the crash interrupted may have stopped it since Recover looked.
+	if st, err := n.reattach(ctx, p.rid); err != nil || st != runtime.StatusRunning {
+		return fail()
 	}
-	wctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-	defer cancel()
-	if err := ch.WaitConnected(wctx); err != nil {
-		n.log.Warn("envd did not reconnect", "sandbox", id, "err", err)
-		_ = ch.Close()
-		return nil
+	if ch == nil {
+		var err error
+		if ch, err = agent.Listen(filepath.Join(dir, "agent"), n.log.With("sandbox", p.id)); err != nil {
+			n.log.Warn("cannot reopen agent socket", "sandbox", p.id, "err", err)
+			return nil
+		}
+	}
+	deadline := time.Now().Add(adoptWait)
+	for {
+		wctx, cancel := context.WithTimeout(ctx, min(adoptCheck, time.Until(deadline)))
+		err := ch.WaitConnected(wctx)
+		cancel()
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil || !time.Now().Before(deadline) {
+			n.log.Warn("envd did not reconnect", "sandbox", p.id, "waited", adoptWait, "err", err)
+			return fail()
+		}
+		if st, serr := n.reattach(ctx, p.rid); serr != nil || st != runtime.StatusRunning {
+			n.log.Warn("sandbox stopped before its envd reconnected", "sandbox", p.id, "status", st, "err", serr)
+			return fail()
+		}
 	}
 	token, _ := os.ReadFile(filepath.Join(dir, accessTokenFile))
-	return &sandbox{runtimeID: rid, id: id, token: string(token), ch: ch}
+	return &sandbox{runtimeID: p.rid, id: p.id, token: string(token), ch: ch}
 }
