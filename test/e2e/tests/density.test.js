@@ -2,11 +2,11 @@
 // answers creates and commands about as fast as it does holding one. The bound is loose on purpose
 // (3× the p50 at one live sandbox, plus 50 ms for timer noise on a shared machine): it catches
 // work that grows with the number of sandboxes (a scan per request, a global lock on a hot path,
-// per-sandbox polling), not a few percent.
+// per-sandbox polling), not a few percent. A restart of the full node then hands every sandbox back.
 import assert from 'node:assert/strict';
 import { describe } from 'node:test';
 import { Sandbox } from 'e2b';
-import { useServer, runId, listAll, killQuietly } from '../lib/harness.js';
+import { useServer, runId, listAll, killQuietly, getInfoRecovered } from '../lib/harness.js';
 
 const LIVE = 50;
 const SAMPLES = 7;
@@ -81,5 +81,32 @@ describe(`density (${LIVE} idle sandboxes on one node)`, () => {
     console.log(`# density: ${report}`);
     assert.ok(many.create <= bound(one.create), `create p50 grew past 3×: ${report}`);
     assert.ok(many.run <= bound(one.run), `commands.run p50 grew past 3×: ${report}`);
+  });
+
+  // A restart of a full node must hand every sandbox back: each guest redials the node's agent
+  // socket on its own schedule, and the node once asked runsc about every sandbox, one process
+  // each, before it listened again, then gave each envd 15 s; at 500 live that lost most of them.
+  srv.test(`a restart with ${LIVE} live sandboxes hands every one of them back`, async () => {
+    assert.equal(live.length, LIVE, 'the previous test filled the node');
+    const t = performance.now();
+    await srv.restart();
+    const serving = performance.now() - t;
+    for (const s of live) {
+      const info = await getInfoRecovered(s.sandboxId, srv.sdkOpts, 180_000);
+      assert.equal(info.state, 'running', `${s.sandboxId} is running after the restart`);
+    }
+    const recovered = performance.now() - t;
+    await Promise.all(
+      [0, 1, 2, 3].map(async (w) => {
+        for (let i = w; i < live.length; i += 4) {
+          const r = await live[i].commands.run(`echo ${i}`);
+          assert.equal(r.stdout, `${i}\n`, `sandbox ${live[i].sandboxId} runs commands after the restart`);
+        }
+      }),
+    );
+    const running = (await listAll(srv.sdkOpts)).filter((s) => s.metadata?.run === RUN);
+    assert.equal(running.length, LIVE, 'no sandbox was lost');
+    console.log(`# density: restart with ${LIVE} live: serving after ${serving.toFixed(0)} ms, ` +
+      `all recovered after ${recovered.toFixed(0)} ms, all answered after ${(performance.now() - t).toFixed(0)} ms`);
   });
 });
