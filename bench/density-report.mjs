@@ -13,12 +13,17 @@ console.log(`vmon density benchmark — ${meta.startedAt}, vmon ${meta.git}${met
   `fill ${r.concurrency} creates at a time, idle CPU over ${r.idleSeconds} s\n`);
 console.log('Latencies are p50 / p95 in ms.' + (meta.reclaim ? ` Host memory reclaim: ${meta.reclaim}.` : '') +
   (meta.serveArgs ? ` vmon serve ${meta.serveArgs}.` : '') + (meta.ksm && /memory-merge/.test(meta.serveArgs ?? '') ? ` ksmd's pace: ${meta.ksm.replace(/run=\d+ /, '')}.` : '') + '\n');
-console.log('| live | create → first command | `commands.run`, random sandbox (its idle age p50) | `commands.run` after a ' + (r.steps[0]?.gapS ?? '–') + ' s gap | `GET /sandboxes` | `GET /sandboxes/{id}` | ingress (envd /health) | idle host CPU (% of one core) | vmon CPU | vmon RSS | goroutines | PSS per sandbox (sentry + gofer + stubs) | host memory per sandbox | fill rate |');
+// With a warm pool each create sample waited for the pool to refill; the cell says how many the
+// pool served, so a boot (a miss) cannot pass for a warm create.
+const warm = Number(meta.warmPool ?? 0);
+const createHead = warm > 0 ? `create → first command (warm pool of ${warm}: served by it / samples)` : 'create → first command';
+const servedBy = (s) => (s.createWarmPool ? ` (${s.createWarmPool.hits}/${s.createWarmPool.hits + s.createWarmPool.misses})` : '');
+console.log('| live | ' + createHead + ' | `commands.run`, random sandbox (its idle age p50) | `commands.run` after a ' + (r.steps[0]?.gapS ?? '–') + ' s gap | `GET /sandboxes` | `GET /sandboxes/{id}` | ingress (envd /health) | idle host CPU (% of one core) | vmon CPU | vmon RSS | goroutines | PSS per sandbox (sentry + gofer + stubs) | host memory per sandbox | fill rate |');
 console.log('|---|---|---|---|---|---|---|---|---|---|---|---|---|---|');
 for (const s of [...r.steps, ...(r.recheck ? [r.recheck] : [])]) {
   const p = s.pssPerSandboxMiB;
   const age = s.commandsRunIdleAgeS?.p50 == null ? '' : ` (${s.commandsRunIdleAgeS.p50.toFixed(0)} s)`;
-  console.log(`| ${s.live}${s.recheck ? ' (again, at the end)' : ''} | ${ms(s.createToFirstCommandMs)} | ${ms(s.commandsRunMs)}${age} | ${ms(s.commandsRunAfterGapMs)} | ${ms(s.listSandboxesMs)} | ${ms(s.getSandboxMs)} | ` +
+  console.log(`| ${s.live}${s.recheck ? ' (again, at the end)' : ''} | ${ms(s.createToFirstCommandMs)}${servedBy(s)} | ${ms(s.commandsRunMs)}${age} | ${ms(s.commandsRunAfterGapMs)} | ${ms(s.listSandboxesMs)} | ${ms(s.getSandboxMs)} | ` +
     `${ms(s.ingressMs)} | ${v(s.idleCpuPctOfOneCore, ' %')} | ${v(s.vmonCpuPctOfOneCore, ' %')} | ${v(s.vmonRssMiB, ' MiB')} | ${v(s.goroutines)} | ` +
     `${v(p.total, ' MiB')} (${v(p.sentry)} + ${v(p.gofer)} + ${v(p.stubs)}) | ${v(s.hostUsedPerSandboxMiB, ' MiB')} | ${v(s.fillCreatesPerSecond, '/s')} |`);
 }

@@ -2,7 +2,7 @@
 //
 //   node bench/density.mjs --steps 1,100,250,500 --out F --vmon-pid P --metrics URL
 //                          [--samples 20] [--idle-s 20] [--settle-s 10] [--concurrency 4]
-//                          [--gap-s 3] [--recheck 1]
+//                          [--gap-s 3] [--recheck 1] [--warm-pool 0]
 //
 // At each step (so many sandboxes live, each having answered one command), with nothing else
 // running: host CPU over --idle-s seconds of idleness (all cores, as % of one core), vmon's RSS and
@@ -14,6 +14,11 @@
 // /sandboxes, GET /sandboxes/{id}, and envd's /health through the ingress (header mode). At the end,
 // how long killing every sandbox takes; then (--recheck, default 1) the first step again, to show
 // how far the machine drifted meanwhile.
+//
+// With --warm-pool N (vmon serve's --warm-pool, which bench/density.sh passes on), each create
+// sample first waits until the node's warm pool is full again (vmon_warm_pool_ready), so it times
+// the path a create takes on a default node whose pool keeps up; the step records how many of the
+// samples the pool served (vmon_warm_pool_creates_total), so a miss cannot pass for a warm create.
 //
 // With --paused N (and --data-dir, vmon's): after that, the paused-sandbox phase: N sandboxes are
 // created (each running one command and holding a 1 MiB file it wrote) and paused, CONCURRENCY at
@@ -39,6 +44,8 @@ const VMON_PID = Number(args['vmon-pid']);
 const TIMEOUT_MS = 6 * 3600_000;
 const PAUSED = Number(args.paused ?? 0);
 const RECHECK = args.recheck !== '0';
+const WARM_POOL = Number(args['warm-pool'] ?? 0);
+if (WARM_POOL > 0 && !args.metrics) throw new Error('--warm-pool needs --metrics');
 if (!args.out || !VMON_PID) throw new Error('--out and --vmon-pid are required');
 
 const live = []; // Sandbox objects, in creation order
@@ -194,6 +201,28 @@ async function goroutines() {
   }
 }
 
+/** The node's warm pool for base, from its metrics: ready, hits and misses. */
+async function warmPool() {
+  const text = await (await fetch(`${args.metrics}/metrics`)).text();
+  const num = (re) => Number(re.exec(text)?.[1] ?? NaN);
+  return {
+    ready: num(/^vmon_warm_pool_ready\{template="base"\} (\S+)/m),
+    hits: num(/^vmon_warm_pool_creates_total\{result="hit",template="base"\} (\S+)/m),
+    misses: num(/^vmon_warm_pool_creates_total\{result="miss",template="base"\} (\S+)/m),
+  };
+}
+
+/** Waits until the warm pool is full again (a refill is one boot, under a second at 500 live). */
+async function warmPoolFull() {
+  const deadline = now() + 120_000;
+  for (;;) {
+    const p = await warmPool();
+    if (p.ready >= WARM_POOL) return p;
+    if (now() > deadline) throw new Error(`the warm pool did not refill within 120 s (${JSON.stringify(p)})`);
+    await sleep(100);
+  }
+}
+
 async function timed(fn) {
   const t = now();
   await fn();
@@ -249,12 +278,18 @@ async function measureStep(n, baseline) {
 
   say(`${n} live: latencies (${SAMPLES} samples each)`);
   const createMs = [];
+  const pool0 = WARM_POOL > 0 ? await warmPool() : null;
   for (let i = 0; i < SAMPLES; i++) {
+    if (WARM_POOL > 0) await warmPoolFull();
     let sbx;
     createMs.push(await timed(async () => {
       sbx = await createReady();
     }));
     await Sandbox.kill(sbx.sandboxId, opts);
+  }
+  if (pool0) {
+    const pool1 = await warmPool();
+    out.createWarmPool = { size: WARM_POOL, hits: pool1.hits - pool0.hits, misses: pool1.misses - pool0.misses };
   }
   const execMs = [];
   const idleAgeS = [];

@@ -11,6 +11,8 @@
 #   DENSITY_GAP_S [3] (think time before the matched-idle command samples)  DENSITY_RECHECK [1] (the first step again at the end)
 #   DENSITY_CONCURRENCY [4]  DENSITY_PAUSED [0] (the paused-sandbox phase: so many created and paused; DENSITY_STEPS=0 for it alone)
 #   DENSITY_SERVE_ARGS [] (more `vmon serve` flags, e.g. to compare runtime options)
+#   DENSITY_WARM_POOL [0] (vmon serve --warm-pool; above 0, each create sample waits for the pool
+#     to refill, so it times a warm create: the default node's path while its pool keeps up)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
@@ -31,6 +33,7 @@ CONCURRENCY=${DENSITY_CONCURRENCY:-4}
 GAP_S=${DENSITY_GAP_S:-3}
 RECHECK=${DENSITY_RECHECK:-1}
 PAUSED=${DENSITY_PAUSED:-0}
+WARM_POOL=${DENSITY_WARM_POOL:-0}
 mkdir -p "$OUT"
 
 ensure_sdk
@@ -46,18 +49,18 @@ EXIT_CLEANUP=restore_ksm
 trap on_exit EXIT
 trap 'exit 130' INT TERM
 prepare_data_dir
-write_meta "  \"reclaim\": \"$(reclaim_policy)\", \"ksm\": \"$(ksm_pace)\", \"serveArgs\": \"${DENSITY_SERVE_ARGS:-}\", \"steps\": \"$STEPS\", \"samples\": $SAMPLES, \"idleSeconds\": $IDLE_S, \"settleSeconds\": $SETTLE_S"
+write_meta "  \"reclaim\": \"$(reclaim_policy)\", \"ksm\": \"$(ksm_pace)\", \"serveArgs\": \"${DENSITY_SERVE_ARGS:-}\", \"steps\": \"$STEPS\", \"samples\": $SAMPLES, \"idleSeconds\": $IDLE_S, \"settleSeconds\": $SETTLE_S, \"warmPool\": $WARM_POOL"
 
 max=${STEPS##*,}
 max=${max:-0}
 metrics_port=$(node -e 'const s=require("net").createServer();s.listen(0,"127.0.0.1",()=>{console.log(s.address().port);s.close()})')
-# Room for the step's sandboxes and the ones measured on top of it; no warm pool, so what is
-# measured at idle is the sandboxes alone.
+# Room for the step's sandboxes, the ones measured on top of it and the warm pool's. With no warm
+# pool (the default here) what is measured at idle is the sandboxes alone, and every create boots.
 # shellcheck disable=SC2086
-start_vmon "$OUT/vmon.log" --warm-pool 0 --max-sandboxes $((max + 8 + PAUSED)) \
+start_vmon "$OUT/vmon.log" --warm-pool "$WARM_POOL" --max-sandboxes $((max + 8 + PAUSED + WARM_POOL)) \
   --metrics-listen "127.0.0.1:$metrics_port" ${DENSITY_SERVE_ARGS:-}
 node bench/density.mjs --steps "$STEPS" --samples "$SAMPLES" --idle-s "$IDLE_S" --settle-s "$SETTLE_S" --concurrency "$CONCURRENCY" \
-  --gap-s "$GAP_S" --recheck "$RECHECK" \
+  --gap-s "$GAP_S" --recheck "$RECHECK" --warm-pool "$WARM_POOL" \
   --paused "$PAUSED" --data-dir "$DATA" --vmon-pid "$VMON_PID" --metrics "http://127.0.0.1:$metrics_port" --out "$OUT/density.json"
 stop_vmon
 

@@ -122,6 +122,17 @@ func registerMetrics(m *metrics.Metrics, cs ...prometheus.Collector) error {
 	return nil
 }
 
+// warmPoolMetrics reports node n's warm pool.
+func warmPoolMetrics(n *node.Node) prometheus.Collector {
+	return metrics.WarmPool(func() []metrics.WarmPoolSpec {
+		var out []metrics.WarmPoolSpec
+		for _, s := range n.WarmPool() {
+			out = append(out, metrics.WarmPoolSpec{TemplateID: s.TemplateID, Size: s.Size, Ready: s.Ready, Hits: s.Hits, Misses: s.Misses})
+		}
+		return out
+	})
+}
+
 // nodeRoom is what node n has and uses, as it reports it for placement.
 func nodeRoom(n *node.Node, maxSandboxes int, dataDir string) metrics.Room {
 	running := n.Running()

@@ -150,7 +150,7 @@ func serveNode(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 		return nodeapi.Status{Features: n.Features(), FreeMemoryMB: room.FreeMemoryMB, FreeSlots: room.FreeSlots,
 			FreeDiskMB: room.FreeDiskMB, Load: min(1, float64(room.Running)/float64(maxSandboxes)), Templates: templates}
 	}
-	if err := registerMetrics(m, append(proxyMetrics(ns.egressProxy), metrics.NodeRoom(func() metrics.Room { return nodeRoom(n, maxSandboxes, c.DataDir) }))...); err != nil {
+	if err := registerMetrics(m, append(proxyMetrics(ns.egressProxy), metrics.NodeRoom(func() metrics.Room { return nodeRoom(n, maxSandboxes, c.DataDir) }), warmPoolMetrics(n))...); err != nil {
 		return err
 	}
 	stopMetrics, err := serveMetrics(c, m, nodeChecks(n, ns.recovery, c.DataDir), log)

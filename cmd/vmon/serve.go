@@ -264,7 +264,7 @@ func serve(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 	if err := registerMetrics(m, append(metrics.BootQueue(d.BootQueue), metrics.SandboxStates(st.TallySandboxes), databaseUse(st))...); err != nil {
 		return err
 	}
-	if err := registerMetrics(m, append(proxyMetrics(egressProxy), metrics.NodeRoom(func() metrics.Room { return nodeRoom(n, maxSandboxes, c.DataDir) }))...); err != nil {
+	if err := registerMetrics(m, append(proxyMetrics(egressProxy), metrics.NodeRoom(func() metrics.Room { return nodeRoom(n, maxSandboxes, c.DataDir) }), warmPoolMetrics(n))...); err != nil {
 		return err
 	}
 	stopMetrics, err := serveMetrics(c, m, checks, log)

@@ -130,3 +130,40 @@ func (c proxyBytes) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(proxyBytesDesc, prometheus.CounterValue, float64(s), "sent")
 	ch <- prometheus.MustNewConstMetric(proxyBytesDesc, prometheus.CounterValue, float64(r), "received")
 }
+
+// WarmPoolSpec is one warm pool spec of a node, as it reports it: the pre-started sandboxes it
+// keeps and has ready, and the creates of its shape that got one (hits) or booted (misses).
+type WarmPoolSpec struct {
+	TemplateID   string
+	Size, Ready  int
+	Hits, Misses int64
+}
+
+var (
+	warmSizeDesc    = prometheus.NewDesc("vmon_warm_pool_size", "Pre-started sandboxes the node keeps for a template (--warm-pool).", []string{"template"}, nil)
+	warmReadyDesc   = prometheus.NewDesc("vmon_warm_pool_ready", "Pre-started sandboxes ready to be handed to a create.", []string{"template"}, nil)
+	warmCreatesDesc = prometheus.NewDesc("vmon_warm_pool_creates_total",
+		"Creates of a pooled template's shape, by result: hit (handed a pre-started sandbox) or miss (the pool was empty; the create booted one).",
+		[]string{"template", "result"}, nil)
+)
+
+type warmPool struct{ specs func() []WarmPoolSpec }
+
+// WarmPool reports a node's warm pool at each scrape. Misses rising means creates come faster
+// than the pool refills, and those creates wait for a boot.
+func WarmPool(specs func() []WarmPoolSpec) prometheus.Collector { return warmPool{specs: specs} }
+
+func (c warmPool) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{warmSizeDesc, warmReadyDesc, warmCreatesDesc} {
+		ch <- d
+	}
+}
+
+func (c warmPool) Collect(ch chan<- prometheus.Metric) {
+	for _, s := range c.specs() {
+		ch <- prometheus.MustNewConstMetric(warmSizeDesc, prometheus.GaugeValue, float64(s.Size), s.TemplateID)
+		ch <- prometheus.MustNewConstMetric(warmReadyDesc, prometheus.GaugeValue, float64(s.Ready), s.TemplateID)
+		ch <- prometheus.MustNewConstMetric(warmCreatesDesc, prometheus.CounterValue, float64(s.Hits), s.TemplateID, "hit")
+		ch <- prometheus.MustNewConstMetric(warmCreatesDesc, prometheus.CounterValue, float64(s.Misses), s.TemplateID, "miss")
+	}
+}

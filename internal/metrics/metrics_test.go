@@ -96,6 +96,9 @@ func filled(t *testing.T) *Metrics {
 	for _, c := range append(BootQueue(func() (int, int) { return 4, 7 }),
 		NodeRoom(func() Room { return Room{Running: 2, FreeSlots: 18, FreeMemoryMB: 1024, FreeDiskMB: 2048} }),
 		EgressProxyBytes(func() (int64, int64) { return 1500, 64000 }),
+		WarmPool(func() []WarmPoolSpec {
+			return []WarmPoolSpec{{TemplateID: "base", Size: 2, Ready: 1, Hits: 9, Misses: 3}}
+		}),
 		DatabaseUse(func() Database { return Database{Engine: "postgres", Queries: 12, Busy: 4 * time.Millisecond} })) {
 		if err := m.Register(c); err != nil {
 			t.Fatal(err)
@@ -140,6 +143,10 @@ func TestMetrics(t *testing.T) {
 		{"vmon_egress_proxy_bytes_total", map[string]string{"direction": "sent"}, 1500},
 		{"vmon_egress_proxy_bytes_total", map[string]string{"direction": "received"}, 64000},
 		{"vmon_database_queries_total", map[string]string{"engine": "postgres"}, 12},
+		{"vmon_warm_pool_size", map[string]string{"template": "base"}, 2},
+		{"vmon_warm_pool_ready", map[string]string{"template": "base"}, 1},
+		{"vmon_warm_pool_creates_total", map[string]string{"template": "base", "result": "hit"}, 9},
+		{"vmon_warm_pool_creates_total", map[string]string{"template": "base", "result": "miss"}, 3},
 		{"vmon_database_query_seconds_total", map[string]string{"engine": "postgres"}, 0.004},
 	} {
 		if got := value(t, fams, c.name, c.labels); got != c.want {

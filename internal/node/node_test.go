@@ -435,6 +435,9 @@ func TestWarmPoolHandsOutMatchingShapeAndRefills(t *testing.T) {
 	if ready() != 1 {
 		t.Fatal("a create of another shape took the warm sandbox")
 	}
+	if got := n.WarmPool(); len(got) != 1 || got[0] != (WarmPoolStats{TemplateID: "base", Size: 1, Ready: 1}) {
+		t.Fatalf("pool stats after a create of another shape: %+v, want it neither a hit nor a miss", got)
+	}
 	// The matching shape gets the pre-started one, bound to its API id.
 	if _, err := n.CreateSandbox(context.Background(), spec("abc")); err != nil {
 		t.Fatal(err)
@@ -446,6 +449,9 @@ func TestWarmPoolHandsOutMatchingShapeAndRefills(t *testing.T) {
 	b, err := os.ReadFile(filepath.Join(e.dir, "sandboxes", warmID, sandboxIDFile))
 	if err != nil || string(b) != "abc" {
 		t.Fatalf("sandbox-id file: %q %v", b, err)
+	}
+	if got := n.WarmPool()[0]; got.Hits != 1 || got.Misses != 0 {
+		t.Fatalf("pool stats after a warm create: %+v, want 1 hit", got)
 	}
 	waitFor(t, "the pool to refill", func() bool { return ready() == 1 })
 
@@ -463,6 +469,22 @@ func TestWarmPoolHandsOutMatchingShapeAndRefills(t *testing.T) {
 	ids, _ := e.rt.List(context.Background())
 	if len(ids) != 1 || ids[0] != "big" {
 		t.Fatalf("after Close runtime has %v, want only [big]", ids)
+	}
+}
+
+// A create of a pooled shape that finds the pool empty boots its own sandbox and counts as a miss
+// (the pool here never fills: its refill loop is not started).
+func TestWarmPoolCountsAMissWhenEmpty(t *testing.T) {
+	e := newEnv(t)
+	n := e.node(t, []WarmSpec{{TemplateID: "base", CPUs: 2, MemoryMB: 512, Size: 1}})
+	if _, err := n.CreateSandbox(context.Background(), spec("abc")); err != nil {
+		t.Fatal(err)
+	}
+	if got := n.WarmPool(); len(got) != 1 || got[0] != (WarmPoolStats{TemplateID: "base", Size: 1, Misses: 1}) {
+		t.Fatalf("pool stats: %+v, want one miss and nothing ready", got)
+	}
+	if sb, ok := n.lookup("abc"); !ok || sb.runtimeID != "abc" {
+		t.Fatal("the missed create did not boot its own sandbox")
 	}
 }
 

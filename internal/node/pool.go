@@ -29,13 +29,18 @@ type pool struct {
 	mu sync.Mutex
 	// +checklocks:mu
 	ready map[int][]*sandbox
+	// hits and misses count, per spec, the creates of its shape that found a pre-started sandbox
+	// and those that found none and booted.
+	// +checklocks:mu
+	hits, misses map[int]int64
 	// +checklocks:mu
 	cancel context.CancelFunc
 	done   chan struct{}
 }
 
 func newPool(n *Node, specs []WarmSpec) *pool {
-	return &pool{n: n, specs: specs, kick: make(chan struct{}, 1), ready: map[int][]*sandbox{}}
+	return &pool{n: n, specs: specs, kick: make(chan struct{}, 1), ready: map[int][]*sandbox{},
+		hits: map[int]int64{}, misses: map[int]int64{}}
 }
 
 // StartWarmPool starts filling the warm pool. Call it after Recover, which discards the
@@ -122,11 +127,37 @@ func (p *pool) take(spec CreateSpec) *sandbox {
 		if q := p.ready[i]; len(q) > 0 {
 			sb := q[0]
 			p.ready[i] = q[1:]
+			p.hits[i]++
 			p.signal()
 			return sb
 		}
+		p.misses[i]++
+		return nil
 	}
 	return nil
+}
+
+// WarmPoolStats is one warm pool spec's state: how many pre-started sandboxes it keeps and has
+// ready, and how the creates of its shape fared.
+type WarmPoolStats struct {
+	TemplateID string
+	Size       int
+	Ready      int
+	// Hits are creates handed a pre-started sandbox; Misses found the pool empty and booted one.
+	Hits, Misses int64
+}
+
+// WarmPool reports each warm pool spec's state. A run of misses means creates come faster than
+// the pool refills (one boot at a time), and those creates pay for a boot.
+func (n *Node) WarmPool() []WarmPoolStats {
+	p := n.pool
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]WarmPoolStats, 0, len(p.specs))
+	for i, ws := range p.specs {
+		out = append(out, WarmPoolStats{TemplateID: ws.TemplateID, Size: ws.Size, Ready: len(p.ready[i]), Hits: p.hits[i], Misses: p.misses[i]})
+	}
+	return out
 }
 
 // remove takes sb out of the pool; it reports whether sb was there.
