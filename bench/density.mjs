@@ -16,9 +16,10 @@
 // how far the machine drifted meanwhile.
 //
 // With --warm-pool N (vmon serve's --warm-pool, which bench/density.sh passes on), each create
-// sample first waits until the node's warm pool is full again (vmon_warm_pool_ready), so it times
-// the path a create takes on a default node whose pool keeps up; the step records how many of the
-// samples the pool served (vmon_warm_pool_creates_total), so a miss cannot pass for a warm create.
+// sample first waits until the node's warm pool is full again (vmon_warm_pool_ready) and 2 s more,
+// so it times the path a create takes on a default node whose pool keeps up; the step records how
+// many of the samples the pool served (vmon_warm_pool_creates_total), so a miss cannot pass for
+// a warm create.
 //
 // With --paused N (and --data-dir, vmon's): after that, the paused-sandbox phase: N sandboxes are
 // created (each running one command and holding a 1 MiB file it wrote) and paused, CONCURRENCY at
@@ -45,6 +46,7 @@ const TIMEOUT_MS = 6 * 3600_000;
 const PAUSED = Number(args.paused ?? 0);
 const RECHECK = args.recheck !== '0';
 const WARM_POOL = Number(args['warm-pool'] ?? 0);
+const WARM_SETTLE_MS = 2000;
 if (WARM_POOL > 0 && !args.metrics) throw new Error('--warm-pool needs --metrics');
 if (!args.out || !VMON_PID) throw new Error('--out and --vmon-pid are required');
 
@@ -139,14 +141,28 @@ function sentryOf(pid, ppids, sentries) {
  * same address space (CLONE_VM), whose smaps repeat their leader's: counting them would count
  * the same pages again. */
 function runscBySandbox(ids) {
-  const want = new Set(ids);
+  // runsc knows a sandbox by its runtime id: its API id, or for one a warm pool pre-started, the
+  // id it booted under, which the node's sandbox-id file in its directory maps to the API id.
+  const want = new Map(ids.map((id) => [id, id]));
+  if (args['data-dir']) {
+    const dir = `${args['data-dir']}/sandboxes`;
+    for (const rid of fs.existsSync(dir) ? fs.readdirSync(dir) : []) {
+      try {
+        const id = fs.readFileSync(`${dir}/${rid}/sandbox-id`, 'utf8').trim();
+        if (want.has(id)) want.set(rid, id);
+      } catch {
+        // not handed out (a pre-started one), or gone meanwhile
+      }
+    }
+  }
   const by = new Map();
   const sentries = new Map();
   for (const { pid, argv } of processesMatching('runsc')) {
     const name = (argv[0] ?? '').split('/').pop();
     if (!name.startsWith('runsc')) continue;
-    const id = argv.slice().reverse().find((a) => want.has(a));
-    if (!id) continue;
+    const rid = argv.slice().reverse().find((a) => want.has(a));
+    if (!rid) continue;
+    const id = want.get(rid);
     const pss = procKb(`/proc/${pid}/smaps_rollup`, 'Pss');
     if (pss == null) continue;
     if (!by.has(id)) by.set(id, { sentry: 0, gofer: 0, stubs: 0, other: 0 });
@@ -280,7 +296,13 @@ async function measureStep(n, baseline) {
   const createMs = [];
   const pool0 = WARM_POOL > 0 ? await warmPool() : null;
   for (let i = 0; i < SAMPLES; i++) {
-    if (WARM_POOL > 0) await warmPoolFull();
+    if (WARM_POOL > 0) {
+      await warmPoolFull();
+      // A create that lands the moment a refill's boot ends shares the cores with what that boot
+      // leaves running (its sandbox's start, the previous sample's teardown); creates spaced by an
+      // agent's pace find the pool refilled a while ago.
+      await sleep(WARM_SETTLE_MS);
+    }
     let sbx;
     createMs.push(await timed(async () => {
       sbx = await createReady();
