@@ -1,6 +1,7 @@
-// Command runsc is gVisor's runsc at the version vmon pins, built by scripts/install-runsc.sh, with
-// one addition: a long-lived runsc process (a sandbox's sentry, its gofer) hands the memory its Go
-// heap no longer uses back to the host once it goes idle.
+// Command runsc is gVisor's runsc at the version vmon pins, built by scripts/install-runsc.sh with
+// the patches in runsc/patches applied to gVisor, and with one addition here: a long-lived runsc
+// process (a sandbox's sentry, its gofer) hands the memory its Go heap no longer uses back to the
+// host once it goes idle.
 //
 // Why: the Go runtime keeps freed heap mapped (the heap goal is at least 4 MiB, and the
 // scavenger returns only what lies above it), and every runsc process starts by running the

@@ -6,6 +6,8 @@
 #   iproute2          ip netns / ip link, for debugging and the networking layer
 #   iptables          sandbox uplink filtering (networking layer)
 #   e2fsprogs         mkfs.ext4, for each sandbox's size-limited disk image
+#   erofs-utils       mkfs.erofs, for root filesystem images a sandbox boots without a gofer
+#   patch             applies vmon's patches to gVisor (scripts/install-runsc.sh)
 #   libnss-myhostname makes *.localhost names resolve to loopback (E2B_DOMAIN=localhost setups)
 #   busybox-static    the tiny rootfs of the runtime tests and the fixture images of the template tests
 #   bash-static       the fixture images' /bin/bash (the SDK runs commands with bash)
@@ -19,7 +21,7 @@
 # Node.js and npm (for the SDK end-to-end tests) are expected to be installed already.
 set -eu
 
-PACKAGES="make git mmdebstrap iproute2 iptables e2fsprogs libnss-myhostname busybox-static bash-static ca-certificates curl file python3-ipykernel node-typescript openjdk-17-jdk-headless systemd postgresql"
+PACKAGES="make git mmdebstrap iproute2 iptables e2fsprogs erofs-utils patch libnss-myhostname busybox-static bash-static ca-certificates curl file python3-ipykernel node-typescript openjdk-17-jdk-headless systemd postgresql"
 
 missing=""
 for p in $PACKAGES; do
