@@ -27,7 +27,18 @@ type Spec struct {
 	// ID is the sandbox id; backends use it as their container/VM id.
 	ID string
 	// RootDir is the sandbox's own writable root filesystem (an overlay over a read-only template).
+	// With RootImage it is instead the host directory that holds the sandbox's writable layer.
 	RootDir string
+	// RootImage, when set, is a read-only EROFS image of the root filesystem (a template's, shared
+	// by all its sandboxes) that the runtime mounts itself. The guest's writes to its root go to
+	// a host file the runtime keeps in RootDir, up to RootSizeBytes. A sandbox with a RootImage
+	// and no Mounts needs no file server beside it on the host (gVisor's gofer), which is most of
+	// an idle sandbox's host memory after its kernel's. The image's /tmp must not be empty, or
+	// the guest's /tmp is memory rather than disk.
+	RootImage string
+	// RootSizeBytes bounds what the guest may write over RootImage: past it writes fail with
+	// ENOSPC, and df in the guest shows this size. Zero: no bound but the host's disk.
+	RootSizeBytes int64
 	// StateDir is a per-sandbox host directory the backend may use for logs and bundle files.
 	StateDir string
 	Hostname string

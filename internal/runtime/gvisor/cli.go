@@ -16,7 +16,8 @@ import (
 
 // runsc is the one place runsc is invoked. Every invocation carries the same global flags, above
 // all --root: runsc keeps a sandbox's state under its root and finds nothing without it, and the
-// flags a sandbox was created with must match the ones later commands use.
+// flags a sandbox was created with must match the ones later commands use. Only run and restore
+// may add flags of their own sandbox (runDetached), ones no later command reads.
 type runsc struct {
 	path  string
 	flags []string
@@ -73,8 +74,9 @@ func (c *runsc) output(cmd *exec.Cmd, sub string, args []string) ([]byte, error)
 // invocation: create then start would pay for a second runsc process on the create path. With
 // imageDir it restores that checkpoint instead of starting init. The sandbox inherits out as the
 // container's stdout and stderr and runs in its own session, so it neither depends on this
-// process's pipes nor dies with it.
-func (c *runsc) runDetached(ctx context.Context, id, bundle, pidFile, imageDir string, out *os.File) error {
+// process's pipes nor dies with it. global are runsc flags of this sandbox's own, put after the
+// shared ones (and so overriding them).
+func (c *runsc) runDetached(ctx context.Context, global []string, id, bundle, pidFile, imageDir string, out *os.File) error {
 	sub, args := "run", []string{"--detach", "--bundle", bundle, "--pid-file", pidFile}
 	if imageDir != "" {
 		// --background: the sandbox runs once the kernel state and the page metadata are in;
@@ -82,6 +84,8 @@ func (c *runsc) runDetached(ctx context.Context, id, bundle, pidFile, imageDir s
 		sub, args = "restore", append(args, "--image-path="+imageDir, "--background")
 	}
 	cmd := c.command(ctx, sub, append(args, id)...)
+	// Global flags go before the subcommand; a later one overrides an earlier one of the same name.
+	cmd.Args = slices.Concat(cmd.Args[:1+len(c.flags)], global, cmd.Args[1+len(c.flags):])
 	cmd.Stdout, cmd.Stderr = out, out
 	start := time.Now()
 	err := cmd.Run()

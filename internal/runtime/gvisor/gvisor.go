@@ -240,8 +240,12 @@ func (r *Runtime) launch(ctx context.Context, spec runtime.Spec, imageDir string
 	if !filepath.IsAbs(spec.StateDir) {
 		return errdefs.InvalidArgument("sandbox state directory must be an absolute path")
 	}
-	if err := checkTmpDir(spec.RootDir); err != nil {
-		return err
+	if spec.RootImage == "" {
+		if err := checkTmpDir(spec.RootDir); err != nil {
+			return err
+		}
+	} else if fi, err := os.Stat(spec.RootDir); err != nil || !fi.IsDir() {
+		return errdefs.InvalidArgument("the directory for the sandbox's writable layer must exist")
 	}
 	if err := os.MkdirAll(spec.StateDir, 0o700); err != nil {
 		return fmt.Errorf("create state dir: %w", err)
@@ -269,7 +273,7 @@ func (r *Runtime) launch(ctx context.Context, spec runtime.Spec, imageDir string
 	}()
 	// runsc itself refuses an id it already has (it holds a lock per container), which spares
 	// a `runsc state` round trip on every create.
-	if err := r.cli.runDetached(ctx, spec.ID, spec.StateDir, filepath.Join(spec.StateDir, pidFileName), imageDir, out); err != nil {
+	if err := r.cli.runDetached(ctx, rootUpperFlag(spec), spec.ID, spec.StateDir, filepath.Join(spec.StateDir, pidFileName), imageDir, out); err != nil {
 		msg := tail(logPath, 2048)
 		if strings.Contains(msg, "container already exists") {
 			conflict = true

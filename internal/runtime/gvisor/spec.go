@@ -61,6 +61,12 @@ func buildSpec(s runtime.Spec, cgroupsPath string) (*specs.Spec, error) {
 	if s.CPUs < 0 || s.MemoryMB < 0 {
 		return nil, errdefs.InvalidArgument("negative resource limit")
 	}
+	if s.RootImage != "" && !filepath.IsAbs(s.RootImage) {
+		return nil, errdefs.InvalidArgument("sandbox root image must be an absolute path")
+	}
+	if s.RootSizeBytes < 0 || (s.RootSizeBytes > 0 && s.RootImage == "") {
+		return nil, errdefs.InvalidArgument("a root size needs a root image and must not be negative")
+	}
 	hostname := s.Hostname
 	if hostname == "" {
 		hostname = s.ID
@@ -81,10 +87,15 @@ func buildSpec(s runtime.Spec, cgroupsPath string) (*specs.Spec, error) {
 		// pids controller, and programs that size themselves from cgroup limits (JVMs, Node.js)
 		// see the sandbox's memory and CPU.
 		{Destination: "/sys/fs/cgroup", Type: "cgroup", Source: "cgroup"},
-		// Without an explicit /tmp mount gVisor mounts an in-memory tmpfs over an empty /tmp. Binding
-		// the rootfs's own /tmp keeps files there on disk (counted as the sandbox's disk, not its
-		// memory) and part of the rootfs a checkpoint leaves on the host.
-		{Destination: "/tmp", Type: "bind", Source: filepath.Join(s.RootDir, tmpDir), Options: []string{"rbind", "rw"}},
+	}
+	if s.RootImage == "" {
+		// Without an explicit /tmp mount gVisor mounts an in-memory tmpfs over an empty /tmp.
+		// Binding the rootfs's own /tmp keeps files there on disk (counted as the sandbox's disk,
+		// not its memory) and part of the rootfs a checkpoint leaves on the host. Over a root
+		// image the same holds without a mount, which would bring the gofer back: /tmp is part
+		// of the image's writable layer as long as the image's /tmp is not empty.
+		mounts = append(mounts, specs.Mount{Destination: "/tmp", Type: "bind", Source: filepath.Join(s.RootDir, tmpDir),
+			Options: []string{"rbind", "rw"}})
 	}
 	for _, m := range s.Mounts {
 		if !filepath.IsAbs(m.HostPath) || !filepath.IsAbs(m.GuestPath) {
@@ -117,9 +128,10 @@ func buildSpec(s runtime.Spec, cgroupsPath string) (*specs.Spec, error) {
 			// sudo must be able to raise privileges (runsc also needs --allow-suid for that).
 			NoNewPrivileges: false,
 		},
-		Root:     &specs.Root{Path: s.RootDir, Readonly: false},
-		Hostname: hostname,
-		Mounts:   mounts,
+		Root:        &specs.Root{Path: s.RootDir, Readonly: false},
+		Hostname:    hostname,
+		Mounts:      mounts,
+		Annotations: rootImageAnnotations(s),
 		Linux: &specs.Linux{
 			Namespaces: []specs.LinuxNamespace{
 				{Type: specs.PIDNamespace},
@@ -133,6 +145,35 @@ func buildSpec(s runtime.Spec, cgroupsPath string) (*specs.Spec, error) {
 		},
 	}
 	return spec, nil
+}
+
+// rootImageAnnotations tell runsc to mount the root from spec.RootImage (gVisor's rootfs hint)
+// with a writable layer whose data lives in a host file in RootDir (rootUpperFlag), bounded by
+// RootSizeBytes inside the sentry, so a full disk is ENOSPC in the guest rather than an I/O error
+// from the host file.
+func rootImageAnnotations(s runtime.Spec) map[string]string {
+	if s.RootImage == "" {
+		return nil
+	}
+	a := map[string]string{
+		"dev.gvisor.spec.rootfs.source":  filepath.Clean(s.RootImage),
+		"dev.gvisor.spec.rootfs.type":    "erofs",
+		"dev.gvisor.spec.rootfs.overlay": "dir=" + filepath.Clean(s.RootDir),
+	}
+	if s.RootSizeBytes > 0 {
+		a["dev.gvisor.spec.rootfs.options"] = fmt.Sprintf("size=%d", s.RootSizeBytes)
+	}
+	return a
+}
+
+// rootUpperFlag is the runsc flag that names the directory of a root image's writable layer. The
+// rootfs hint says the layer is a host file, but runsc takes the file's directory from this
+// global flag only, so run and restore of such a sandbox carry it.
+func rootUpperFlag(s runtime.Spec) []string {
+	if s.RootImage == "" {
+		return nil
+	}
+	return []string{"--overlay2=root:dir=" + filepath.Clean(s.RootDir)}
 }
 
 // shmOptions sizes /dev/shm: without a size, gVisor's tmpfs may grow to half the host's memory,

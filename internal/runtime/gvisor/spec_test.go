@@ -65,6 +65,9 @@ func TestBuildSpecInvalid(t *testing.T) {
 		"relative root":  func(s *runtime.Spec) { s.RootDir = "r" },
 		"relative mount": func(s *runtime.Spec) { s.Mounts = []runtime.Mount{{HostPath: "x", GuestPath: "/x"}} },
 		"negative mem":   func(s *runtime.Spec) { s.MemoryMB = -1 },
+		"relative image": func(s *runtime.Spec) { s.RootImage = "t.erofs" },
+		"negative size":  func(s *runtime.Spec) { s.RootImage, s.RootSizeBytes = "/t.erofs", -1 },
+		"size, no image": func(s *runtime.Spec) { s.RootSizeBytes = 1 << 30 },
 	} {
 		s := ok
 		mut(&s)
@@ -74,6 +77,51 @@ func TestBuildSpecInvalid(t *testing.T) {
 	}
 	if spec, err := buildSpec(ok, ""); err != nil || spec.Linux.Resources != nil || spec.Hostname != "a" {
 		t.Fatalf("minimal spec = %+v, %v", spec, err)
+	}
+}
+
+// TestBuildSpecRootImage: a root image is gVisor's rootfs hint, with the writable layer's file in
+// RootDir and its bound, and no /tmp bind mount, which would need a gofer.
+func TestBuildSpecRootImage(t *testing.T) {
+	s := runtime.Spec{ID: "a", RootDir: "/sbx/a/layer/", RootImage: "/tpl/base.erofs", RootSizeBytes: 1 << 30,
+		Args: []string{"/init"}}
+	spec, err := buildSpec(s, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{
+		"dev.gvisor.spec.rootfs.source":  "/tpl/base.erofs",
+		"dev.gvisor.spec.rootfs.type":    "erofs",
+		"dev.gvisor.spec.rootfs.overlay": "dir=/sbx/a/layer",
+		"dev.gvisor.spec.rootfs.options": "size=1073741824",
+	}
+	if len(spec.Annotations) != len(want) {
+		t.Fatalf("annotations = %v, want %v", spec.Annotations, want)
+	}
+	for k, v := range want {
+		if spec.Annotations[k] != v {
+			t.Fatalf("annotation %s = %q, want %q", k, spec.Annotations[k], v)
+		}
+	}
+	for _, m := range spec.Mounts {
+		if m.Type == "bind" {
+			t.Fatalf("bind mount %+v with a root image", m)
+		}
+	}
+	if got := rootUpperFlag(s); len(got) != 1 || got[0] != "--overlay2=root:dir=/sbx/a/layer" {
+		t.Fatalf("rootUpperFlag = %v", got)
+	}
+
+	s.RootSizeBytes = 0
+	if spec, err = buildSpec(s, ""); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := spec.Annotations["dev.gvisor.spec.rootfs.options"]; ok {
+		t.Fatalf("a size option without a bound: %v", spec.Annotations)
+	}
+	s.RootImage = ""
+	if spec, err = buildSpec(s, ""); err != nil || spec.Annotations != nil || rootUpperFlag(s) != nil {
+		t.Fatalf("without a root image: annotations %v, flag %v, err %v", spec.Annotations, rootUpperFlag(s), err)
 	}
 }
 
