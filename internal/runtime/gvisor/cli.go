@@ -40,7 +40,13 @@ var runscEnv = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:
 var errNotExist = errors.New("runsc: container does not exist")
 
 func (c *runsc) command(ctx context.Context, sub string, args ...string) *exec.Cmd {
-	argv := append(append(slices.Clone(c.flags), sub), args...)
+	return c.commandWith(ctx, nil, sub, args...)
+}
+
+// commandWith is command with global flags of one sandbox's own after the shared ones (so
+// overriding them: runsc takes the last of a repeated flag).
+func (c *runsc) commandWith(ctx context.Context, global []string, sub string, args ...string) *exec.Cmd {
+	argv := append(slices.Concat(c.flags, global, []string{sub}), args...)
 	cmd := exec.CommandContext(ctx, c.path, argv...)
 	cmd.SysProcAttr = sysProcAttr()
 	cmd.Env = runscEnv
@@ -74,8 +80,7 @@ func (c *runsc) output(cmd *exec.Cmd, sub string, args []string) ([]byte, error)
 // invocation: create then start would pay for a second runsc process on the create path. With
 // imageDir it restores that checkpoint instead of starting init. The sandbox inherits out as the
 // container's stdout and stderr and runs in its own session, so it neither depends on this
-// process's pipes nor dies with it. global are runsc flags of this sandbox's own, put after the
-// shared ones (and so overriding them).
+// process's pipes nor dies with it. global are runsc flags of this sandbox's own (commandWith).
 func (c *runsc) runDetached(ctx context.Context, global []string, id, bundle, pidFile, imageDir string, out *os.File) error {
 	sub, args := "run", []string{"--detach", "--bundle", bundle, "--pid-file", pidFile}
 	if imageDir != "" {
@@ -83,9 +88,7 @@ func (c *runsc) runDetached(ctx context.Context, global []string, id, bundle, pi
 		// the memory pages keep loading behind it (the image is uncompressed, as required).
 		sub, args = "restore", append(args, "--image-path="+imageDir, "--background")
 	}
-	cmd := c.command(ctx, sub, append(args, id)...)
-	// Global flags go before the subcommand; a later one overrides an earlier one of the same name.
-	cmd.Args = slices.Concat(cmd.Args[:1+len(c.flags)], global, cmd.Args[1+len(c.flags):])
+	cmd := c.commandWith(ctx, global, sub, append(args, id)...)
 	cmd.Stdout, cmd.Stderr = out, out
 	start := time.Now()
 	err := cmd.Run()

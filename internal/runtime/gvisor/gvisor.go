@@ -244,8 +244,10 @@ func (r *Runtime) launch(ctx context.Context, spec runtime.Spec, imageDir string
 		if err := checkTmpDir(spec.RootDir); err != nil {
 			return err
 		}
-	} else if fi, err := os.Stat(spec.RootDir); err != nil || !fi.IsDir() {
-		return errdefs.InvalidArgument("the directory for the sandbox's writable layer must exist")
+	} else if fi, err := os.Stat(spec.RootDir); err != nil {
+		return fmt.Errorf("the directory for the sandbox's writable layer: %w", err)
+	} else if !fi.IsDir() {
+		return errdefs.InvalidArgument("the sandbox's writable layer goes in a directory, and %s is not one", spec.RootDir)
 	}
 	if err := os.MkdirAll(spec.StateDir, 0o700); err != nil {
 		return fmt.Errorf("create state dir: %w", err)

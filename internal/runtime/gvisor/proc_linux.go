@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"iter"
 	"os"
 	"path/filepath"
 	"slices"
@@ -40,21 +41,33 @@ func killGroup(pid int) error { return syscall.Kill(-pid, syscall.SIGKILL) }
 // checkpointRunning reports whether a process is still writing a checkpoint of sandbox id into
 // imageDir: runsc checkpoint, or the shell that waits for it to mark the image complete.
 func checkpointRunning(id, imageDir string) bool {
-	procs, _ := os.ReadDir("/proc")
-	for _, p := range procs {
-		if _, err := strconv.Atoi(p.Name()); err != nil {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join("/proc", p.Name(), "cmdline"))
-		if err != nil || len(b) == 0 {
-			continue
-		}
-		args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+	for _, args := range processes() {
 		if args[len(args)-1] == id && slices.Contains(args, "checkpoint") && slices.Contains(args, "--image-path="+imageDir) {
 			return true
 		}
 	}
 	return false
+}
+
+// processes yields every process on the host with its command line (never empty; kernel threads
+// and processes that exit meanwhile are skipped).
+func processes() iter.Seq2[int, []string] {
+	return func(yield func(int, []string) bool) {
+		procs, _ := os.ReadDir("/proc")
+		for _, p := range procs {
+			pid, err := strconv.Atoi(p.Name())
+			if err != nil {
+				continue
+			}
+			b, err := os.ReadFile(filepath.Join("/proc", p.Name(), "cmdline"))
+			if err != nil || len(b) == 0 {
+				continue
+			}
+			if !yield(pid, strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")) {
+				return
+			}
+		}
+	}
 }
 
 // removeCgroups removes what is left of sandbox id's cgroup in every mounted hierarchy (cgroup v2,

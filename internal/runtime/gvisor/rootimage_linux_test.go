@@ -1,12 +1,12 @@
 package gvisor
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -51,24 +51,10 @@ func rootImage(t *testing.T, fx fixture) string {
 }
 
 // gofers returns the pids of the gofer processes runsc runs for sandbox id.
-func gofers(t *testing.T, id string) []int {
-	t.Helper()
-	entries, err := os.ReadDir("/proc")
-	if err != nil {
-		t.Fatal(err)
-	}
+func gofers(id string) []int {
 	var pids []int
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		cmd, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err != nil {
-			continue
-		}
-		args := strings.Split(string(cmd), "\x00")
-		if args[0] == "runsc-gofer" && bytes.Contains(cmd, []byte(id)) {
+	for pid, args := range processes() {
+		if args[0] == "runsc-gofer" && slices.Contains(args, id) {
 			pids = append(pids, pid)
 		}
 	}
@@ -116,7 +102,7 @@ func TestRootImage(t *testing.T) {
 	if err := rt.Start(ctx, withGofer.spec); err != nil {
 		t.Fatal(err)
 	}
-	if len(gofers(t, withGofer.spec.ID)) == 0 {
+	if len(gofers(withGofer.spec.ID)) == 0 {
 		t.Fatal("found no gofer for a sandbox with a host root")
 	}
 
@@ -136,7 +122,7 @@ func TestRootImage(t *testing.T) {
 	if err := rt.Start(ctx, s.spec); err != nil {
 		t.Fatalf("start: %v\n%s", err, tail(ConsoleLog(s.spec.StateDir), 4096))
 	}
-	if g := gofers(t, id); len(g) != 0 {
+	if g := gofers(id); len(g) != 0 {
 		t.Fatalf("a sandbox from a root image with no mounts has gofers %v", g)
 	}
 	if got := exec1(t, rt, id, "/bin/busybox", "cat", "/etc/template-file"); got != "template\n" {
@@ -182,7 +168,7 @@ func TestRootImage(t *testing.T) {
 	if err := rt.Restore(ctx, s.spec, ckpt); err != nil {
 		t.Fatalf("restore: %v\n%s", err, tail(ConsoleLog(s.spec.StateDir), 4096))
 	}
-	if g := gofers(t, id); len(g) != 0 {
+	if g := gofers(id); len(g) != 0 {
 		t.Fatalf("the restored sandbox has gofers %v", g)
 	}
 	if got := exec1(t, rt, id, "/bin/busybox", "md5sum", "/root/data", "/tmp/data"); got != sum {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"flag"
+	"maps"
 	"os"
 	"path/filepath"
 	"testing"
@@ -95,13 +96,8 @@ func TestBuildSpecRootImage(t *testing.T) {
 		"dev.gvisor.spec.rootfs.overlay": "dir=/sbx/a/layer",
 		"dev.gvisor.spec.rootfs.options": "size=1073741824",
 	}
-	if len(spec.Annotations) != len(want) {
+	if !maps.Equal(spec.Annotations, want) {
 		t.Fatalf("annotations = %v, want %v", spec.Annotations, want)
-	}
-	for k, v := range want {
-		if spec.Annotations[k] != v {
-			t.Fatalf("annotation %s = %q, want %q", k, spec.Annotations[k], v)
-		}
 	}
 	for _, m := range spec.Mounts {
 		if m.Type == "bind" {
