@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"syscall"
 )
 
@@ -49,13 +50,21 @@ type Spec struct {
 	Mounts []Mount
 	// Args is the guest init command (envd).
 	Args []string
-	Env  []string
+	// Files are host files the guest's init gets as its descriptors FirstFile, FirstFile+1, ...
+	// A checkpoint saves them by number, not the host files behind them: a Restore's spec must
+	// give a file for each of them again (a new one), and the restored processes find it behind
+	// the number they held. The backend leaves the caller's copies open.
+	Files []*os.File `json:"-"`
+	Env   []string
 	// Resource limits.
 	CPUs     int
 	MemoryMB int
 	// Limits bound what the guest can exhaust besides CPU and memory (zero values: no limit).
 	Limits Limits
 }
+
+// FirstFile is the guest descriptor of Spec.Files[0] (after stdin, stdout and stderr).
+const FirstFile = 3
 
 // Limits are the per-sandbox bounds on resources a guest could otherwise exhaust on the host.
 // The node derives them from the template's resources (internal/limits); backends apply them.
@@ -177,6 +186,14 @@ type Reattacher interface {
 	// then asks nothing more). A sandbox it cannot find alive is StatusStopped: what is left of
 	// it is for Destroy.
 	Reattach(ctx context.Context, id, stateDir string) (Status, error)
+}
+
+// FileExecer is implemented by backends that can run a command in a running sandbox with host
+// files as its descriptors FirstFile, FirstFile+1, ..., as Spec.Files gives them to init. Unlike
+// init's, these do not survive a restore: the backend drops them from what it restores.
+type FileExecer interface {
+	// ExecFiles runs args in sandbox id as root with files, and returns its combined output.
+	ExecFiles(ctx context.Context, id string, files []*os.File, args ...string) ([]byte, error)
 }
 
 // Checkpointer is implemented by backends that can save a running sandbox (memory, processes,

@@ -12,6 +12,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/vibemon/vmon/internal/runtime"
 )
 
 // runsc is the one place runsc is invoked. Every invocation carries the same global flags, above
@@ -81,8 +83,8 @@ func (c *runsc) output(cmd *exec.Cmd, sub string, args []string) ([]byte, error)
 // imageDir it restores that checkpoint instead of starting init. The sandbox inherits out as the
 // container's stdout and stderr and runs in its own session, so it neither depends on this
 // process's pipes nor dies with it. global are runsc flags of this sandbox's own (commandWith).
-func (c *runsc) runDetached(ctx context.Context, global []string, id, bundle, pidFile, imageDir string, out *os.File) error {
-	sub, args := "run", []string{"--detach", "--bundle", bundle, "--pid-file", pidFile}
+func (c *runsc) runDetached(ctx context.Context, global []string, id, bundle, pidFile, imageDir string, out *os.File, files []*os.File) error {
+	sub, args := "run", append([]string{"--detach", "--bundle", bundle, "--pid-file", pidFile}, passFDs(files)...)
 	if imageDir != "" {
 		// --background: the sandbox runs once the kernel state and the page metadata are in;
 		// the memory pages keep loading behind it (the image is uncompressed, as required).
@@ -90,6 +92,7 @@ func (c *runsc) runDetached(ctx context.Context, global []string, id, bundle, pi
 	}
 	cmd := c.commandWith(ctx, global, sub, append(args, id)...)
 	cmd.Stdout, cmd.Stderr = out, out
+	cmd.ExtraFiles = files
 	start := time.Now()
 	err := cmd.Run()
 	c.log.Debug("runsc", "cmd", sub, "id", id, "took", time.Since(start), "err", err)
@@ -161,12 +164,26 @@ func (c *runsc) deleteForce(ctx context.Context, id string) error {
 	return err
 }
 
-// exec runs args in the sandbox and returns its combined output.
-func (c *runsc) exec(ctx context.Context, id string, args []string) ([]byte, error) {
-	cmd := c.command(ctx, "exec", append([]string{id}, args...)...)
+// exec runs args in the sandbox, with files as its descriptors from runtime.FirstFile on, and
+// returns its combined output.
+func (c *runsc) exec(ctx context.Context, id string, files []*os.File, args []string) ([]byte, error) {
+	cmd := c.command(ctx, "exec", slices.Concat(passFDs(files), []string{id}, args)...)
+	cmd.ExtraFiles = files
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		return out, fmt.Errorf("runsc exec: %w", err)
 	}
 	return out, nil
+}
+
+// passFDs are the runsc flags that give the guest process the files a command passes runsc as its
+// ExtraFiles, under the same numbers: exec.Cmd gives ExtraFiles[i] descriptor 3+i, which is
+// runtime.FirstFile+i.
+func passFDs(files []*os.File) []string {
+	var args []string
+	for i := range files {
+		fd := runtime.FirstFile + i
+		args = append(args, fmt.Sprintf("--pass-fd=%d:%d", fd, fd))
+	}
+	return args
 }

@@ -275,7 +275,7 @@ func (r *Runtime) launch(ctx context.Context, spec runtime.Spec, imageDir string
 	}()
 	// runsc itself refuses an id it already has (it holds a lock per container), which spares
 	// a `runsc state` round trip on every create.
-	if err := r.cli.runDetached(ctx, rootUpperFlag(spec), spec.ID, spec.StateDir, filepath.Join(spec.StateDir, pidFileName), imageDir, out); err != nil {
+	if err := r.cli.runDetached(ctx, rootUpperFlag(spec), spec.ID, spec.StateDir, filepath.Join(spec.StateDir, pidFileName), imageDir, out, spec.Files); err != nil {
 		msg := tail(logPath, 2048)
 		if strings.Contains(msg, "container already exists") {
 			conflict = true
@@ -501,7 +501,19 @@ func (r *Runtime) Exec(ctx context.Context, id string, args ...string) ([]byte, 
 	if len(args) == 0 {
 		return nil, errdefs.InvalidArgument("empty command")
 	}
-	return r.cli.exec(ctx, id, args)
+	return r.cli.exec(ctx, id, nil, args)
+}
+
+// ExecFiles is Exec with files as the command's descriptors from runtime.FirstFile on. runsc
+// marks them not restorable: after a restore the guest finds them closed.
+func (r *Runtime) ExecFiles(ctx context.Context, id string, files []*os.File, args ...string) ([]byte, error) {
+	if err := validateID(id); err != nil {
+		return nil, err
+	}
+	if len(args) == 0 {
+		return nil, errdefs.InvalidArgument("empty command")
+	}
+	return r.cli.exec(ctx, id, files, args)
 }
 
 // checkTmpDir makes sure the rootfs has a real /tmp directory to bind over the guest's /tmp. The
