@@ -1,6 +1,8 @@
 // Command envd is vmon's in-sandbox agent, wire-compatible with E2B's envd 0.6.13 as the e2b SDKs
 // use it. It serves its API over the agent channel (a unix socket the node bind-mounts into the
-// sandbox, see internal/agentproto) and, for tests and debugging, on an optional TCP address.
+// sandbox's init as a descriptor, see internal/agentproto) and, for tests and debugging, on an
+// optional TCP address. `envd handoff` is the helper the node runs in a sandbox to hand a running
+// envd a new control socket.
 //
 // As PID 1 (or with --init) it is also the sandbox's init, in the same process: it reaps every
 // zombie nobody waits for, including orphaned background processes the kernel reparents to PID 1,
@@ -23,6 +25,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/vibemon/vmon/internal/agentctl"
 	"github.com/vibemon/vmon/internal/agentproto"
 	"github.com/vibemon/vmon/internal/envd/channel"
 	"github.com/vibemon/vmon/internal/envd/journal"
@@ -38,6 +41,7 @@ import (
 
 type config struct {
 	socket       string
+	agentFD      int
 	listen       string
 	initMode     bool
 	setClock     bool
@@ -52,9 +56,13 @@ func main() {
 }
 
 func run(args []string) int {
+	if len(args) > 0 && args[0] == "handoff" {
+		return handoff(args[1:])
+	}
 	var cfg config
 	fl := flag.NewFlagSet("envd", flag.ContinueOnError)
-	fl.StringVar(&cfg.socket, "agent-socket", agentproto.GuestSocket, "unix socket of the node's agent channel (empty: no channel)")
+	fl.StringVar(&cfg.socket, "agent-socket", agentproto.GuestSocket, "unix socket of the node's agent channel, dialled when there is no --agent-fd (empty: no channel)")
+	fl.IntVar(&cfg.agentFD, "agent-fd", 0, "descriptor of the agent channel's control socket the node passed (0: none; dial --agent-socket instead)")
 	fl.StringVar(&cfg.listen, "listen", "", "also serve the API on this TCP address, e.g. 127.0.0.1:49983 (tests, debugging)")
 	fl.BoolVar(&cfg.initMode, "init", false, "also act as init: reap orphaned zombies (implied when PID 1)")
 	fl.BoolVar(&cfg.setClock, "set-clock", true, "let POST /init set the system clock from its timestamp")
@@ -132,8 +140,18 @@ func run(args []string) int {
 
 // serve runs the API on the agent channel and/or the TCP listener until SIGTERM or SIGINT.
 func serve(cfg config, log *slog.Logger, starter process.Starter, jr *journal.Journal, memHint *oomkill.Hint) error {
-	if cfg.socket == "" && cfg.listen == "" {
-		return errors.New("nothing to serve: set --agent-socket and/or --listen")
+	if cfg.socket == "" && cfg.agentFD <= 0 && cfg.listen == "" {
+		return errors.New("nothing to serve: set --agent-fd, --agent-socket and/or --listen")
+	}
+	var control *agentctl.Conn
+	if cfg.agentFD > 0 {
+		c, err := agentctl.FromFile(os.NewFile(uintptr(cfg.agentFD), "agent-control"))
+		if err != nil {
+			// The node may still hand one over (envd handoff); serving on without is better
+			// than an init that exits and takes the sandbox with it.
+			log.Error("the agent control socket passed is not usable", "fd", cfg.agentFD, "err", err)
+		}
+		control = c
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
@@ -150,7 +168,7 @@ func serve(cfg config, log *slog.Logger, starter process.Starter, jr *journal.Jo
 		return fmt.Errorf("create server: %w", err)
 	}
 	defer srv.Close()
-	log.Info("envd starting", "version", agentproto.EnvdVersion, "socket", cfg.socket, "listen", cfg.listen, "pid", os.Getpid())
+	log.Info("envd starting", "version", agentproto.EnvdVersion, "agent_fd", cfg.agentFD, "socket", cfg.socket, "listen", cfg.listen, "pid", os.Getpid())
 
 	var wg sync.WaitGroup
 	errc := make(chan error, 1)
@@ -173,7 +191,16 @@ func serve(cfg config, log *slog.Logger, starter process.Starter, jr *journal.Jo
 			_ = hs.Shutdown(sctx)
 		})
 	}
-	if cfg.socket != "" {
+	switch {
+	case cfg.agentFD > 0:
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := channel.RunControl(ctx, channel.ControlOptions{Logger: log, Control: control, Handler: srv}); err != nil {
+				errc <- err
+			}
+		}()
+	case cfg.socket != "":
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -188,6 +215,30 @@ func serve(cfg config, log *slog.Logger, starter process.Starter, jr *journal.Jo
 	wg.Wait()
 	log.Info("envd stopped")
 	return err
+}
+
+// handoff hands the control socket this process got as a descriptor to the running envd (the
+// node runs it with the socket after it restarted, when the first one's host end is gone).
+func handoff(args []string) int {
+	fl := flag.NewFlagSet("envd handoff", flag.ContinueOnError)
+	fd := fl.Int("fd", 3, "descriptor of the control socket to hand over")
+	socket := fl.String("socket", agentproto.HandoffSocket, "envd's handoff socket")
+	if err := fl.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	f := os.NewFile(uintptr(*fd), "agent-control")
+	if f == nil {
+		fmt.Fprintf(os.Stderr, "envd handoff: no descriptor %d\n", *fd)
+		return 1
+	}
+	if err := agentctl.Handoff(*socket, f); err != nil {
+		fmt.Fprintln(os.Stderr, "envd handoff:", err)
+		return 1
+	}
+	return 0
 }
 
 // limitOptions watches the guest's task limit (envd's pids cgroup), unprivileged users'

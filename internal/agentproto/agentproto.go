@@ -1,14 +1,21 @@
-// Package agentproto holds the facts both ends of the agent channel agree on: where the socket is,
-// how streams are multiplexed and how a guest port is tunnelled. It is imported by envd (guest) and
+// Package agentproto holds the facts both ends of the agent channel agree on: where its sockets
+// are, how streams are multiplexed and how a guest port is tunnelled. It is imported by envd (guest) and
 // by the node (host), so it must stay free of any other vmon package and of OS-specific code.
 //
-// The channel: the node listens on a unix socket in a per-sandbox host directory that is bind
-// mounted into the sandbox at GuestDir. envd dials GuestSocket, runs a yamux *server* session on the
-// connection and serves its whole HTTP API (REST + Connect RPC) on the streams the node opens; the
-// node runs the yamux *client* session. Each stream is one HTTP/1.1 connection. A request with
-// method CONNECT and authority "127.0.0.1:<port>" (TunnelAuthority) turns the stream into a raw TCP
-// tunnel to that guest port, which is how ingress reaches guest services without the guest network.
-// envd redials on EOF because checkpoint/restore breaks the connection.
+// The channel: envd runs a yamux *server* session on a stream socket and serves its whole HTTP
+// API (REST + Connect RPC) on the streams the node opens; the node runs the yamux *client*
+// session. Each stream is one HTTP/1.1 connection. A request with method CONNECT and authority
+// "127.0.0.1:<port>" (TunnelAuthority) turns the stream into a raw TCP tunnel to that guest port,
+// which is how ingress reaches guest services without the guest network.
+//
+// How envd gets the stream socket, two ways:
+//   - Control socket (envd --agent-fd): the node gives envd a control socket as a descriptor at
+//     start and sends it one stream socket per session (internal/agentctl); a checkpoint keeps
+//     the control socket, and envd lets go of its session before one. A new control socket
+//     reaches a running envd over HandoffSocket. Nothing is shared with the host's filesystem.
+//   - Dialled socket (envd --agent-socket, sandboxes checkpointed by older vmon): the node
+//     listens on a unix socket in a per-sandbox host directory bind mounted at GuestDir; envd
+//     dials GuestSocket, and redials on EOF because checkpoint/restore breaks the connection.
 package agentproto
 
 import (
@@ -35,6 +42,9 @@ const (
 	SocketName = "agent.sock"
 	// GuestSocket is the socket path as envd sees it.
 	GuestSocket = GuestDir + "/" + SocketName
+	// HandoffSocket is where envd with a control socket takes a new one (`envd handoff`), in a
+	// directory only the guest's root may enter.
+	HandoffSocket = GuestDir + "/handoff.sock"
 	// EnvdPort is the port clients address envd with (E2B's fixed port).
 	EnvdPort = 49983
 	// EnvdVersion is the envd protocol version envd reports; ≥ 0.6.4 enables every SDK feature.

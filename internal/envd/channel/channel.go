@@ -122,10 +122,16 @@ func serveOnce(ctx context.Context, socket string, handler http.Handler, log *sl
 	if err != nil {
 		return false, fmt.Errorf("dial %s: %w", socket, err)
 	}
+	return true, serveConn(ctx, conn, handler, log)
+}
+
+// serveConn runs a yamux server session on conn and serves handler on its streams until the
+// session ends or ctx is done; conn is closed on return.
+func serveConn(ctx context.Context, conn net.Conn, handler http.Handler, log *slog.Logger) error {
 	session, err := yamux.Server(conn, agentproto.YamuxConfig())
 	if err != nil {
 		_ = conn.Close()
-		return false, fmt.Errorf("yamux server: %w", err)
+		return fmt.Errorf("yamux server: %w", err)
 	}
 	log.Info("agent session established")
 	// No ReadHeaderTimeout: the only peer is the node, and with read deadlines on yamux streams
@@ -142,5 +148,5 @@ func serveOnce(ctx context.Context, socket string, handler http.Handler, log *sl
 	// Serve returns when Accept fails, i.e. the session is gone; drop what is left of it.
 	_ = srv.Close()
 	_ = session.Close()
-	return true, err
+	return err
 }
