@@ -1,7 +1,8 @@
 // Package agent owns the host end of the agent channel to one sandbox's envd (see agentproto for
-// the wire contract). It listens on the per-sandbox unix socket, keeps the newest yamux session
-// envd dialled in, and hands out HTTP transports and port tunnels over it. It never touches
-// runtimes, records or the guest network.
+// the wire contract). It either offers envd sessions over the control socket it gave the
+// sandbox (Attach) or listens on the per-sandbox unix socket envd dials (Listen, for sandboxes
+// checkpointed by older vmon), keeps the newest yamux session, and hands out HTTP transports and
+// port tunnels over it. It never touches runtimes, records or the guest network.
 package agent
 
 import (
@@ -19,6 +20,7 @@ import (
 
 	"github.com/hashicorp/yamux"
 
+	"github.com/vibemon/vmon/internal/agentctl"
 	"github.com/vibemon/vmon/internal/agentproto"
 )
 
@@ -33,7 +35,19 @@ const DialWait = 5 * time.Second
 // Channel is the host end of one sandbox's agent channel.
 type Channel struct {
 	log *slog.Logger
-	ln  net.Listener
+	ln  net.Listener // a dialled channel's; nil with a control socket
+
+	// With a control socket (Attach): ctl is the node's end, sessionN the number of the session
+	// last offered, ended the sessions envd has not reported ended yet, and parked says the node
+	// let go of the session on purpose (Park), so its end is not answered with a new offer.
+	// +checklocks:mu
+	ctl *agentctl.Conn
+	// +checklocks:mu
+	sessionN uint32
+	// +checklocks:mu
+	ended map[uint32]chan struct{}
+	// +checklocks:mu
+	parked bool
 
 	mu sync.Mutex
 	// +checklocks:mu
@@ -70,7 +84,14 @@ func Listen(dir string, log *slog.Logger) (*Channel, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listen on agent socket: %w", err)
 	}
-	c := &Channel{log: log, ln: ln, ready: make(chan struct{})}
+	c := newChannel(log)
+	c.ln = ln
+	go c.acceptLoop()
+	return c, nil
+}
+
+func newChannel(log *slog.Logger) *Channel {
+	c := &Channel{log: log, ready: make(chan struct{})}
 	c.transport = &http.Transport{
 		DialContext:         func(ctx context.Context, _, _ string) (net.Conn, error) { return c.open(ctx) },
 		MaxIdleConnsPerHost: 64,
@@ -78,8 +99,138 @@ func Listen(dir string, log *slog.Logger) (*Channel, error) {
 		// envd output is already small chunks; compression would only add latency.
 		DisableCompression: true,
 	}
-	go c.acceptLoop()
+	return c
+}
+
+// Attach returns the channel to the envd at the other end of control socket ctl, and offers it
+// its first session. The channel owns ctl from then on.
+func Attach(ctl *agentctl.Conn, log *slog.Logger) (*Channel, error) {
+	c := newChannel(log)
+	c.ended = make(map[uint32]chan struct{})
+	if err := c.Rebind(ctl); err != nil {
+		c.Close()
+		return nil, err
+	}
 	return c, nil
+}
+
+// Rebind makes ctl the channel's control socket, in place of one whose envd end is gone (the
+// sandbox was restored from a checkpoint, or handed a new one after a node restart), and offers
+// envd a session on it. It ends a Park.
+func (c *Channel) Rebind(ctl *agentctl.Conn) error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		ctl.Close()
+		return ErrClosed
+	}
+	old := c.ctl
+	c.ctl = ctl
+	c.parked = false
+	err := c.offerLocked()
+	c.mu.Unlock()
+	if old != nil {
+		old.Close()
+	}
+	go c.readEnded(ctl)
+	return err
+}
+
+// offerLocked offers envd a new session on the control socket and makes it the current one.
+//
+// +checklocks:c.mu
+func (c *Channel) offerLocked() error {
+	c.sessionN++
+	n := c.sessionN
+	conn, err := c.ctl.Offer(n)
+	if err != nil {
+		return err
+	}
+	sess, err := yamux.Client(conn, sessionConfig())
+	if err != nil {
+		conn.Close()
+		return fmt.Errorf("agent session: %w", err)
+	}
+	c.ended[n] = make(chan struct{})
+	c.installLocked(sess)
+	return nil
+}
+
+// readEnded follows envd's reports on ctl until it closes. A session envd ended without the node
+// asking (a guest that broke the protocol, see refuseInbound) is followed by a new offer, at most
+// one per reofferGap, so a guest cannot make the node spin.
+func (c *Channel) readEnded(ctl *agentctl.Conn) {
+	var last time.Time
+	for {
+		n, err := ctl.NextEnded()
+		if err != nil {
+			if !agentctl.IsClosed(err) {
+				c.log.Warn("agent control socket failed", "err", err)
+			}
+			return
+		}
+		c.mu.Lock()
+		if ch, ok := c.ended[n]; ok {
+			close(ch)
+			delete(c.ended, n)
+		}
+		again := c.ctl == ctl && n == c.sessionN && !c.parked && !c.closed && c.stopped == nil
+		c.mu.Unlock()
+		if !again {
+			continue
+		}
+		time.Sleep(time.Until(last.Add(reofferGap)))
+		last = time.Now()
+		c.mu.Lock()
+		if c.ctl == ctl && n == c.sessionN && !c.parked && !c.closed && c.stopped == nil {
+			if err := c.offerLocked(); err != nil {
+				c.log.Warn("agent session offer failed", "err", err)
+			}
+		}
+		c.mu.Unlock()
+	}
+}
+
+// reofferGap is the least time between two sessions offered because envd ended one.
+const reofferGap = 100 * time.Millisecond
+
+// Park lets go of the current session and waits until envd reports it holds nothing of it, so
+// that a checkpoint of the sandbox can be restored: a checkpoint keeps the control socket, not a
+// session's. Requests meanwhile wait for the next session (Rebind after a restore, or Unpark).
+func (c *Channel) Park(ctx context.Context) error {
+	c.mu.Lock()
+	if c.ctl == nil {
+		c.mu.Unlock()
+		return errors.New("agent channel has no control socket to park")
+	}
+	c.parked = true
+	s, done := c.session, c.ended[c.sessionN]
+	c.session = nil
+	c.mu.Unlock()
+	if s != nil {
+		s.Close()
+	}
+	c.transport.CloseIdleConnections()
+	if done == nil {
+		return nil // already reported
+	}
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("envd did not let go of its agent session: %w", ctx.Err())
+	}
+}
+
+// Unpark offers envd a new session after a Park whose checkpoint did not happen.
+func (c *Channel) Unpark() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.ctl == nil || c.closed {
+		return ErrClosed
+	}
+	c.parked = false
+	return c.offerLocked()
 }
 
 func (c *Channel) acceptLoop() {
@@ -103,19 +254,26 @@ func (c *Channel) acceptLoop() {
 			sess.Close()
 			return
 		}
-		old := c.session
-		c.session = sess
-		close(c.ready)
-		c.ready = make(chan struct{})
+		c.installLocked(sess)
 		c.mu.Unlock()
-		if old != nil {
-			old.Close()
-		}
-		go c.refuseInbound(sess)
-		// Pooled HTTP connections ride streams of the old session; drop them.
-		c.transport.CloseIdleConnections()
-		c.log.Debug("agent connected")
 	}
+}
+
+// installLocked makes sess the current session.
+//
+// +checklocks:c.mu
+func (c *Channel) installLocked(sess *yamux.Session) {
+	old := c.session
+	c.session = sess
+	close(c.ready)
+	c.ready = make(chan struct{})
+	if old != nil {
+		go old.Close()
+	}
+	go c.refuseInbound(sess)
+	// Pooled HTTP connections ride streams of the old session; drop them.
+	go c.transport.CloseIdleConnections()
+	c.log.Debug("agent connected")
 }
 
 // refuseInbound closes a session as soon as the guest opens a stream on it. Only the node opens
@@ -250,7 +408,8 @@ func (c *Channel) DialEnvd(ctx context.Context) (net.Conn, error) { return c.ope
 // ErrPortClosed means envd could not reach the requested guest port.
 var ErrPortClosed = errors.New("guest port not reachable")
 
-// Close stops accepting, closes the live session and removes the socket.
+// Close stops accepting, closes the live session and removes the socket, or closes the control
+// socket.
 func (c *Channel) Close() error {
 	c.mu.Lock()
 	if c.closed {
@@ -258,9 +417,15 @@ func (c *Channel) Close() error {
 		return nil
 	}
 	c.closed = true
-	s := c.session
+	s, ctl := c.session, c.ctl
 	c.mu.Unlock()
-	err := c.ln.Close()
+	var err error
+	if c.ln != nil {
+		err = c.ln.Close()
+	}
+	if ctl != nil {
+		err = ctl.Close()
+	}
 	if s != nil {
 		s.Close()
 	}
