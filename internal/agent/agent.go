@@ -183,7 +183,7 @@ func (c *Channel) readEnded(ctl *agentctl.Conn) {
 		last = time.Now()
 		c.mu.Lock()
 		if c.ctl == ctl && n == c.sessionN && !c.parked && !c.closed && c.stopped == nil {
-			if err := c.offerLocked(); err != nil {
+			if err := c.offerLocked(); err != nil && !agentctl.IsClosed(err) {
 				c.log.Warn("agent session offer failed", "err", err)
 			}
 		}

@@ -109,9 +109,12 @@ func (c *Conn) Offer(n uint32) (net.Conn, error) {
 	return local, nil
 }
 
+// ErrProtocol marks a control message that broke the protocol: the socket itself still works.
+var ErrProtocol = errors.New("control message")
+
 // Next waits for the node's next session and returns its number and stream socket. A message
-// without exactly one descriptor is a protocol error; Next drops what came with it and returns
-// the error, and the caller may go on reading.
+// without exactly one descriptor is an ErrProtocol; Next drops what came with it, and the caller
+// may go on reading. Any other error means the socket is of no more use.
 func (c *Conn) Next() (uint32, net.Conn, error) {
 	buf := make([]byte, MessageSize+1)
 	oob := make([]byte, unix.CmsgSpace(4*4))
@@ -135,18 +138,18 @@ func (c *Conn) Next() (uint32, net.Conn, error) {
 		return 0, nil, errEOF
 	case perr != nil:
 		closeAll()
-		return 0, nil, fmt.Errorf("control message: %w", perr)
+		return 0, nil, fmt.Errorf("%w: %w", ErrProtocol, perr)
 	case flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 || bn != MessageSize || buf[0] != kindOffer:
 		closeAll()
-		return 0, nil, fmt.Errorf("control message: not a session offer (%d bytes, kind %q, flags %#x)", bn, buf[0], flags)
+		return 0, nil, fmt.Errorf("%w: not a session offer (%d bytes, kind %q, flags %#x)", ErrProtocol, bn, buf[0], flags)
 	case len(files) != 1:
 		closeAll()
-		return 0, nil, fmt.Errorf("control message: a session offer with %d descriptors", len(files))
+		return 0, nil, fmt.Errorf("%w: a session offer with %d descriptors", ErrProtocol, len(files))
 	}
 	n := binary.BigEndian.Uint32(buf[1:MessageSize])
 	sc, err := conn(files[0])
 	if err != nil {
-		return 0, nil, fmt.Errorf("session %d: %w", n, err)
+		return 0, nil, fmt.Errorf("%w: session %d: %w", ErrProtocol, n, err)
 	}
 	return n, sc, nil
 }
@@ -327,5 +330,5 @@ func Handoff(path string, control *os.File) error {
 // message that broke the protocol.
 func IsClosed(err error) bool {
 	return errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) || errors.Is(err, syscall.ECONNRESET) ||
-		errors.Is(err, syscall.EBADF)
+		errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.EBADF)
 }

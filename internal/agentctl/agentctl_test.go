@@ -4,6 +4,7 @@ package agentctl
 
 import (
 	"bufio"
+	"errors"
 	"io"
 	"os"
 	"path/filepath"
@@ -73,7 +74,7 @@ func TestNextRejectsBadMessages(t *testing.T) {
 	if _, err := node.c.Write(message(kindOffer, 7)); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := envd.Next(); err == nil || !strings.Contains(err.Error(), "0 descriptors") {
+	if _, _, err := envd.Next(); err == nil || !errors.Is(err, ErrProtocol) {
 		t.Fatalf("offer without a descriptor: %v", err)
 	}
 	r, w, err := os.Pipe()
@@ -85,7 +86,7 @@ func TestNextRejectsBadMessages(t *testing.T) {
 	if _, _, err := node.c.WriteMsgUnix([]byte("junk!"), unix.UnixRights(int(r.Fd())), nil); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := envd.Next(); err == nil || !strings.Contains(err.Error(), "not a session offer") {
+	if _, _, err := envd.Next(); err == nil || !errors.Is(err, ErrProtocol) {
 		t.Fatalf("junk message: %v", err)
 	}
 	// The protocol goes on after both.

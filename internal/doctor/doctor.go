@@ -147,8 +147,26 @@ func checkRunsc(o Options) Result {
 		r.Level, r.Detail, r.Fix = Fail, path+" is dynamically linked; its boot fails after pivot_root", fix
 		return r
 	}
-	r.Detail = path + " (gVisor " + version + ", static)"
+	if err := checkRunscPatched(path); err != nil {
+		r.Level, r.Detail, r.Fix = Fail, err.Error(), fix
+		return r
+	}
+	r.Detail = path + " (gVisor " + version + ", static, with vmon's patches)"
 	return r
+}
+
+// checkRunscPatched tells a runsc built with vmon's patches (runsc/patches) from a stock one by
+// the flag one of them adds: without `restore --pass-fd` a sandbox boots and pauses, and then
+// can never be resumed.
+func checkRunscPatched(path string) error {
+	out, err := exec.Command(path, "help", "restore").CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("%s help restore: %v: %s", path, err, strings.TrimSpace(string(out)))
+	}
+	if !strings.Contains(string(out), "-pass-fd") {
+		return fmt.Errorf("%s is a runsc without vmon's patches (its restore takes no --pass-fd): paused sandboxes could not be resumed", path)
+	}
+	return nil
 }
 
 // isDynamic reports whether an ELF binary has a program interpreter.

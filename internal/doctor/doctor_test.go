@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -66,6 +67,33 @@ func TestEnvdAndRunscFound(t *testing.T) {
 	// A Go binary without gvisor in its build info is reported as the wrong version.
 	if r := checkRunsc(Options{RunscPath: exe, RunscVersion: "160fafc42237"}); r.Level == OK {
 		t.Fatalf("a non-runsc binary passed the runsc check: %+v", r)
+	}
+}
+
+func TestRunscPatched(t *testing.T) {
+	dir := t.TempDir()
+	script := func(name, help string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte("#!/bin/sh\nprintf '%s\\n' '"+help+"'\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	stock := script("stock", "restore [flags] <container id>\n  -image-path string")
+	if err := checkRunscPatched(stock); err == nil || !strings.Contains(err.Error(), "without vmon's patches") {
+		t.Fatalf("stock runsc: %v", err)
+	}
+	patched := script("patched", "restore [flags] <container id>\n  -pass-fd value")
+	if err := checkRunscPatched(patched); err != nil {
+		t.Fatalf("patched runsc: %v", err)
+	}
+	// The runsc scripts/install.sh installs is the patched one.
+	runsc, err := exec.LookPath("runsc")
+	if err != nil {
+		t.Fatalf("runsc (bash scripts/install-runsc.sh): %v", err)
+	}
+	if err := checkRunscPatched(runsc); err != nil {
+		t.Fatal(err)
 	}
 }
 

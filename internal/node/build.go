@@ -125,6 +125,9 @@ func (b *BuildSandbox) CheckpointStart(ctx context.Context, dir string) (err err
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return err
 	}
+	if err := n.park(ctx, b.sb, rec.Channel); err != nil {
+		return fmt.Errorf("checkpoint the started template: %w", err)
+	}
 	b.sb.stopping.Store(true)
 	if err := cp.Checkpoint(ctx, b.sb.runtimeID, filepath.Join(dir, snapshot.CheckpointDir), false); err != nil {
 		return fmt.Errorf("checkpoint the started template: %w", err)
@@ -140,5 +143,6 @@ func (b *BuildSandbox) CheckpointStart(ctx context.Context, dir string) (err err
 		return fmt.Errorf("keep the started template's files: %w", err)
 	}
 	return snapshot.Seal(dir, snapshot.Meta{SandboxID: b.sb.runtimeID, CreatedAt: time.Now().UTC(),
-		TemplateID: "build", Lowers: rec.Lowers, CPUs: rec.CPUs, MemoryMB: rec.MemoryMB, Memory: true, Envd: rec.Envd})
+		TemplateID: "build", Lowers: rec.Lowers, CPUs: rec.CPUs, MemoryMB: rec.MemoryMB, Memory: true, Envd: rec.Envd,
+		Channel: rec.Channel})
 }

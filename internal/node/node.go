@@ -27,6 +27,7 @@ import (
 	"time"
 
 	"github.com/vibemon/vmon/internal/agent"
+	"github.com/vibemon/vmon/internal/agentctl"
 	"github.com/vibemon/vmon/internal/agentproto"
 	"github.com/vibemon/vmon/internal/atomicfile"
 	"github.com/vibemon/vmon/internal/denied"
@@ -383,8 +384,10 @@ type bootSpec struct {
 	// layer, when set, is a saved writable layer to bring back (moved unless copyLayer).
 	layer     string
 	copyLayer bool
-	// checkpoint, when set, is a runtime image to restore instead of booting init.
+	// checkpoint, when set, is a runtime image to restore instead of booting init; channel says
+	// how the envd it holds gets its agent channel (snapshot.Meta.Channel).
 	checkpoint string
+	channel    string
 	// mark names a file created in the sandbox directory before anything else (resumingFile).
 	mark string
 	// gate, when set, must pass before the root filesystem is prepared (a snapshot's checksums,
@@ -417,11 +420,6 @@ func (n *Node) boot(ctx context.Context, bs bootSpec) (_ *sandbox, retErr error)
 		if err := writeFileAtomic(filepath.Join(dir, bs.mark), nil); err != nil {
 			return nil, fmt.Errorf("mark sandbox dir: %w", err)
 		}
-	}
-
-	agentDir := filepath.Join(dir, "agent")
-	if err := os.Mkdir(agentDir, 0o755); err != nil {
-		return nil, fmt.Errorf("create agent dir: %w", err)
 	}
 
 	var link *netpool.Link
@@ -476,16 +474,14 @@ func (n *Node) boot(ctx context.Context, bs bootSpec) (_ *sandbox, retErr error)
 	}
 	undo = append(undo, func() { _ = n.releaseRoot(teardownCtx, runtimeID) })
 
-	ch, err := agent.Listen(agentDir, n.log.With("runtime_id", runtimeID))
-	if err != nil {
-		return nil, err
-	}
-	undo = append(undo, func() { _ = ch.Close() })
-
 	lim := limits.Derive(memoryMB, n.opts.Limits)
 	envdDir := bs.envd
 	if envdDir == "" {
 		envdDir = filepath.Dir(n.opts.EnvdPath)
+	}
+	mode := channelControl
+	if bs.checkpoint != "" {
+		mode = bs.channel
 	}
 	rspec := runtime.Spec{
 		ID:        runtimeID,
@@ -493,20 +489,43 @@ func (n *Node) boot(ctx context.Context, bs bootSpec) (_ *sandbox, retErr error)
 		StateDir:  dir,
 		Hostname:  "vmon",
 		NetNSPath: nsPath,
-		Mounts: []runtime.Mount{
-			// Read-only: connecting to the socket works on a read-only mount, and the guest must
-			// not create files or symlinks in a host directory.
-			{HostPath: agentDir, GuestPath: agentproto.GuestDir, ReadOnly: true},
-			{HostPath: envdDir, GuestPath: GuestBinDir, ReadOnly: true},
-		},
+		Mounts:    []runtime.Mount{{HostPath: envdDir, GuestPath: GuestBinDir, ReadOnly: true}},
 		// envd also serves on the guest's loopback, as E2B's does (its own token guards it):
 		// guest services such as the code interpreter read the sandbox's variables there.
-		Args: []string{GuestBinDir + "/" + filepath.Base(n.opts.EnvdPath), "--agent-socket", agentproto.GuestSocket,
+		Args: []string{GuestBinDir + "/" + filepath.Base(n.opts.EnvdPath), "--agent-fd", strconv.Itoa(runtime.FirstFile),
 			"--max-tasks", strconv.Itoa(lim.GuestTasks), "--listen", net.JoinHostPort("127.0.0.1", strconv.Itoa(agentproto.EnvdPort))},
 		Env:      []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
 		CPUs:     cpus,
 		MemoryMB: memoryMB,
 		Limits:   lim,
+	}
+	var ch *agent.Channel
+	var ctl *agentctl.Conn
+	switch mode {
+	case channelDialled:
+		// A checkpoint of an envd that dials a socket in a host directory (vmon before the
+		// control socket): the directory must be where it was.
+		agentDir := filepath.Join(dir, "agent")
+		if err := os.Mkdir(agentDir, 0o755); err != nil {
+			return nil, fmt.Errorf("create agent dir: %w", err)
+		}
+		if ch, err = agent.Listen(agentDir, n.log.With("runtime_id", runtimeID)); err != nil {
+			return nil, err
+		}
+		undo = append(undo, func() { _ = ch.Close() })
+		// Read-only: connecting to the socket works on a read-only mount, and the guest must
+		// not create files or symlinks in a host directory.
+		rspec.Mounts = append([]runtime.Mount{{HostPath: agentDir, GuestPath: agentproto.GuestDir, ReadOnly: true}}, rspec.Mounts...)
+	case channelControl:
+		var guest *os.File
+		if ctl, guest, err = agentctl.Pair(); err != nil {
+			return nil, err
+		}
+		// The runtime holds its own copy once it started; ours goes either way.
+		defer guest.Close()
+		host := ctl
+		undo = append(undo, func() { _ = host.Close() })
+		rspec.Files = []*os.File{guest}
 	}
 	for _, v := range bs.volumes {
 		if n.opts.VolumePath == nil {
@@ -521,11 +540,11 @@ func (n *Node) boot(ctx context.Context, bs bootSpec) (_ *sandbox, retErr error)
 		}
 		rspec.Mounts = append(rspec.Mounts, runtime.Mount{HostPath: host, GuestPath: v.Path})
 	}
-	if err := writeBootRecord(dir, n.opts.DataDir, envdDir, bs, rspec); err != nil {
+	if err := writeBootRecord(dir, n.opts.DataDir, envdDir, bs, rspec, mode); err != nil {
 		return nil, err
 	}
 	sb := &sandbox{runtimeID: runtimeID, template: templateID, cpus: cpus, memoryMB: memoryMB,
-		link: link, attached: link != nil && policy != nil, ch: ch, root: root, restored: bs.checkpoint != ""}
+		link: link, attached: link != nil && policy != nil, root: root, restored: bs.checkpoint != ""}
 	if bs.checkpoint != "" {
 		// The restore overlaps with the attach, as a cold start does: the guest's interface
 		// comes back from the namespace with the placeholder address only, and the link's chains
@@ -545,6 +564,20 @@ func (n *Node) boot(ctx context.Context, bs bootSpec) (_ *sandbox, retErr error)
 		sb.stopping.Store(true)
 		_ = n.opts.Runtime.Destroy(teardownCtx, runtimeID)
 	})
+	if mode != channelDialled {
+		if mode == channelHandoff {
+			// The restored envd's control socket was handed to it after a node restart, and
+			// such a one does not survive a restore: hand it a new one.
+			if ctl, err = n.handoff(ctx, runtimeID, envdDir); err != nil {
+				return nil, fmt.Errorf("agent channel: %w", err)
+			}
+		}
+		if ch, err = agent.Attach(ctl, n.log.With("runtime_id", runtimeID)); err != nil {
+			return nil, fmt.Errorf("agent channel: %w", err)
+		}
+		undo = append(undo, func() { _ = ch.Close() })
+	}
+	sb.ch = ch
 	n.watch(sb)
 
 	if err := attached(); err != nil {

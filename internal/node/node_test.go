@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -17,15 +18,19 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/hashicorp/yamux"
+	"golang.org/x/sys/unix"
 
+	"github.com/vibemon/vmon/internal/agentctl"
 	"github.com/vibemon/vmon/internal/agentproto"
+	"github.com/vibemon/vmon/internal/envd/channel"
 	"github.com/vibemon/vmon/internal/envd/gen/process"
 	"github.com/vibemon/vmon/internal/envd/gen/process/processconnect"
 	"github.com/vibemon/vmon/internal/errdefs"
 	"github.com/vibemon/vmon/internal/runtime"
 )
 
-// fakeRuntime "runs" a sandbox by dialling its agent socket like envd and answering /init.
+// fakeRuntime "runs" a sandbox by serving envd's channel (channel.RunControl on the control
+// socket the node passed, or dialling the agent socket as envd did before) and answering /init.
 type fakeRuntime struct {
 	mu       sync.Mutex
 	running  map[string]func() // id -> stop
@@ -129,13 +134,86 @@ func (f *fakeRuntime) Start(_ context.Context, spec runtime.Spec) error {
 		f.failNext = nil
 		return err
 	}
-	f.running[spec.ID] = f.envd(spec.ID, filepath.Join(spec.Mounts[0].HostPath, agentproto.SocketName))
+	if len(spec.Files) == 0 {
+		f.running[spec.ID] = f.envd(spec.ID, filepath.Join(spec.Mounts[0].HostPath, agentproto.SocketName))
+		return nil
+	}
+	// The control socket the node passed, as envd gets it: a descriptor of its own.
+	fd, err := unix.Dup(int(spec.Files[0].Fd()))
+	if err != nil {
+		return err
+	}
+	ctl, err := agentctl.FromFile(os.NewFile(uintptr(fd), "control"))
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	handoff := f.handoffSocket(spec.ID)
+	go func() {
+		defer close(done)
+		_ = channel.RunControl(ctx, channel.ControlOptions{Control: ctl, Handoff: handoff, Handler: f.handler(spec.ID)})
+	}()
+	f.running[spec.ID] = func() { cancel(); <-done }
 	return nil
 }
 
-// envd connects to the socket and keeps redialling, as the real envd does after a restart.
+// handoffSocket is where sandbox id's envd takes a new control socket.
+func (f *fakeRuntime) handoffSocket(id string) string {
+	return filepath.Join(os.TempDir(), fmt.Sprintf("vmon-node-test-%d", os.Getpid()), id, "handoff.sock")
+}
+
+// ExecFiles runs the only command the node runs with files, `envd handoff`: it hands the file to
+// sandbox id's envd, unless holdDials holds envds back.
+func (f *fakeRuntime) ExecFiles(_ context.Context, id string, files []*os.File, args ...string) ([]byte, error) {
+	if len(args) < 2 || args[1] != "handoff" || len(files) != 1 {
+		return nil, fmt.Errorf("fake runtime: unexpected exec %v", args)
+	}
+	if gate := f.dialGate(); gate != nil {
+		select {
+		case <-gate:
+		default:
+			return []byte("envd is not answering yet"), errors.New("exit status 1")
+		}
+	}
+	if err := agentctl.Handoff(f.handoffSocket(id), files[0]); err != nil {
+		return []byte(err.Error()), errors.New("exit status 1")
+	}
+	return nil, nil
+}
+
+// envd connects to the socket and keeps redialling, as envd did before the control socket.
 func (f *fakeRuntime) envd(id, sock string) (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
+	handler := f.handler(id)
+	go func() {
+		for ctx.Err() == nil {
+			if gate := f.dialGate(); gate != nil {
+				select {
+				case <-gate:
+				case <-ctx.Done():
+					return
+				}
+			}
+			conn, err := net.Dial("unix", sock)
+			if err != nil {
+				time.Sleep(10 * time.Millisecond)
+				continue
+			}
+			sess, err := yamux.Server(conn, agentproto.YamuxConfig())
+			if err != nil {
+				conn.Close()
+				continue
+			}
+			go func() { <-ctx.Done(); sess.Close() }()
+			_ = (&http.Server{Handler: handler}).Serve(sess)
+		}
+	}()
+	return cancel
+}
+
+// handler is sandbox id's envd: /init, commands, memory hints and events.
+func (f *fakeRuntime) handler(id string) http.Handler {
 	handler := http.NewServeMux()
 	handler.HandleFunc("POST /init", func(w http.ResponseWriter, r *http.Request) {
 		var body map[string]any
@@ -163,30 +241,7 @@ func (f *fakeRuntime) envd(id, sock string) (stop func()) {
 	if f.events != nil {
 		handler.Handle("GET "+agentproto.EventsPath, f.events)
 	}
-	go func() {
-		for ctx.Err() == nil {
-			if gate := f.dialGate(); gate != nil {
-				select {
-				case <-gate:
-				case <-ctx.Done():
-					return
-				}
-			}
-			conn, err := net.Dial("unix", sock)
-			if err != nil {
-				time.Sleep(10 * time.Millisecond)
-				continue
-			}
-			sess, err := yamux.Server(conn, agentproto.YamuxConfig())
-			if err != nil {
-				conn.Close()
-				continue
-			}
-			go func() { <-ctx.Done(); sess.Close() }()
-			_ = (&http.Server{Handler: handler}).Serve(sess)
-		}
-	}()
-	return cancel
+	return handler
 }
 
 // fakeProcess answers Start with a start and a successful end event, as envd does for `true`.
@@ -326,13 +381,21 @@ func (e *env) node(t *testing.T, warm []WarmSpec) *Node {
 	n, err := New(Options{
 		DataDir: e.dir, Runtime: rt, RootFS: fakeRootFS{}, NetNS: e.ns, Templates: fakeTemplates{},
 		EnvdPath: "/usr/local/bin/envd", BootTimeout: 5 * time.Second, Warm: warm, GuestLog: e.guestLog,
-		Log: slog.New(slog.DiscardHandler),
+		Log: testLogger(),
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = n.Close(context.Background()) })
 	return n
+}
+
+// testLogger discards the node's log unless VMON_TEST_LOG is set.
+func testLogger() *slog.Logger {
+	if os.Getenv("VMON_TEST_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.DiscardHandler)
 }
 
 func spec(id string) CreateSpec {

@@ -107,12 +107,15 @@ type bootRecord struct {
 	// Runtime is the spec the runtime started with: a snapshot restores the sandbox in place
 	// with it.
 	Runtime runtime.Spec `json:"runtime"`
+	// Channel is how its envd gets the agent channel (channelControl, ...); a checkpoint of the
+	// sandbox is restored the same way.
+	Channel string `json:"channel,omitempty"`
 }
 
 // writeBootRecord is one small file written on every boot (the create path).
-func writeBootRecord(dir, dataDir, envdDir string, bs bootSpec, rspec runtime.Spec) error {
+func writeBootRecord(dir, dataDir, envdDir string, bs bootSpec, rspec runtime.Spec, channel string) error {
 	rec := bootRecord{TemplateID: bs.templateID, CPUs: bs.cpus, MemoryMB: bs.memoryMB, DiskMB: bs.diskMB,
-		Envd: relEnvd(dataDir, envdDir), Runtime: rspec}
+		Envd: relEnvd(dataDir, envdDir), Runtime: rspec, Channel: channel}
 	for _, l := range bs.lowers {
 		rel, err := filepath.Rel(dataDir, l)
 		if err != nil || !filepath.IsLocal(rel) {
@@ -122,6 +125,10 @@ func writeBootRecord(dir, dataDir, envdDir string, bs bootSpec, rspec runtime.Sp
 		}
 		rec.Lowers = append(rec.Lowers, rel)
 	}
+	return writeBootRecordFile(dir, rec)
+}
+
+func writeBootRecordFile(dir string, rec bootRecord) error {
 	b, err := json.Marshal(rec)
 	if err != nil {
 		return err
@@ -132,14 +139,21 @@ func writeBootRecord(dir, dataDir, envdDir string, bs bootSpec, rspec runtime.Sp
 	return nil
 }
 
+// readBootRecord reads the boot record of a sandbox that can be paused or snapshotted.
 func readBootRecord(dir string) (bootRecord, error) {
+	rec, err := readBootFile(dir)
+	if err == nil && len(rec.Lowers) == 0 {
+		err = errors.New("its template layers are outside the data directory")
+	}
+	return rec, err
+}
+
+// readBootFile reads any sandbox's boot record.
+func readBootFile(dir string) (bootRecord, error) {
 	var rec bootRecord
 	b, err := os.ReadFile(filepath.Join(dir, bootFile))
 	if err == nil {
 		err = json.Unmarshal(b, &rec)
-	}
-	if err == nil && len(rec.Lowers) == 0 {
-		err = errors.New("its template layers are outside the data directory")
 	}
 	return rec, err
 }
@@ -225,14 +239,16 @@ func (n *Node) PauseSandbox(ctx context.Context, id string, memory bool) (PauseI
 	destroyLater := memory
 	if memory {
 		n.endStreams(ctx, sb, agentproto.EndStreamsPause)
-		err = n.checkpoint(ctx, cp, sb, tmp)
+		if err = n.park(ctx, sb, rec.Channel); err == nil {
+			err = n.checkpoint(ctx, cp, sb, tmp)
+		}
 		if err == nil {
 			if herr := n.diskHeld(context.WithoutCancel(ctx), id, dir); herr != nil {
 				// Mounted elsewhere while the checkpoint ran: the sandbox goes on from the
 				// checkpoint it just took (as after a snapshot) and the pause fails.
 				destroyed := make(chan error, 1)
 				go func() { destroyed <- n.opts.Runtime.Destroy(context.WithoutCancel(ctx), sb.runtimeID) }()
-				rerr := n.restartFrom(ctx, cp, sb, rec.Runtime, tmp, destroyed)
+				rerr := n.restartFrom(ctx, cp, sb, rec, tmp, destroyed)
 				if rerr == nil {
 					_ = os.RemoveAll(tmp)
 					return PauseInfo{}, herr
@@ -249,6 +265,7 @@ func (n *Node) PauseSandbox(ctx context.Context, id string, memory bool) (PauseI
 	if err != nil {
 		if st, serr := n.opts.Runtime.Status(context.WithoutCancel(ctx), sb.runtimeID); serr == nil && st == runtime.StatusRunning {
 			// Nothing was lost: the sandbox goes on as it was.
+			n.unpark(sb, rec.Channel)
 			sb.stopping.Store(false)
 			_ = os.Remove(filepath.Join(dir, pausingFile))
 			_ = os.RemoveAll(tmp)
@@ -437,7 +454,7 @@ func (n *Node) finishPause(ctx context.Context, id, dir, tmp string, rec bootRec
 		Lowers: rec.Lowers, CPUs: rec.CPUs, MemoryMB: rec.MemoryMB, DiskMB: rec.DiskMB, Memory: memory,
 		EnvdToken: string(token)}
 	if memory {
-		meta.Envd = rec.Envd
+		meta.Envd, meta.Channel = rec.Envd, rec.Channel
 	}
 	final := n.pausedDir(id)
 	if err := snapshot.Seal(tmp, meta); err != nil {
@@ -498,7 +515,7 @@ func (n *Node) ResumeSandbox(ctx context.Context, spec CreateSpec, memory bool) 
 			return err
 		}}
 	if useMemory {
-		bs.checkpoint = filepath.Join(final, snapshot.CheckpointDir)
+		bs.checkpoint, bs.channel = filepath.Join(final, snapshot.CheckpointDir), meta.Channel
 		if bs.envd, err = n.envdFor(meta); err != nil {
 			return Info{}, err
 		}

@@ -195,6 +195,10 @@ func (n *Node) survivor(ctx context.Context, rid string) *pendingRecovery {
 	if st, err := n.reattach(ctx, rid); err != nil || st != runtime.StatusRunning {
 		return nil
 	}
+	if rec, err := readBootFile(dir); err != nil || rec.Channel != channelDialled {
+		return p // adopt hands its envd a control socket
+	}
+	// Listening at once spares the envd that dials the socket a long redial delay.
 	ch, err := agent.Listen(filepath.Join(dir, "agent"), n.log.With("sandbox", id))
 	if err != nil {
 		n.log.Warn("cannot reopen agent socket", "sandbox", id, "err", err)
@@ -331,9 +335,35 @@ var (
 	adoptCheck = 15 * time.Second
 )
 
-// adopt listens on a live, handed-out sandbox's agent socket (Recover may have done so already)
-// and waits for its envd to redial. A sandbox whose runtime stops meanwhile, or whose envd does
-// not come back within adoptWait, is not adopted.
+// reconnect hands the running envd of sandbox rid, whose control socket's node end went with the
+// previous node process, a new one, and records that a restore of the sandbox must do so again.
+func (n *Node) reconnect(ctx context.Context, dir, rid string, rec bootRecord) (*agent.Channel, error) {
+	envdDir := ""
+	if rec.Envd != "" {
+		envdDir = filepath.Join(n.opts.DataDir, rec.Envd)
+	}
+	ctl, err := n.handoff(ctx, rid, envdDir)
+	if err != nil {
+		return nil, err
+	}
+	ch, err := agent.Attach(ctl, n.log.With("runtime_id", rid))
+	if err != nil {
+		return nil, err
+	}
+	if rec.Channel != channelHandoff {
+		rec.Channel = channelHandoff
+		if err := writeBootRecordFile(dir, rec); err != nil {
+			ch.Close()
+			return nil, err
+		}
+	}
+	return ch, nil
+}
+
+// adopt reaches the envd of a live, handed-out sandbox again: it hands envd a new control socket
+// (reconnect), or listens on the agent socket an envd of older vmon dials (Recover may have done
+// so already) and waits for it to redial. It tries until adoptWait is over; a sandbox whose
+// runtime stops meanwhile, or whose envd does not answer in time, is not adopted.
 func (n *Node) adopt(ctx context.Context, p pendingRecovery) *sandbox {
 	dir := n.sandboxDir(p.rid)
 	ch := p.ch
@@ -347,8 +377,12 @@ func (n *Node) adopt(ctx context.Context, p pendingRecovery) *sandbox {
 	if st, err := n.reattach(ctx, p.rid); err != nil || st != runtime.StatusRunning {
 		return fail()
 	}
-	if ch == nil {
-		var err error
+	rec, err := readBootFile(dir)
+	if err != nil && ch == nil {
+		n.log.Warn("cannot tell how to reach the sandbox's envd", "sandbox", p.id, "err", err)
+		return nil
+	}
+	if ch == nil && rec.Channel == channelDialled {
 		if ch, err = agent.Listen(filepath.Join(dir, "agent"), n.log.With("sandbox", p.id)); err != nil {
 			n.log.Warn("cannot reopen agent socket", "sandbox", p.id, "err", err)
 			return nil
@@ -357,17 +391,28 @@ func (n *Node) adopt(ctx context.Context, p pendingRecovery) *sandbox {
 	deadline := time.Now().Add(adoptWait)
 	for {
 		wctx, cancel := context.WithTimeout(ctx, min(adoptCheck, time.Until(deadline)))
-		err := ch.WaitConnected(wctx)
+		if ch == nil {
+			ch, err = n.reconnect(wctx, dir, p.rid, rec)
+		} else {
+			err = ch.WaitConnected(wctx)
+		}
 		cancel()
 		if err == nil {
 			break
 		}
 		if ctx.Err() != nil || !time.Now().Before(deadline) {
-			n.log.Warn("envd did not reconnect", "sandbox", p.id, "waited", adoptWait, "err", err)
+			n.log.Warn("envd did not answer", "sandbox", p.id, "waited", adoptWait, "err", err)
 			return fail()
 		}
+		if ch == nil {
+			// A handoff fails at once when envd does not answer: do not spin.
+			select {
+			case <-ctx.Done():
+			case <-time.After(min(adoptCheck, time.Until(deadline))):
+			}
+		}
 		if st, serr := n.reattach(ctx, p.rid); serr != nil || st != runtime.StatusRunning {
-			n.log.Warn("sandbox stopped before its envd reconnected", "sandbox", p.id, "status", st, "err", serr)
+			n.log.Warn("sandbox stopped before its envd answered", "sandbox", p.id, "status", st, "err", serr)
 			return fail()
 		}
 	}

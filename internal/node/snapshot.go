@@ -9,6 +9,7 @@ import (
 	"regexp"
 	"time"
 
+	"github.com/vibemon/vmon/internal/agentctl"
 	"github.com/vibemon/vmon/internal/agentproto"
 	"github.com/vibemon/vmon/internal/errdefs"
 	"github.com/vibemon/vmon/internal/runtime"
@@ -60,7 +61,6 @@ func (n *Node) SnapshotSandbox(ctx context.Context, id, snapID string) (PauseInf
 	if err != nil {
 		return PauseInfo{}, errdefs.Wrap(errdefs.KindUnavailable, err, "sandbox %q cannot be snapshotted", id)
 	}
-	rspec := rec.Runtime
 	release, err := n.checkSnapshotBudget(ctx, sb, true)
 	if err != nil {
 		return PauseInfo{}, err
@@ -83,9 +83,14 @@ func (n *Node) SnapshotSandbox(ctx context.Context, id, snapID string) (PauseInf
 	}
 	sb.stopping.Store(true)
 	n.endStreams(ctx, sb, agentproto.EndStreamsSnapshot)
-	if err := n.checkpoint(ctx, cp, sb, ptmp); err != nil {
+	err = n.park(ctx, sb, rec.Channel)
+	if err == nil {
+		err = n.checkpoint(ctx, cp, sb, ptmp)
+	}
+	if err != nil {
 		abandon()
 		if st, serr := n.opts.Runtime.Status(context.WithoutCancel(ctx), sb.runtimeID); serr == nil && st == runtime.StatusRunning {
+			n.unpark(sb, rec.Channel)
 			sb.stopping.Store(false)
 			_ = os.Remove(filepath.Join(dir, pausingFile))
 			return PauseInfo{}, fmt.Errorf("snapshot sandbox %s: %w", id, err)
@@ -103,13 +108,13 @@ func (n *Node) SnapshotSandbox(ctx context.Context, id, snapID string) (PauseInf
 	if err != nil {
 		_ = os.RemoveAll(stmp)
 		// The checkpoint is whole: the sandbox goes on from it, and the snapshot fails.
-		if rerr := n.restartFrom(ctx, cp, sb, rspec, ptmp, destroyed); rerr != nil {
+		if rerr := n.restartFrom(ctx, cp, sb, rec, ptmp, destroyed); rerr != nil {
 			return PauseInfo{}, n.keepAsPaused(ctx, sb, dir, rec, errors.Join(err, rerr))
 		}
 		_ = os.RemoveAll(ptmp)
 		return PauseInfo{}, fmt.Errorf("snapshot sandbox %s: %w", id, err)
 	}
-	if err := n.restartFrom(ctx, cp, sb, rspec, ptmp, destroyed); err != nil {
+	if err := n.restartFrom(ctx, cp, sb, rec, ptmp, destroyed); err != nil {
 		_ = os.RemoveAll(stmp)
 		return PauseInfo{}, n.keepAsPaused(ctx, sb, dir, rec, err)
 	}
@@ -122,7 +127,7 @@ func (n *Node) SnapshotSandbox(ctx context.Context, id, snapID string) (PauseInf
 	_ = os.RemoveAll(ptmp)
 	meta := snapshot.Meta{SandboxID: id, CreatedAt: time.Now().UTC(), TemplateID: rec.TemplateID,
 		Lowers: rec.Lowers, CPUs: rec.CPUs, MemoryMB: rec.MemoryMB, DiskMB: rec.DiskMB, Memory: true,
-		Envd: rec.Envd, EnvdToken: sb.token}
+		Envd: rec.Envd, Channel: rec.Channel, EnvdToken: sb.token}
 	if err := snapshot.Seal(stmp, meta); err != nil {
 		_ = os.RemoveAll(stmp)
 		return PauseInfo{}, fmt.Errorf("snapshot sandbox %s: %w", id, err)
@@ -137,11 +142,21 @@ func (n *Node) SnapshotSandbox(ctx context.Context, id, snapID string) (PauseInf
 	return PauseInfo{Memory: true, Bytes: bytes}, nil
 }
 
-// restartFrom starts sb's runtime again from the checkpoint in tmp, on its own root, link and
-// agent channel (envd redials the socket it was connected to), and clears the pausing mark. It
+// restartFrom starts sb's runtime again from the checkpoint in tmp, with the spec and agent
+// channel of its boot record rec (on its own root and link), and clears the pausing mark. It
 // first waits for the stopped runtime's removal, reported on destroyed.
-func (n *Node) restartFrom(ctx context.Context, cp runtime.Checkpointer, sb *sandbox, rspec runtime.Spec, tmp string, destroyed <-chan error) error {
+func (n *Node) restartFrom(ctx context.Context, cp runtime.Checkpointer, sb *sandbox, rec bootRecord, tmp string, destroyed <-chan error) error {
 	ctx = context.WithoutCancel(ctx)
+	rspec := rec.Runtime
+	var ctl *agentctl.Conn
+	if rec.Channel == channelControl {
+		host, guest, err := agentctl.Pair()
+		if err != nil {
+			return fmt.Errorf("restart sandbox after its checkpoint: %w", err)
+		}
+		defer guest.Close()
+		rspec.Files, ctl = []*os.File{guest}, host
+	}
 	if err := <-destroyed; err != nil {
 		return fmt.Errorf("restart sandbox after its checkpoint: remove the stopped runtime: %w", err)
 	}
@@ -152,7 +167,13 @@ func (n *Node) restartFrom(ctx context.Context, cp runtime.Checkpointer, sb *san
 		}
 	}
 	if err := cp.Restore(ctx, rspec, filepath.Join(tmp, snapshot.CheckpointDir)); err != nil {
+		if ctl != nil {
+			ctl.Close()
+		}
 		return fmt.Errorf("restart sandbox after its checkpoint: %w", err)
+	}
+	if err := n.rebind(ctx, sb, rec, ctl); err != nil {
+		return fmt.Errorf("restart sandbox after its checkpoint: agent channel: %w", err)
 	}
 	sb.stopping.Store(false)
 	n.watch(sb)
@@ -225,7 +246,7 @@ func (n *Node) CreateFromSnapshot(ctx context.Context, spec CreateSpec, snapID, 
 		layer: filepath.Join(src, snapshot.LayerDir), copyLayer: true,
 		gate: func() error { _, err := snapshot.Verify(src); return err }}
 	if meta.Memory {
-		bs.checkpoint = filepath.Join(src, snapshot.CheckpointDir)
+		bs.checkpoint, bs.channel = filepath.Join(src, snapshot.CheckpointDir), meta.Channel
 		if bs.envd, err = n.envdFor(meta); err != nil {
 			return Info{}, err
 		}
@@ -284,8 +305,8 @@ func (n *Node) createFromStart(ctx context.Context, spec CreateSpec, img Image) 
 	sb, err := n.boot(ctx, bootSpec{runtimeID: spec.ID, templateID: spec.TemplateID, lowers: lowers, envd: envd,
 		cpus: meta.CPUs, memoryMB: meta.MemoryMB, diskMB: spec.DiskMB, policy: &spec.Egress,
 		layer: filepath.Join(src, snapshot.LayerDir), copyLayer: true,
-		checkpoint: filepath.Join(src, snapshot.CheckpointDir),
-		gate:       func() error { _, err := snapshot.Verify(src); return err }})
+		checkpoint: filepath.Join(src, snapshot.CheckpointDir), channel: meta.Channel,
+		gate: func() error { _, err := snapshot.Verify(src); return err }})
 	if err != nil {
 		return Info{}, err
 	}

@@ -69,6 +69,10 @@ type Meta struct {
 	// Envd is the directory, relative to the data directory, of the envd build whose process
 	// the checkpoint holds: a restore must map that same binary again.
 	Envd string `json:"envd,omitempty"`
+	// Channel says how the checkpoint's envd gets its agent channel (the node's names; empty
+	// for an envd that dials a socket in a host directory, as vmon's did before the control
+	// socket).
+	Channel string `json:"channel,omitempty"`
 	// EnvdToken is the access token the restored envd still holds: a sandbox started from the
 	// snapshot proves it to envd to install its own.
 	EnvdToken string `json:"envdToken,omitempty"`

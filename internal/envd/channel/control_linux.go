@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"time"
 
 	"github.com/vibemon/vmon/internal/agentctl"
 	"github.com/vibemon/vmon/internal/agentproto"
@@ -23,6 +24,13 @@ type ControlOptions struct {
 	// Handler serves the HTTP requests of every stream, as in Options.
 	Handler http.Handler
 }
+
+// controlRetryMin and controlRetryMax bound the delay between reads of a control socket whose
+// node end is gone: after a restore the first read finds the node's offer.
+const (
+	controlRetryMin = 50 * time.Millisecond
+	controlRetryMax = time.Second
+)
 
 // offer is what a control socket's reader passes on: a session to serve, or why it stopped.
 type offer struct {
@@ -42,8 +50,8 @@ type session struct {
 // RunControl serves the sessions the node offers over its control socket until ctx is done, then
 // returns nil. One session runs at a time: a new offer ends the one before. When a session ends,
 // for whatever reason, its socket is closed and the node is told (agentctl.Conn.Ended), which is
-// what the node waits for before a checkpoint. A control socket whose node end is gone (the node
-// restarted) is dropped; the next one comes over the handoff socket.
+// what the node waits for before a checkpoint. A control socket whose node end is gone is kept
+// until another comes over the handoff socket: a restore may bring it back (see read).
 func RunControl(ctx context.Context, opts ControlOptions) error {
 	if opts.Handler == nil {
 		return errors.New("channel: ControlOptions.Handler is required")
@@ -86,17 +94,35 @@ func RunControl(ctx context.Context, opts ControlOptions) error {
 
 	offers := make(chan offer)
 	read := func(ctl *agentctl.Conn) {
+		var delay time.Duration
 		for {
 			n, conn, err := ctl.Next()
-			select {
-			case offers <- offer{ctl: ctl, n: n, conn: conn, err: err}:
-			case <-ctx.Done():
-				if conn != nil {
-					conn.Close()
-				}
-				return
+			if errors.Is(err, net.ErrClosed) {
+				return // closed here: replaced by a handoff, or envd is stopping
 			}
-			if err != nil && agentctl.IsClosed(err) {
+			gone := err != nil && !errors.Is(err, agentctl.ErrProtocol)
+			if !gone || delay == 0 {
+				select {
+				case offers <- offer{ctl: ctl, n: n, conn: conn, err: err}:
+				case <-ctx.Done():
+					if conn != nil {
+						conn.Close()
+					}
+					return
+				}
+			}
+			if !gone {
+				delay = 0
+				continue
+			}
+			// The node's end is gone. Either the node restarted, and a new control socket comes
+			// by handoff, or the node died while it checkpointed this sandbox, and a restore of
+			// that checkpoint gives this very descriptor a new socket: keep it, and keep
+			// reading it, more slowly the longer it stays dead.
+			delay = min(max(2*delay, controlRetryMin), controlRetryMax)
+			select {
+			case <-time.After(delay):
+			case <-ctx.Done():
 				return
 			}
 		}
@@ -140,12 +166,10 @@ func RunControl(ctx context.Context, opts ControlOptions) error {
 				if o.conn != nil {
 					o.conn.Close()
 				}
-			case o.err != nil && agentctl.IsClosed(o.err):
-				log.Info("the node's control socket closed; waiting for a new one on the handoff socket", "err", o.err)
-				ctl.Close()
-				ctl = nil
-			case o.err != nil:
+			case errors.Is(o.err, agentctl.ErrProtocol):
 				log.Warn("bad control message", "err", o.err)
+			case o.err != nil:
+				log.Info("the node's end of the control socket is gone; waiting for a restore or a new one on the handoff socket", "err", o.err)
 			default:
 				end()
 				cur = serveOffer(ctx, o, handler, log)

@@ -319,7 +319,7 @@ describe('hostile guest', () => {
     } finally {
       clearInterval(sampler);
     }
-    // envd redials after the flood; the sandbox answers again.
+    // The node offers envd a new session after each one it closed; the sandbox answers again.
     const out = await waitFor(
       async () => {
         try {
@@ -336,14 +336,19 @@ describe('hostile guest', () => {
     await nodeAndBystanderFine();
   });
 
-  srv.test('the agent directory is read-only in the guest', async () => {
+  srv.test('the agent channel shares no host directory with the guest', async () => {
     const { sbx, rid } = await victim();
-    const r = await sbx.commands
-      .run('sudo touch /run/vmon/x; sudo mkdir /run/vmon/d; sudo ln -s / /run/vmon/l; ls -A /run/vmon')
-      .catch((err) => err);
-    assert.match(r.stderr, /Read-only file system/);
-    assert.equal(r.stdout, 'agent.sock\n');
-    assert.deepEqual(fs.readdirSync(path.join(srv.dataDir, 'sandboxes', rid, 'agent')), ['agent.sock']);
+    // envd's handoff socket is the guest's own, and only the guest's root reaches it.
+    const user = await sbx.commands.run('ls /run/vmon').catch((err) => err);
+    assert.match(user.stderr, /Permission denied/);
+    const root = await sbx.commands.run('sudo stat -c %a:%U /run/vmon; sudo ls -A /run/vmon');
+    assert.equal(root.stdout, '700:root\nhandoff.sock\n');
+    assert.equal(fs.existsSync(path.join(srv.dataDir, 'sandboxes', rid, 'agent')), false);
+    // A bogus control socket handed over by guest root cuts only this sandbox off: envd takes it
+    // (it cannot tell), and the node and the bystander go on.
+    await sbx.files.write('/tmp/bogus.py', BOGUS_HANDOFF);
+    const r = await sbx.commands.run('sudo python3 /tmp/bogus.py');
+    assert.equal(r.stdout, 'ok\n');
     await nodeAndBystanderFine();
   });
 
@@ -404,29 +409,59 @@ for i in range(1000):
 print(len(ps), refused)
 '`;
 
-// The guest side of a yamux flood: connect to the agent socket again and again, each time opening
-// 200 streams with 64 KiB each toward the node (yamux frame: version, type, flags, id, length).
-const FLOOD = `import socket, struct, sys, time
+// The guest side of a yamux flood: take envd's agent session socket (pidfd_getfd of each unix
+// stream socket of PID 1) again and again, each time opening 200 streams with 64 KiB each toward
+// the node (yamux frame: version, type, flags, id, length).
+const FLOOD = `import ctypes, os, socket, struct, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
 end = time.time() + float(sys.argv[1])
 payload = b'x' * 65536
 conns = streams = 0
 while time.time() < end:
-    s = socket.socket(socket.AF_UNIX)
-    try:
-        s.connect('/run/vmon/agent.sock')
-    except OSError:
+    pidfd = libc.syscall(434, 1, 0)
+    if pidfd < 0:
         time.sleep(0.01)
         continue
-    conns += 1
-    s.settimeout(2)
-    try:
-        for sid in range(2, 402, 2):
-            s.sendall(struct.pack('>BBHII', 0, 0, 1, sid, len(payload)) + payload)
-            streams += 1
-    except OSError:
-        pass
-    s.close()
+    for name in os.listdir('/proc/1/fd'):
+        try:
+            if not os.readlink('/proc/1/fd/' + name).startswith('socket:'):
+                continue
+        except OSError:
+            continue
+        fd = libc.syscall(438, pidfd, int(name), 0)
+        if fd < 0:
+            continue
+        s = socket.socket(fileno=fd)
+        if s.family != socket.AF_UNIX or s.type != socket.SOCK_STREAM:
+            s.close()
+            continue
+        s.settimeout(2)
+        try:
+            s.sendall(struct.pack('>BBHII', 0, 0, 1, 2, len(payload)) + payload)
+        except OSError:
+            s.close()
+            continue
+        conns += 1
+        streams += 1
+        try:
+            for sid in range(4, 402, 2):
+                s.sendall(struct.pack('>BBHII', 0, 0, 1, sid, len(payload)) + payload)
+                streams += 1
+        except OSError:
+            pass
+        s.close()
+    os.close(pidfd)
+    time.sleep(0.01)
 print(conns, streams)
+`;
+
+// Hands envd a control socket of the guest's own making over its handoff socket.
+const BOGUS_HANDOFF = `import array, socket
+a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+s = socket.socket(socket.AF_UNIX)
+s.connect('/run/vmon/handoff.sock')
+s.sendmsg([b'S'], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array('i', [b.fileno()]))])
+print(s.recv(256).decode(), end='')
 `;
 
 function loopDevicesUnder(dir) {
