@@ -19,8 +19,9 @@ func TestDependencies(t *testing.T) {
 	}
 	const mod = "github.com/vibemon/vmon/"
 	// guestnet is shared on purpose: the node builds the address push, envd applies it; httpguard
-	// gives both HTTP surfaces (the API and envd) E2B's error shapes.
-	allowed := []string{mod + "cmd/envd", mod + "internal/agentproto", mod + "internal/errdefs", mod + "internal/envd/",
+	// gives both HTTP surfaces (the API and envd) E2B's error shapes; agentctl is both ends of the
+	// agent channel's control socket.
+	allowed := []string{mod + "cmd/envd", mod + "internal/agentctl", mod + "internal/agentproto", mod + "internal/errdefs", mod + "internal/envd/",
 		mod + "internal/guestnet", mod + "internal/httpguard"}
 	for _, pkg := range strings.Fields(string(out)) {
 		if !strings.HasPrefix(pkg, mod) {
