@@ -174,7 +174,7 @@ func (c *Channel) readEnded(ctl *agentctl.Conn) {
 			close(ch)
 			delete(c.ended, n)
 		}
-		again := c.ctl == ctl && n == c.sessionN && !c.parked && !c.closed && c.stopped == nil
+		again := c.unaskedEndLocked(ctl, n)
 		c.mu.Unlock()
 		if !again {
 			continue
@@ -182,13 +182,23 @@ func (c *Channel) readEnded(ctl *agentctl.Conn) {
 		time.Sleep(time.Until(last.Add(reofferGap)))
 		last = time.Now()
 		c.mu.Lock()
-		if c.ctl == ctl && n == c.sessionN && !c.parked && !c.closed && c.stopped == nil {
+		// Still so after the wait: nothing parked, replaced or stopped the channel meanwhile.
+		if c.unaskedEndLocked(ctl, n) {
 			if err := c.offerLocked(); err != nil && !agentctl.IsClosed(err) {
 				c.log.Warn("agent session offer failed", "err", err)
 			}
 		}
 		c.mu.Unlock()
 	}
+}
+
+// unaskedEndLocked reports whether the end of session n on ctl is one the node did not ask for:
+// n is the current session on the current control socket, and the channel is not parked, closed
+// or stopped.
+//
+// +checklocks:c.mu
+func (c *Channel) unaskedEndLocked(ctl *agentctl.Conn, n uint32) bool {
+	return c.ctl == ctl && n == c.sessionN && !c.parked && !c.closed && c.stopped == nil
 }
 
 // reofferGap is the least time between two sessions offered because envd ended one.

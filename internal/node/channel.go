@@ -30,9 +30,12 @@ const (
 // parkWait bounds how long a pause or snapshot waits for envd to let go of its session.
 const parkWait = 3 * time.Second
 
+// guestEnvd is envd's path in the guest, under the mounted envd build.
+func (n *Node) guestEnvd() string { return GuestBinDir + "/" + filepath.Base(n.opts.EnvdPath) }
+
 // handoff gives the running envd of sandbox rid a new control socket, with the `envd handoff`
-// helper of the envd build in envdDir ("": not known), and returns the node's end.
-func (n *Node) handoff(ctx context.Context, rid, envdDir string) (*agentctl.Conn, error) {
+// helper of the envd build the sandbox runs, and returns the node's end.
+func (n *Node) handoff(ctx context.Context, rid string) (*agentctl.Conn, error) {
 	fe, ok := n.opts.Runtime.(runtime.FileExecer)
 	if !ok {
 		return nil, errdefs.Unavailable("this node's runtime cannot hand envd a new agent channel")
@@ -42,14 +45,7 @@ func (n *Node) handoff(ctx context.Context, rid, envdDir string) (*agentctl.Conn
 		return nil, err
 	}
 	defer guest.Close()
-	helper := GuestBinDir + "/" + filepath.Base(n.opts.EnvdPath)
-	if envdDir != "" {
-		if _, err := os.Stat(filepath.Join(envdDir, filepath.Base(n.opts.EnvdPath))); err != nil {
-			host.Close()
-			return nil, fmt.Errorf("the envd build %s: %w", envdDir, err)
-		}
-	}
-	if out, err := fe.ExecFiles(ctx, rid, []*os.File{guest}, helper, "handoff", "--fd", strconv.Itoa(runtime.FirstFile)); err != nil {
+	if out, err := fe.ExecFiles(ctx, rid, []*os.File{guest}, n.guestEnvd(), "handoff", "--fd", strconv.Itoa(runtime.FirstFile)); err != nil {
 		host.Close()
 		return nil, fmt.Errorf("hand envd a new control socket: %w: %s", err, out)
 	}
@@ -78,18 +74,14 @@ func (n *Node) unpark(sb *sandbox, channel string) {
 	}
 }
 
-// rebind gives the restored envd of sb, its runtime started from a checkpoint with rspec, its
-// agent channel again: the control socket passed in rspec.Files, or one handed over.
+// rebind gives the restored envd of sb, booted as rec says, its agent channel again: ctl, the
+// control socket the restore passed, or one handed over.
 func (n *Node) rebind(ctx context.Context, sb *sandbox, rec bootRecord, ctl *agentctl.Conn) error {
 	switch rec.Channel {
 	case channelControl:
 		return sb.ch.Rebind(ctl)
 	case channelHandoff:
-		envdDir := ""
-		if rec.Envd != "" {
-			envdDir = filepath.Join(n.opts.DataDir, rec.Envd)
-		}
-		fresh, err := n.handoff(ctx, sb.runtimeID, envdDir)
+		fresh, err := n.handoff(ctx, sb.runtimeID)
 		if err != nil {
 			return err
 		}

@@ -492,7 +492,7 @@ func (n *Node) boot(ctx context.Context, bs bootSpec) (_ *sandbox, retErr error)
 		Mounts:    []runtime.Mount{{HostPath: envdDir, GuestPath: GuestBinDir, ReadOnly: true}},
 		// envd also serves on the guest's loopback, as E2B's does (its own token guards it):
 		// guest services such as the code interpreter read the sandbox's variables there.
-		Args: []string{GuestBinDir + "/" + filepath.Base(n.opts.EnvdPath), "--agent-fd", strconv.Itoa(runtime.FirstFile),
+		Args: []string{n.guestEnvd(), "--agent-fd", strconv.Itoa(runtime.FirstFile),
 			"--max-tasks", strconv.Itoa(lim.GuestTasks), "--listen", net.JoinHostPort("127.0.0.1", strconv.Itoa(agentproto.EnvdPort))},
 		Env:      []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
 		CPUs:     cpus,
@@ -568,7 +568,7 @@ func (n *Node) boot(ctx context.Context, bs bootSpec) (_ *sandbox, retErr error)
 		if mode == channelHandoff {
 			// The restored envd's control socket was handed to it after a node restart, and
 			// such a one does not survive a restore: hand it a new one.
-			if ctl, err = n.handoff(ctx, runtimeID, envdDir); err != nil {
+			if ctl, err = n.handoff(ctx, runtimeID); err != nil {
 				return nil, fmt.Errorf("agent channel: %w", err)
 			}
 		}

@@ -338,11 +338,7 @@ var (
 // reconnect hands the running envd of sandbox rid, whose control socket's node end went with the
 // previous node process, a new one, and records that a restore of the sandbox must do so again.
 func (n *Node) reconnect(ctx context.Context, dir, rid string, rec bootRecord) (*agent.Channel, error) {
-	envdDir := ""
-	if rec.Envd != "" {
-		envdDir = filepath.Join(n.opts.DataDir, rec.Envd)
-	}
-	ctl, err := n.handoff(ctx, rid, envdDir)
+	ctl, err := n.handoff(ctx, rid)
 	if err != nil {
 		return nil, err
 	}

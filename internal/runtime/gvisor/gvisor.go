@@ -495,13 +495,7 @@ func (r *Runtime) List(ctx context.Context) ([]string, error) {
 // Exec runs args in sandbox id as root and returns the combined output. It is for diagnostics,
 // tests and the runtime benchmark; the node talks to the guest through envd, never through this.
 func (r *Runtime) Exec(ctx context.Context, id string, args ...string) ([]byte, error) {
-	if err := validateID(id); err != nil {
-		return nil, err
-	}
-	if len(args) == 0 {
-		return nil, errdefs.InvalidArgument("empty command")
-	}
-	return r.cli.exec(ctx, id, nil, args)
+	return r.ExecFiles(ctx, id, nil, args...)
 }
 
 // ExecFiles is Exec with files as the command's descriptors from runtime.FirstFile on. runsc
