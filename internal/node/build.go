@@ -54,7 +54,7 @@ func (n *Node) StartBuild(ctx context.Context, spec BuildSpec) (*BuildSandbox, e
 		_ = n.teardown(context.WithoutCancel(ctx), sb)
 		return nil, errdefs.Wrap(errdefs.KindUnavailable, err, "build sandbox did not start")
 	}
-	return &BuildSandbox{n: n, sb: sb, shell: shellFor(sb.root), env: spec.Env}, nil
+	return &BuildSandbox{n: n, sb: sb, shell: sb.guestShell(), env: spec.Env}, nil
 }
 
 // Shell is the shell build commands run in (bash as a login shell when the image has it).

@@ -58,35 +58,12 @@ func (n *Node) envdFor(meta snapshot.Meta) (string, error) {
 // (template builds' started snapshots). A record it cannot read stops the sweep: removing a
 // build a paused sandbox needs is never worth a guess.
 func SweepEnvd(dataDir, current string, roots ...string) error {
-	keep := map[string]bool{relEnvd(dataDir, filepath.Dir(current)): true}
-	for _, root := range append(slices.Clone(snapshot.Roots), roots...) {
-		metas, err := filepath.Glob(filepath.Join(dataDir, root, "*", snapshot.MetaFile))
-		if err != nil {
-			return err
-		}
-		for _, p := range metas {
-			m, err := snapshot.Read(filepath.Dir(p))
-			if err != nil {
-				return fmt.Errorf("sweep envd builds: read snapshot %s: %w", filepath.Dir(p), err)
-			}
-			keep[m.Envd] = true
-		}
-	}
-	boots, err := filepath.Glob(filepath.Join(dataDir, "sandboxes", "*", bootFile))
+	refs, err := readReferences(dataDir, roots)
 	if err != nil {
-		return err
+		return fmt.Errorf("sweep envd builds: %w", err)
 	}
-	for _, p := range boots {
-		b, err := os.ReadFile(p)
-		if err != nil {
-			return fmt.Errorf("sweep envd builds: %w", err)
-		}
-		var rec bootRecord
-		if err := json.Unmarshal(b, &rec); err != nil {
-			return fmt.Errorf("sweep envd builds: %s: %w", p, err)
-		}
-		keep[rec.Envd] = true
-	}
+	keep := refs.envd
+	keep[relEnvd(dataDir, filepath.Dir(current))] = true
 	ents, err := os.ReadDir(filepath.Join(dataDir, EnvdDir))
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
@@ -101,4 +78,64 @@ func SweepEnvd(dataDir, current string, roots ...string) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// RootImagesInUse returns the root images (absolute paths) that the sandboxes and snapshots
+// under dataDir (and roots, as for SweepEnvd) booted from: their checkpoints reopen them.
+func RootImagesInUse(dataDir string, roots ...string) (map[string]bool, error) {
+	refs, err := readReferences(dataDir, roots)
+	if err != nil {
+		return nil, fmt.Errorf("find the root images in use: %w", err)
+	}
+	return refs.images, nil
+}
+
+// references are what the records of sandboxes and snapshots need kept.
+type references struct {
+	// envd holds envd builds relative to the data directory, images root images' absolute paths.
+	envd, images map[string]bool
+}
+
+func readReferences(dataDir string, roots []string) (references, error) {
+	refs := references{envd: map[string]bool{}, images: map[string]bool{}}
+	image := func(p string) {
+		if p == "" {
+			return
+		}
+		if p = filepath.FromSlash(p); !filepath.IsAbs(p) {
+			p = filepath.Join(dataDir, p)
+		}
+		refs.images[filepath.Clean(p)] = true
+	}
+	for _, root := range append(slices.Clone(snapshot.Roots), roots...) {
+		metas, err := filepath.Glob(filepath.Join(dataDir, root, "*", snapshot.MetaFile))
+		if err != nil {
+			return refs, err
+		}
+		for _, p := range metas {
+			m, err := snapshot.Read(filepath.Dir(p))
+			if err != nil {
+				return refs, fmt.Errorf("read snapshot %s: %w", filepath.Dir(p), err)
+			}
+			refs.envd[m.Envd] = true
+			image(m.RootImage)
+		}
+	}
+	boots, err := filepath.Glob(filepath.Join(dataDir, "sandboxes", "*", bootFile))
+	if err != nil {
+		return refs, err
+	}
+	for _, p := range boots {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return refs, err
+		}
+		var rec bootRecord
+		if err := json.Unmarshal(b, &rec); err != nil {
+			return refs, fmt.Errorf("%s: %w", p, err)
+		}
+		refs.envd[rec.Envd] = true
+		image(rec.Runtime.RootImage)
+	}
+	return refs, nil
 }

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/vibemon/vmon/internal/errdefs"
@@ -88,5 +89,65 @@ func writeFile(t *testing.T, path, content string) {
 	}
 	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestRootImagesInUse: the root images that paused sandboxes, snapshots and running sandboxes
+// booted from are in use (their checkpoints reopen them); a snapshot without one names none.
+func TestRootImagesInUse(t *testing.T) {
+	data := t.TempDir()
+	seal := func(root, name, image string) {
+		dir := filepath.Join(data, root, name)
+		if err := os.MkdirAll(filepath.Join(dir, snapshot.LayerDir), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := snapshot.Seal(dir, snapshot.Meta{SandboxID: name, Lowers: []string{"templates/base/rootfs"}, Memory: true, RootImage: image}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	seal("paused", "sb1", "root-images/a.erofs")
+	seal("snapshots", "snap1", "root-images/b.erofs")
+	seal("paused", "sb2", "")
+	var rec bootRecord
+	rec.Runtime.RootImage = filepath.Join(data, "root-images", "c.erofs")
+	b, _ := json.Marshal(rec)
+	writeFile(t, filepath.Join(data, "sandboxes", "rt1", bootFile), string(b))
+	writeFile(t, filepath.Join(data, "sandboxes", "rt2", bootFile), "{}")
+
+	got, err := RootImagesInUse(data, "layers")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var paths []string
+	for p := range got {
+		paths = append(paths, p)
+	}
+	slices.Sort(paths)
+	want := []string{filepath.Join(data, "root-images", "a.erofs"), filepath.Join(data, "root-images", "b.erofs"),
+		filepath.Join(data, "root-images", "c.erofs")}
+	if !slices.Equal(paths, want) {
+		t.Fatalf("in use %v, want %v", paths, want)
+	}
+}
+
+// TestFromSnapshot: a checkpoint taken on a root image is restored on it, with no saved layer;
+// one whose image this node lacks is refused clearly; one without an image is left as it was.
+func TestFromSnapshot(t *testing.T) {
+	data := t.TempDir()
+	n := &Node{opts: Options{DataDir: data}}
+	writeFile(t, filepath.Join(data, "root-images", "a.erofs"), "image")
+	bs := bootSpec{layer: "/snap/layer", copyLayer: true}
+	if err := n.fromSnapshot(&bs, snapshot.Meta{}); err != nil || bs.layer != "/snap/layer" || bs.rootImage != "" {
+		t.Fatalf("a snapshot without an image: %+v, %v", bs, err)
+	}
+	if err := n.fromSnapshot(&bs, snapshot.Meta{RootImage: "root-images/a.erofs"}); err != nil {
+		t.Fatal(err)
+	}
+	if bs.rootImage != filepath.Join(data, "root-images", "a.erofs") || bs.layer != "" || bs.copyLayer {
+		t.Fatalf("a snapshot on an image: %+v", bs)
+	}
+	err := n.fromSnapshot(&bootSpec{}, snapshot.Meta{SandboxID: "x", RootImage: "root-images/gone.erofs"})
+	if !errdefs.Is(err, errdefs.KindUnavailable) || !strings.Contains(err.Error(), "gone.erofs") {
+		t.Fatalf("a snapshot whose image is gone: %v", err)
 	}
 }

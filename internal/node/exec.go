@@ -34,8 +34,19 @@ type guestCmd struct {
 
 // shellFor picks the shell for node-run commands in the root filesystem mounted at root: the
 // SDK's `bash -l` when the image has bash, else POSIX sh (busybox and distroless-like images).
-func shellFor(root string) []string {
-	if existsInRoot(root, "bin/bash") {
+func shellFor(root string) []string { return loginShell(existsInRoot(root, "bin/bash")) }
+
+// guestShell is the shell chosen when sb booted; a sandbox adopted after a restart uses /bin/sh.
+func (sb *sandbox) guestShell() []string {
+	if sb.shell != nil {
+		return sb.shell
+	}
+	return []string{"/bin/sh"}
+}
+
+// loginShell is bash as a login shell when the guest has it, else /bin/sh.
+func loginShell(bash bool) []string {
+	if bash {
 		return []string{"/bin/bash", "-l"}
 	}
 	return []string{"/bin/sh"}
@@ -171,7 +182,7 @@ const readyInterval = 100 * time.Millisecond
 // startTemplateCmd starts the template's start command as the sandbox's default user and waits
 // until its ready command exits 0 (a template without one is ready once the command started).
 func (n *Node) startTemplateCmd(ctx context.Context, sb *sandbox, spec CreateSpec, img Image) error {
-	shell := shellFor(sb.root)
+	shell := sb.guestShell()
 	cmd := guestCmd{Shell: shell, Script: img.StartCmd, User: spec.DefaultUser, Cwd: spec.DefaultWorkdir, Tag: agentproto.StartCmdTag}
 	if _, err := startGuest(ctx, sb.ch, spec.AccessToken, cmd); err != nil {
 		return fmt.Errorf("start command: %w", err)

@@ -35,6 +35,7 @@ import (
 	"github.com/vibemon/vmon/internal/errdefs"
 	"github.com/vibemon/vmon/internal/limits"
 	"github.com/vibemon/vmon/internal/netpool"
+	"github.com/vibemon/vmon/internal/rootimage"
 	"github.com/vibemon/vmon/internal/runtime"
 	"github.com/vibemon/vmon/internal/snapshot"
 )
@@ -51,6 +52,14 @@ type RootFS interface {
 	CopyWritable(ctx context.Context, sandboxDir, dst string) error
 	// Commit stops the root's mount and moves the sandbox's writes to dst (template builds).
 	Commit(ctx context.Context, sandboxDir, dst string) error
+}
+
+// RootImages hands out read-only images of template roots with envd inside (internal/rootimage):
+// a sandbox booted from one needs no gofer and no mounts on the host.
+type RootImages interface {
+	// Lookup returns the image of lowers with the envd build in envdDir when it is built, and
+	// otherwise starts building it and reports false.
+	Lookup(lowers []string, envdDir string) (rootimage.Image, bool)
 }
 
 // Writable describes a sandbox's writable layer.
@@ -134,6 +143,9 @@ type Options struct {
 	Templates Templates
 	// EnvdPath is the envd binary bind-mounted into every sandbox.
 	EnvdPath string
+	// RootImages, when set, gives sandboxes without volumes a root image (once it is built)
+	// instead of an overlay root and envd's bind mount.
+	RootImages RootImages
 	// BootTimeout bounds how long a boot waits for envd to come up.
 	BootTimeout time.Duration
 	// ReadyTimeout bounds how long a create waits for a template's ready command to succeed.
@@ -227,8 +239,11 @@ type sandbox struct {
 	attached  bool
 	ch        *agent.Channel
 	startedAt time.Time
-	// root is the merged root filesystem on the host (to look at the image, never to write).
+	// root is the merged root filesystem on the host (to look at the image, never to write);
+	// empty for a sandbox on a root image.
 	root string
+	// shell runs the node's own commands in the guest (shellFor).
+	shell []string
 	// stopping is set when the node itself tears the sandbox down, so its runtime's exit is
 	// expected rather than news.
 	stopping atomic.Bool
@@ -257,8 +272,10 @@ func New(opts Options) (*Node, error) {
 	if opts.NetNSPrefix == "" {
 		opts.NetNSPrefix = "vmon-"
 	}
-	if err := os.MkdirAll(filepath.Join(opts.DataDir, "sandboxes"), 0o700); err != nil {
-		return nil, fmt.Errorf("create sandboxes dir: %w", err)
+	for _, d := range []string{"sandboxes", "root-layers"} {
+		if err := os.MkdirAll(filepath.Join(opts.DataDir, d), 0o700); err != nil {
+			return nil, fmt.Errorf("create %s dir: %w", d, err)
+		}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	n := &Node{opts: opts, log: opts.Log, sandboxes: map[string]*sandbox{}, finishing: map[string]chan struct{}{},
@@ -388,6 +405,9 @@ type bootSpec struct {
 	// how the envd it holds gets its agent channel (snapshot.Meta.Channel).
 	checkpoint string
 	channel    string
+	// rootImage is the root image a checkpoint was taken on (its writable layer is in the
+	// checkpoint); empty for a fresh boot, which takes one from RootImages when it can.
+	rootImage string
 	// mark names a file created in the sandbox directory before anything else (resumingFile).
 	mark string
 	// gate, when set, must pass before the root filesystem is prepared (a snapshot's checksums,
@@ -468,17 +488,24 @@ func (n *Node) boot(ctx context.Context, bs bootSpec) (_ *sandbox, retErr error)
 		}
 	}
 
-	root, err := n.opts.RootFS.Prepare(ctx, lowers, dir, Writable{DiskMB: bs.diskMB, From: bs.layer, Copy: bs.copyLayer})
-	if err != nil {
+	envdDir := bs.envd
+	if envdDir == "" {
+		envdDir = filepath.Dir(n.opts.EnvdPath)
+	}
+	image, onImage := n.rootImage(bs, envdDir)
+	var root string
+	if onImage {
+		// Nothing is mounted: the writable layer is a file runsc creates (and unlinks) in the
+		// node's layers directory.
+		if err := writeFileAtomic(filepath.Join(dir, rootImageFile), []byte(image.Path)); err != nil {
+			return nil, fmt.Errorf("record the sandbox's root image: %w", err)
+		}
+	} else if root, err = n.opts.RootFS.Prepare(ctx, lowers, dir, Writable{DiskMB: bs.diskMB, From: bs.layer, Copy: bs.copyLayer}); err != nil {
 		return nil, fmt.Errorf("prepare root filesystem: %w", err)
 	}
 	undo = append(undo, func() { _ = n.releaseRoot(teardownCtx, runtimeID) })
 
 	lim := limits.Derive(memoryMB, n.opts.Limits)
-	envdDir := bs.envd
-	if envdDir == "" {
-		envdDir = filepath.Dir(n.opts.EnvdPath)
-	}
 	mode := channelControl
 	if bs.checkpoint != "" {
 		mode = bs.channel
@@ -498,6 +525,12 @@ func (n *Node) boot(ctx context.Context, bs bootSpec) (_ *sandbox, retErr error)
 		CPUs:     cpus,
 		MemoryMB: memoryMB,
 		Limits:   lim,
+	}
+	shell := shellFor(root)
+	if onImage {
+		rspec.RootDir, rspec.RootImage, rspec.Mounts = n.imageLayers(), image.Path, nil
+		rspec.RootSizeBytes = int64(bs.diskMB) << 20
+		shell = loginShell(image.Bash)
 	}
 	var ch *agent.Channel
 	var ctl *agentctl.Conn
@@ -544,7 +577,7 @@ func (n *Node) boot(ctx context.Context, bs bootSpec) (_ *sandbox, retErr error)
 		return nil, err
 	}
 	sb := &sandbox{runtimeID: runtimeID, template: templateID, cpus: cpus, memoryMB: memoryMB,
-		link: link, attached: link != nil && policy != nil, root: root, restored: bs.checkpoint != ""}
+		link: link, attached: link != nil && policy != nil, root: root, shell: shell, restored: bs.checkpoint != ""}
 	if bs.checkpoint != "" {
 		// The restore overlaps with the attach, as a cold start does: the guest's interface
 		// comes back from the namespace with the placeholder address only, and the link's chains
@@ -590,6 +623,31 @@ func (n *Node) boot(ctx context.Context, bs bootSpec) (_ *sandbox, retErr error)
 	}
 	n.log.Debug("sandbox booted", "runtime_id", runtimeID, "restored", bs.checkpoint != "", "took", time.Since(bootStart))
 	return sb, nil
+}
+
+// rootImageFile, in the directory of a sandbox on a root image, names the image.
+const rootImageFile = "root-image"
+
+// imageLayers is the directory where runsc keeps the files behind the writable layers of the
+// sandboxes on root images (each created and unlinked at once). It is one directory for all of
+// them: a restore must name the same one as its checkpoint, and forks restore one sandbox's
+// checkpoint as others.
+func (n *Node) imageLayers() string { return filepath.Join(n.opts.DataDir, "root-layers") }
+
+// rootImage says whether sandbox bs boots from a root image, and which. A restore of a
+// checkpoint taken on one must. A fresh boot does when the node has images and the image of its
+// layers and envd is built, unless the sandbox has volumes (their mounts need a gofer anyway), a
+// saved writable layer on the host, or is a template build (its writes become a layer on the
+// host).
+func (n *Node) rootImage(bs bootSpec, envdDir string) (rootimage.Image, bool) {
+	if bs.rootImage != "" {
+		// Which shell it has is not recorded; /bin/sh is always there.
+		return rootimage.Image{Path: bs.rootImage}, true
+	}
+	if n.opts.RootImages == nil || bs.checkpoint != "" || bs.layer != "" || bs.unrestricted || len(bs.volumes) > 0 {
+		return rootimage.Image{}, false
+	}
+	return n.opts.RootImages.Lookup(bs.lowers, envdDir)
 }
 
 // initEnvd waits for envd and delivers the sandbox's /init state, retrying until it succeeds,

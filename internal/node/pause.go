@@ -139,6 +139,45 @@ func writeBootRecordFile(dir string, rec bootRecord) error {
 	return nil
 }
 
+// onImage says the sandbox booted from a root image: its writable layer is inside its runtime,
+// and only a checkpoint keeps it.
+func (r bootRecord) onImage() bool { return r.Runtime.RootImage != "" }
+
+// onImage says the sandbox in dir booted from a root image (without reading its boot record).
+func onImage(dir string) bool {
+	_, err := os.Stat(filepath.Join(dir, rootImageFile))
+	return err == nil
+}
+
+// relImage is the sandbox's root image relative to the data directory, for a snapshot's record.
+func (n *Node) relImage(r bootRecord) string {
+	if !r.onImage() {
+		return ""
+	}
+	rel, err := filepath.Rel(n.opts.DataDir, r.Runtime.RootImage)
+	if err != nil || !filepath.IsLocal(rel) {
+		return r.Runtime.RootImage
+	}
+	return filepath.ToSlash(rel)
+}
+
+// fromSnapshot makes bs restore the checkpoint in meta on the root image it was taken on, if it
+// was: the writable layer is then inside the checkpoint, not beside it.
+func (n *Node) fromSnapshot(bs *bootSpec, meta snapshot.Meta) error {
+	if meta.RootImage == "" {
+		return nil
+	}
+	img := filepath.FromSlash(meta.RootImage)
+	if !filepath.IsAbs(img) {
+		img = filepath.Join(n.opts.DataDir, img)
+	}
+	if _, err := os.Stat(img); err != nil {
+		return errdefs.Unavailable("snapshot %s was taken on root image %s, which this node does not have", meta.SandboxID, filepath.Base(img))
+	}
+	bs.rootImage, bs.layer, bs.copyLayer = img, "", false
+	return nil
+}
+
 // readBootRecord reads the boot record of a sandbox that can be paused or snapshotted.
 func readBootRecord(dir string) (bootRecord, error) {
 	rec, err := readBootFile(dir)
@@ -208,6 +247,15 @@ func (n *Node) PauseSandbox(ctx context.Context, id string, memory bool) (PauseI
 	if err != nil {
 		return PauseInfo{}, errdefs.Wrap(errdefs.KindUnavailable, err, "sandbox %q cannot be paused", id)
 	}
+	if rec.onImage() && !memory {
+		// Its files live in the runtime (a root image's writable layer): only a checkpoint keeps
+		// them, and it keeps the memory too.
+		n.log.Info("pausing a sandbox on a root image with its memory: only a checkpoint keeps its files", "sandbox", id)
+		memory = true
+		if !canCheckpoint {
+			return PauseInfo{}, errdefs.Unavailable("this node's runtime cannot keep a sandbox's files")
+		}
+	}
 	release, err := n.checkSnapshotBudget(ctx, sb, memory)
 	if err != nil {
 		return PauseInfo{}, err
@@ -270,6 +318,16 @@ func (n *Node) PauseSandbox(ctx context.Context, id string, memory bool) (PauseI
 			_ = os.Remove(filepath.Join(dir, pausingFile))
 			_ = os.RemoveAll(tmp)
 			return PauseInfo{}, fmt.Errorf("pause sandbox %s: %w", id, err)
+		}
+		if rec.onImage() {
+			// Its files were in the runtime that is gone.
+			_ = os.RemoveAll(tmp)
+			n.mu.Lock()
+			if n.sandboxes[id] == sb {
+				delete(n.sandboxes, id)
+			}
+			n.mu.Unlock()
+			return PauseInfo{}, fmt.Errorf("pause sandbox %s: %w: %w", id, ErrSandboxLost, errors.Join(err, n.teardown(context.WithoutCancel(ctx), sb)))
 		}
 		// The runtime is gone with its memory; its files are still whole, so the pause goes on
 		// without memory rather than losing the sandbox.
@@ -433,7 +491,7 @@ func (n *Node) finishPause(ctx context.Context, id, dir, tmp string, rec bootRec
 		return PauseInfo{}, err
 	}
 	t0 := time.Now()
-	if ents, _ := os.ReadDir(layer); len(ents) == 0 {
+	if ents, _ := os.ReadDir(layer); len(ents) == 0 && !rec.onImage() {
 		// A disk still mounted elsewhere (each Stash waits a while) is never sealed: its image
 		// changes when that mount goes.
 		for {
@@ -454,7 +512,7 @@ func (n *Node) finishPause(ctx context.Context, id, dir, tmp string, rec bootRec
 		Lowers: rec.Lowers, CPUs: rec.CPUs, MemoryMB: rec.MemoryMB, DiskMB: rec.DiskMB, Memory: memory,
 		EnvdToken: string(token)}
 	if memory {
-		meta.Envd, meta.Channel = rec.Envd, rec.Channel
+		meta.Envd, meta.Channel, meta.RootImage = rec.Envd, rec.Channel, n.relImage(rec)
 	}
 	final := n.pausedDir(id)
 	if err := snapshot.Seal(tmp, meta); err != nil {
@@ -500,7 +558,8 @@ func (n *Node) ResumeSandbox(ctx context.Context, spec CreateSpec, memory bool) 
 	}
 	var verified time.Duration
 	verifyFailed := false
-	useMemory := memory && meta.Memory
+	// A snapshot on a root image holds its files only in its checkpoint.
+	useMemory := (memory && meta.Memory) || meta.RootImage != ""
 	lowers := make([]string, len(meta.Lowers))
 	for i, l := range meta.Lowers {
 		lowers[i] = filepath.Join(n.opts.DataDir, l)
@@ -519,6 +578,9 @@ func (n *Node) ResumeSandbox(ctx context.Context, spec CreateSpec, memory bool) 
 		if bs.envd, err = n.envdFor(meta); err != nil {
 			return Info{}, err
 		}
+	}
+	if err := n.fromSnapshot(&bs, meta); err != nil {
+		return Info{}, err
 	}
 	spec.TemplateID, spec.CPUs, spec.MemoryMB, spec.DiskMB = meta.TemplateID, meta.CPUs, meta.MemoryMB, meta.DiskMB
 	sb, err := n.bootMarked(ctx, bs)
@@ -583,7 +645,7 @@ func (n *Node) bootMarked(ctx context.Context, bs bootSpec) (*sandbox, error) {
 // it goes back into the snapshot first, and if that fails the directory stays for recovery.
 func (n *Node) releaseRoot(ctx context.Context, runtimeID string) error {
 	dir := n.sandboxDir(runtimeID)
-	if _, err := os.Stat(filepath.Join(dir, resumingFile)); err == nil {
+	if _, err := os.Stat(filepath.Join(dir, resumingFile)); err == nil && !onImage(dir) {
 		layer := filepath.Join(n.pausedDir(runtimeID), snapshot.LayerDir)
 		if ents, err := os.ReadDir(layer); err == nil && len(ents) == 0 {
 			if err := n.opts.RootFS.Stash(ctx, dir, layer); err != nil {
@@ -709,6 +771,11 @@ func (n *Node) finishInterruptedPause(ctx context.Context, rid string) (memory, 
 				break
 			}
 		}
+	}
+	if tmp == "" && rec.onImage() {
+		// Its files were in the runtime, and no checkpoint of it completed.
+		n.log.Error("a pause a crash interrupted kept nothing of a sandbox on a root image; it is gone", "sandbox", id)
+		return false, false
 	}
 	if tmp == "" {
 		if tmp, err = snapshot.TempDir(final); err != nil {

@@ -227,7 +227,7 @@ func newRuntimeID() string {
 func (n *Node) warmUp(ctx context.Context, sb *sandbox) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	exit, err := runGuest(ctx, sb.ch, "", guestCmd{Shell: shellFor(sb.root), Script: "true"}, nil)
+	exit, err := runGuest(ctx, sb.ch, "", guestCmd{Shell: sb.guestShell(), Script: "true"}, nil)
 	if err != nil {
 		return fmt.Errorf("warm-up: %w", err)
 	}

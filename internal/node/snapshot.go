@@ -102,7 +102,7 @@ func (n *Node) SnapshotSandbox(ctx context.Context, id, snapID string) (PauseInf
 	go func() { destroyed <- n.opts.Runtime.Destroy(context.WithoutCancel(ctx), sb.runtimeID) }()
 	layer := filepath.Join(stmp, snapshot.LayerDir)
 	err = os.Mkdir(layer, 0o700)
-	if err == nil {
+	if err == nil && !rec.onImage() { // else the files are in the checkpoint
 		err = n.opts.RootFS.CopyWritable(ctx, dir, layer)
 	}
 	if err != nil {
@@ -127,7 +127,7 @@ func (n *Node) SnapshotSandbox(ctx context.Context, id, snapID string) (PauseInf
 	_ = os.RemoveAll(ptmp)
 	meta := snapshot.Meta{SandboxID: id, CreatedAt: time.Now().UTC(), TemplateID: rec.TemplateID,
 		Lowers: rec.Lowers, CPUs: rec.CPUs, MemoryMB: rec.MemoryMB, DiskMB: rec.DiskMB, Memory: true,
-		Envd: rec.Envd, Channel: rec.Channel, EnvdToken: sb.token}
+		Envd: rec.Envd, Channel: rec.Channel, RootImage: n.relImage(rec), EnvdToken: sb.token}
 	if err := snapshot.Seal(stmp, meta); err != nil {
 		_ = os.RemoveAll(stmp)
 		return PauseInfo{}, fmt.Errorf("snapshot sandbox %s: %w", id, err)
@@ -251,6 +251,9 @@ func (n *Node) CreateFromSnapshot(ctx context.Context, spec CreateSpec, snapID, 
 			return Info{}, err
 		}
 	}
+	if err := n.fromSnapshot(&bs, meta); err != nil {
+		return Info{}, err
+	}
 	sb, err := n.boot(ctx, bs)
 	if err != nil {
 		return Info{}, err
@@ -302,11 +305,15 @@ func (n *Node) createFromStart(ctx context.Context, spec CreateSpec, img Image) 
 	for i, l := range meta.Lowers {
 		lowers[i] = filepath.Join(n.opts.DataDir, l)
 	}
-	sb, err := n.boot(ctx, bootSpec{runtimeID: spec.ID, templateID: spec.TemplateID, lowers: lowers, envd: envd,
+	bs := bootSpec{runtimeID: spec.ID, templateID: spec.TemplateID, lowers: lowers, envd: envd,
 		cpus: meta.CPUs, memoryMB: meta.MemoryMB, diskMB: spec.DiskMB, policy: &spec.Egress,
 		layer: filepath.Join(src, snapshot.LayerDir), copyLayer: true,
 		checkpoint: filepath.Join(src, snapshot.CheckpointDir), channel: meta.Channel,
-		gate: func() error { _, err := snapshot.Verify(src); return err }})
+		gate: func() error { _, err := snapshot.Verify(src); return err }}
+	if err := n.fromSnapshot(&bs, meta); err != nil {
+		return Info{}, err
+	}
+	sb, err := n.boot(ctx, bs)
 	if err != nil {
 		return Info{}, err
 	}

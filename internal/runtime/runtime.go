@@ -28,7 +28,9 @@ type Spec struct {
 	// ID is the sandbox id; backends use it as their container/VM id.
 	ID string
 	// RootDir is the sandbox's own writable root filesystem (an overlay over a read-only template).
-	// With RootImage it is instead the host directory that holds the sandbox's writable layer.
+	// With RootImage it is instead the host directory that holds the sandbox's writable layer: a
+	// file of its own there, so sandboxes may share the directory (a restore must name the
+	// directory its checkpoint did).
 	RootDir string
 	// RootImage, when set, is a read-only EROFS image of the root filesystem (a template's, shared
 	// by all its sandboxes) that the runtime mounts itself. The guest's writes to its root go to

@@ -73,6 +73,10 @@ type Meta struct {
 	// for an envd that dials a socket in a host directory, as vmon's did before the control
 	// socket).
 	Channel string `json:"channel,omitempty"`
+	// RootImage is the read-only root image, relative to the data directory, the checkpoint's
+	// sandbox booted from: its writable layer lives in the checkpoint (no files are kept beside
+	// it), and a restore must open that same image again.
+	RootImage string `json:"rootImage,omitempty"`
 	// EnvdToken is the access token the restored envd still holds: a sandbox started from the
 	// snapshot proves it to envd to install its own.
 	EnvdToken string `json:"envdToken,omitempty"`
