@@ -56,9 +56,23 @@ max=${max:-0}
 metrics_port=$(node -e 'const s=require("net").createServer();s.listen(0,"127.0.0.1",()=>{console.log(s.address().port);s.close()})')
 # Room for the step's sandboxes, the ones measured on top of it and the warm pool's. With no warm
 # pool (the default here) what is measured at idle is the sandboxes alone, and every create boots.
+# A root image of an earlier envd build would pass for this one's below: each run builds its own.
+rm -rf "$DATA/root-images"
 # shellcheck disable=SC2086
 start_vmon "$OUT/vmon.log" --warm-pool "$WARM_POOL" --max-sandboxes $((max + 8 + PAUSED + WARM_POOL)) \
   --metrics-listen "127.0.0.1:$metrics_port" ${DENSITY_SERVE_ARGS:-}
+case " ${DENSITY_SERVE_ARGS:-} " in
+*" --root-images "*)
+  # serve builds the template's root image in the background; creates before it is ready boot
+  # from an overlay, which is not what this run measures.
+  for _ in $(seq 1 600); do
+    compgen -G "$DATA/root-images/*.json" >/dev/null && break
+    sleep 0.5
+  done
+  compgen -G "$DATA/root-images/*.json" >/dev/null || { echo "no root image after 5 min; see $OUT/vmon.log" >&2; exit 1; }
+  log "root image ready: $(basename "$(compgen -G "$DATA/root-images/*.erofs" | head -1)")"
+  ;;
+esac
 node bench/density.mjs --steps "$STEPS" --samples "$SAMPLES" --idle-s "$IDLE_S" --settle-s "$SETTLE_S" --concurrency "$CONCURRENCY" \
   --gap-s "$GAP_S" --recheck "$RECHECK" --warm-pool "$WARM_POOL" \
   --paused "$PAUSED" --data-dir "$DATA" --vmon-pid "$VMON_PID" --metrics "http://127.0.0.1:$metrics_port" --out "$OUT/density.json"

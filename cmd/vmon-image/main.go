@@ -5,7 +5,7 @@
 //	SOURCE_DATE_EPOCH=$(git log -1 --format=%ct) vmon-image --bin bin --out bin/image
 //
 // Two layers: a Debian root made with mmdebstrap from rootPackages (what a node needs: iptables,
-// iproute2, mmdebstrap and its keyring, ca-certificates, e2fsprogs), and vmon, envd,
+// iproute2, mmdebstrap and its keyring, ca-certificates, e2fsprogs, erofs-utils), and vmon, envd,
 // vmon-code-interpreter and runsc in /usr/local/bin, as scripts/install.sh puts them. The image is
 // written as an OCI image layout at --out; its manifest digest is printed and written to
 // <out>.digest. The same inputs give the same digest (see internal/nodeimage).
@@ -44,7 +44,8 @@ import (
 var rootPackages = []string{
 	"ca-certificates",
 	"debian-archive-keyring",
-	"e2fsprogs", // mkfs.ext4: each sandbox's size-limited disk
+	"e2fsprogs",   // mkfs.ext4: each sandbox's size-limited disk
+	"erofs-utils", // mkfs.erofs: templates' root images (serve --root-images)
 	"iproute2",
 	"iptables",
 	"mmdebstrap", // builds the base template

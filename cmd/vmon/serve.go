@@ -14,6 +14,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"os/user"
 	"path/filepath"
 	goruntime "runtime"
@@ -49,6 +50,7 @@ import (
 	"github.com/vibemon/vmon/internal/node"
 	"github.com/vibemon/vmon/internal/oci"
 	"github.com/vibemon/vmon/internal/rootfs"
+	"github.com/vibemon/vmon/internal/rootimage"
 	"github.com/vibemon/vmon/internal/runtime"
 	"github.com/vibemon/vmon/internal/runtime/gvisor"
 	"github.com/vibemon/vmon/internal/sandboxlog"
@@ -383,6 +385,18 @@ func startNodeStack(ctx context.Context, c *config.Serve, st *store.Store, guest
 		Log:              log.With("component", "node"),
 		MaxSnapshotBytes: int64(c.MaxSnapshotDiskMB) << 20,
 	}
+	var images *rootimage.Store
+	if c.RootImages {
+		if _, err := exec.LookPath("mkfs.erofs"); err != nil {
+			return nil, closeAll, fmt.Errorf("--root-images needs mkfs.erofs (apt-get install erofs-utils): %w", err)
+		}
+		if images, err = rootimage.New(rootimage.Options{Dir: filepath.Join(c.DataDir, "root-images"),
+			GuestBinDir: node.GuestBinDir, Log: log.With("component", "rootimage")}); err != nil {
+			return nil, closeAll, err
+		}
+		cleanups = append(cleanups, images.Close)
+		nopts.RootImages = images
+	}
 	var egressProxy *egressproxy.Proxy
 	if network != nil {
 		// Set only when non-nil: a nil *netpool.Pool in the interface would look networked.
@@ -413,6 +427,9 @@ func startNodeStack(ctx context.Context, c *config.Serve, st *store.Store, guest
 	}
 	if err := node.SweepEnvd(c.DataDir, envdPath, build.LayersDir); err != nil {
 		log.Warn("old envd builds were kept", "err", err)
+	}
+	if images != nil {
+		prepareRootImages(ctx, images, c.DataDir, envdPath, manifests, log)
 	}
 	return &nodeStack{n: n, recovery: recovery, network: network, vols: vols, egressProxy: egressProxy,
 		envdPath: envdPath, manifests: manifests}, closeAll, nil
@@ -1075,4 +1092,31 @@ func newBuildEngine(c *config.Serve, n *node.Node, log *slog.Logger) (*build.Eng
 		return nil, nil, err
 	}
 	return engine, files, nil
+}
+
+// prepareRootImages removes the root images no sandbox, snapshot or current template needs and
+// starts building the current templates' missing ones, so the first creates find them.
+func prepareRootImages(ctx context.Context, images *rootimage.Store, dataDir, envdPath string, ms []template.Manifest, log *slog.Logger) {
+	envdDir := filepath.Dir(envdPath)
+	current := map[string]bool{}
+	roots := templateRoots{dataDir: dataDir}
+	var want [][]string
+	for _, m := range ms {
+		img, err := roots.Image(ctx, m.ID, m.BuildID)
+		if err != nil {
+			continue
+		}
+		current[rootimage.Key(img.Lowers, envdDir)] = true
+		want = append(want, img.Lowers)
+	}
+	if inUse, err := node.RootImagesInUse(dataDir, build.LayersDir); err != nil {
+		log.Warn("old root images were kept", "err", err)
+	} else if err := images.Sweep(func(img rootimage.Image) bool {
+		return inUse[img.Path] || current[rootimage.Key(img.Lowers, img.Envd)]
+	}); err != nil {
+		log.Warn("old root images were kept", "err", err)
+	}
+	for _, lowers := range want {
+		images.Lookup(lowers, envdDir)
+	}
 }

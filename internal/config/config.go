@@ -114,6 +114,8 @@ type Serve struct {
 	SandboxLogs bool
 	// MemoryMerge lets the kernel merge identical pages of the sandboxes' runsc processes (KSM).
 	MemoryMerge bool
+	// RootImages boots sandboxes from read-only EROFS images of their templates, without a gofer.
+	RootImages bool
 }
 
 // Mirrors parses --registry-mirror into a host -> mirror map.
@@ -201,6 +203,7 @@ func BindServe(fs *pflag.FlagSet, c *Serve) {
 	fs.IntVar(&c.SandboxMaxTasks, "sandbox-max-tasks", 0, "processes and threads per sandbox (0: one per MiB of the sandbox's memory, at least 128)")
 	fs.IntVar(&c.SandboxMaxFiles, "sandbox-max-files", 0, "open files per sandbox process, RLIMIT_NOFILE (0: 64 per MiB of the sandbox's memory, 1024 to 1048576)")
 	fs.BoolVar(&c.MemoryMerge, "memory-merge", false, "let the kernel merge identical memory pages of the sandboxes' sentries and gofers (KSM; never a guest's own memory): about 2.5 MiB less per idle sandbox for some of ksmd's CPU; needs Linux 6.7 or later, and starts ksmd if it is stopped (see docs/operations.md)")
+	fs.BoolVar(&c.RootImages, "root-images", false, "boot sandboxes without volumes from a read-only image of their template with envd inside (EROFS, built in the background on first use) instead of an overlay mount: no gofer process and no host mounts per sandbox, about 4 MiB less memory each; a pause of such a sandbox always keeps its memory, since its writes live in its runtime; needs mkfs.erofs (see docs/operations.md)")
 	fs.BoolVar(&c.SandboxLogs, "sandbox-logs", true, "keep a log per sandbox (lifecycle, processes, limits, egress refusals) for the logs API; false turns them off")
 	fs.Int64Var(&c.SandboxLogMaxBytes, "sandbox-log-max-bytes", 1<<20, "size cap of each sandbox's log, in bytes; past it the oldest entries are dropped")
 	fs.DurationVar(&c.SandboxLogRetention, "sandbox-log-retention", 24*time.Hour, "how long the log of an ended sandbox stays readable through the logs API")

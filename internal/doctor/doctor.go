@@ -68,6 +68,7 @@ func Run(ctx context.Context, o Options) []Result {
 		checkCgroup2(),
 		checkTool("iptables", "iptables (sandbox networking)", "apt-get install -y iptables", Warn),
 		checkTool("mmdebstrap", "mmdebstrap (builds the base template)", "apt-get install -y mmdebstrap", Warn),
+		checkTool("mkfs.erofs", "mkfs.erofs (serve --root-images builds template images)", "apt-get install -y erofs-utils", Warn),
 		checkDisk(o.DataDir),
 		checkDiskLimit(o.DiskMB),
 		checkTaskLimit(),

@@ -1,0 +1,142 @@
+// Root images (vmon serve --root-images): a sandbox boots from a read-only EROFS image of its
+// template with envd inside, so it runs with no gofer and no mount on the host. Its writes live in
+// its runtime, bounded by the disk size, and survive pause and resume (a files-only pause keeps
+// memory too), snapshots and forks, and a node restart. A sandbox with a volume still boots from
+// an overlay.
+import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import path from 'node:path';
+import { describe } from 'node:test';
+import { Sandbox, Volume } from 'e2b';
+import { useServer, runId, killQuietly, pgrep, runtimeIdOf, waitFor, getInfoRecovered, vmonMountinfo } from '../lib/harness.js';
+
+const DISK_MB = 64;
+
+/** argv[0] of the runsc processes of sandbox `id` (runsc-sandbox, runsc-gofer). */
+async function runscNames(dir, id) {
+  const names = [];
+  for (const pid of await pgrep(runtimeIdOf(dir, id))) {
+    try {
+      names.push(fs.readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0')[0]);
+    } catch {
+      // gone meanwhile
+    }
+  }
+  return names.filter((n) => n.startsWith('runsc-')).sort();
+}
+
+describe('root images (--root-images)', () => {
+  const srv = useServer({ name: 'root-images', args: ['--root-images', '--warm-pool', '0', '--sandbox-disk-mb', String(DISK_MB)] });
+  const RUN = runId('rootimg');
+  const created = [];
+  const vols = [];
+  const create = async (opts = {}) => {
+    const s = await Sandbox.create({ ...srv.sdkOpts, metadata: { run: RUN }, timeoutMs: 600_000, ...opts });
+    created.push(s);
+    return s;
+  };
+  const run = async (s, cmd) => (await s.commands.run(cmd)).stdout.trim();
+  const imageDir = () => path.join(srv.dataDir, 'root-images');
+  const onImage = (id) => fs.existsSync(path.join(srv.dataDir, 'sandboxes', runtimeIdOf(srv.dataDir, id), 'root-image'));
+
+  srv.after(async () => {
+    await killQuietly(srv.sdkOpts, ...created);
+    for (const v of vols) await Volume.destroy(v.volumeId, srv.sdkOpts).catch(() => {});
+  });
+
+  srv.test('the template image is built in the background and sandboxes run from it without a gofer', async () => {
+    // serve starts building the current templates' images; creates meanwhile use an overlay.
+    await waitFor(() => fs.existsSync(imageDir()) && fs.readdirSync(imageDir()).some((f) => f.endsWith('.json')), {
+      timeoutMs: 180_000, intervalMs: 500, what: 'the base template root image',
+    });
+    const s = await create();
+    assert.ok(onImage(s.sandboxId), 'the sandbox did not boot from the root image');
+    assert.deepEqual(await runscNames(srv.dataDir, s.sandboxId), ['runsc-sandbox'], 'runsc processes of a sandbox on a root image');
+    const rid = runtimeIdOf(srv.dataDir, s.sandboxId);
+    assert.ok(!vmonMountinfo(srv.dataDir).includes(path.join(srv.dataDir, 'sandboxes', rid)), 'a sandbox on a root image has a host mount');
+
+    // envd and the code-execution service come from the image; the template's files are there.
+    assert.equal(await run(s, 'ls /opt/vmon/bin | sort | tr "\\n" " "'), 'envd vmon-code-interpreter');
+    assert.equal(await run(s, 'id -un; test -x /bin/bash && echo bash'), 'user\nbash');
+    assert.match(await run(s, 'stat -c %a /tmp'), /^1777$/);
+
+    // The disk: its size is the bound, and writes past it fail with ENOSPC; the guest goes on.
+    const df = (await run(s, 'df -k / | tail -1')).split(/\s+/);
+    assert.equal(Number(df[1]), DISK_MB * 1024, `df / in the guest: ${df.join(' ')}`);
+    const full = await s.commands.run(`dd if=/dev/zero of=/home/user/big bs=1M count=${DISK_MB + 16}`).catch((e) => e);
+    assert.notEqual(full.exitCode, 0);
+    assert.match(full.stderr, /No space left on device/);
+    await s.commands.run('rm /home/user/big');
+    await s.files.write('/home/user/after-full.txt', 'written after the disk was full');
+    assert.equal(await s.files.read('/home/user/after-full.txt'), 'written after the disk was full');
+  });
+
+  srv.test('pause and resume keep files and processes; a files-only pause keeps memory too', async () => {
+    const s = await create();
+    assert.ok(onImage(s.sandboxId));
+    await s.files.write('/home/user/kept.txt', 'kept');
+    const sum = await run(s, 'head -c 2000000 /dev/urandom > /tmp/rand && md5sum /tmp/rand');
+    const { pid } = await s.commands.run('sleep 3600', { background: true });
+
+    for (const keepMemory of [true, false]) {
+      assert.equal(await s.pause({ keepMemory }), true, `pause keepMemory:${keepMemory}`);
+      await waitFor(() => fs.existsSync(path.join(srv.dataDir, 'paused', s.sandboxId, 'meta.json')), {
+        timeoutMs: 60_000, what: 'the paused sandbox snapshot',
+      });
+      const meta = JSON.parse(fs.readFileSync(path.join(srv.dataDir, 'paused', s.sandboxId, 'meta.json'), 'utf8'));
+      assert.equal(meta.memory, true, `a pause with keepMemory:${keepMemory} of a sandbox on a root image keeps memory`);
+      assert.match(meta.rootImage, /^root-images\/[0-9a-f]+\.erofs$/);
+      const layer = path.join(srv.dataDir, 'paused', s.sandboxId, 'layer');
+      assert.deepEqual(fs.existsSync(layer) ? fs.readdirSync(layer) : [], [], 'files beside the checkpoint of a sandbox on a root image');
+
+      const back = await Sandbox.connect(s.sandboxId, srv.sdkOpts);
+      assert.ok(onImage(s.sandboxId), 'the resumed sandbox is on its root image');
+      assert.deepEqual(await runscNames(srv.dataDir, s.sandboxId), ['runsc-sandbox']);
+      assert.equal(await run(back, 'md5sum /tmp/rand'), sum, `files after a pause with keepMemory:${keepMemory}`);
+      assert.equal(await back.files.read('/home/user/kept.txt'), 'kept');
+      assert.equal(await run(back, `kill -0 ${pid} && echo alive`), 'alive', 'the background process survived');
+    }
+  });
+
+  srv.test('a snapshot keeps the source running and its forks get its files', async () => {
+    const src = await create();
+    await src.files.write('/home/user/state.txt', 'at snapshot');
+    const snap = await src.createSnapshot();
+    await src.files.write('/home/user/state.txt', 'after snapshot');
+    const meta = JSON.parse(fs.readFileSync(path.join(srv.dataDir, 'snapshots', snap.snapshotId.split(':')[0], 'meta.json'), 'utf8'));
+    assert.match(meta.rootImage ?? '', /^root-images\//, 'the snapshot records its root image');
+
+    const forks = [];
+    for (let i = 0; i < 2; i++) {
+      const f = await Sandbox.create(snap.snapshotId, { ...srv.sdkOpts, timeoutMs: 600_000 });
+      created.push(f);
+      forks.push(f);
+      assert.ok(onImage(f.sandboxId), 'a fork of a snapshot on a root image is on it too');
+      assert.equal(await f.files.read('/home/user/state.txt'), 'at snapshot');
+      await f.files.write('/home/user/mine.txt', f.sandboxId);
+    }
+    for (const f of forks) assert.equal(await f.files.read('/home/user/mine.txt'), f.sandboxId, 'forks share writes');
+    assert.equal(await src.files.read('/home/user/state.txt'), 'after snapshot');
+    await Sandbox.deleteSnapshot(snap.snapshotId, srv.sdkOpts);
+  });
+
+  srv.test('a node restart hands running sandboxes on root images back with their files', async () => {
+    const s = await create();
+    await s.files.write('/home/user/survives.txt', 'restart');
+    await srv.restart();
+    await getInfoRecovered(s.sandboxId, srv.sdkOpts);
+    const again = await Sandbox.connect(s.sandboxId, srv.sdkOpts);
+    assert.equal(await again.files.read('/home/user/survives.txt'), 'restart');
+    assert.equal(await run(again, 'echo ok'), 'ok');
+  });
+
+  srv.test('a sandbox with a volume boots from an overlay, with a gofer for its mounts', async () => {
+    const vol = await Volume.create(`${RUN}-vol`, srv.sdkOpts);
+    vols.push(vol);
+    const s = await create({ volumeMounts: { '/mnt/v': vol } });
+    assert.ok(!onImage(s.sandboxId), 'a sandbox with a volume booted from a root image');
+    assert.ok((await runscNames(srv.dataDir, s.sandboxId)).includes('runsc-gofer'));
+    await s.files.write('/mnt/v/x.txt', 'on the volume');
+    assert.equal(await s.files.read('/mnt/v/x.txt'), 'on the volume');
+  });
+});
