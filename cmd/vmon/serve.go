@@ -1103,7 +1103,9 @@ func prepareRootImages(ctx context.Context, images *rootimage.Store, dataDir, en
 	var want [][]string
 	for _, m := range ms {
 		img, err := roots.Image(ctx, m.ID, m.BuildID)
-		if err != nil {
+		if err != nil || img.StartSnapshot != "" {
+			// Sandboxes of a template with a started snapshot are restored from it, on an
+			// overlay.
 			continue
 		}
 		current[rootimage.Key(img.Lowers, envdDir)] = true

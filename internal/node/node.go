@@ -492,9 +492,9 @@ func (n *Node) boot(ctx context.Context, bs bootSpec) (_ *sandbox, retErr error)
 	if envdDir == "" {
 		envdDir = filepath.Dir(n.opts.EnvdPath)
 	}
-	image, onImage := n.rootImage(bs, envdDir)
+	image, useImage := n.rootImage(bs, envdDir)
 	var root string
-	if onImage {
+	if useImage {
 		// Nothing is mounted: the writable layer is a file runsc creates (and unlinks) in the
 		// node's layers directory.
 		if err := writeFileAtomic(filepath.Join(dir, rootImageFile), []byte(image.Path)); err != nil {
@@ -527,7 +527,7 @@ func (n *Node) boot(ctx context.Context, bs bootSpec) (_ *sandbox, retErr error)
 		Limits:   lim,
 	}
 	shell := shellFor(root)
-	if onImage {
+	if useImage {
 		rspec.RootDir, rspec.RootImage, rspec.Mounts = n.imageLayers(), image.Path, nil
 		rspec.RootSizeBytes = int64(bs.diskMB) << 20
 		shell = loginShell(image.Bash)
@@ -625,7 +625,9 @@ func (n *Node) boot(ctx context.Context, bs bootSpec) (_ *sandbox, retErr error)
 	return sb, nil
 }
 
-// rootImageFile, in the directory of a sandbox on a root image, names the image.
+// rootImageFile, in the directory of a sandbox on a root image, names the image. It marks the
+// sandbox as one whose files are in its runtime for the code that releases its directory, which
+// must not look for a layer on the host and may run before the boot record is written.
 const rootImageFile = "root-image"
 
 // imageLayers is the directory where runsc keeps the files behind the writable layers of the

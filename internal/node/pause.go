@@ -250,11 +250,11 @@ func (n *Node) PauseSandbox(ctx context.Context, id string, memory bool) (PauseI
 	if rec.onImage() && !memory {
 		// Its files live in the runtime (a root image's writable layer): only a checkpoint keeps
 		// them, and it keeps the memory too.
-		n.log.Info("pausing a sandbox on a root image with its memory: only a checkpoint keeps its files", "sandbox", id)
-		memory = true
 		if !canCheckpoint {
 			return PauseInfo{}, errdefs.Unavailable("this node's runtime cannot keep a sandbox's files")
 		}
+		n.log.Info("pausing a sandbox on a root image with its memory: only a checkpoint keeps its files", "sandbox", id)
+		memory = true
 	}
 	release, err := n.checkSnapshotBudget(ctx, sb, memory)
 	if err != nil {
@@ -646,12 +646,15 @@ func (n *Node) bootMarked(ctx context.Context, bs bootSpec) (*sandbox, error) {
 func (n *Node) releaseRoot(ctx context.Context, runtimeID string) error {
 	dir := n.sandboxDir(runtimeID)
 	if _, err := os.Stat(filepath.Join(dir, resumingFile)); err == nil && !onImage(dir) {
+		// A snapshot on a root image has no layer beside its checkpoint: an empty one is no sign
+		// that the resume took it (and the resume may have stopped before marking its root).
+		meta, merr := snapshot.Read(n.pausedDir(runtimeID))
 		layer := filepath.Join(n.pausedDir(runtimeID), snapshot.LayerDir)
-		if ents, err := os.ReadDir(layer); err == nil && len(ents) == 0 {
+		if ents, err := os.ReadDir(layer); err == nil && len(ents) == 0 && (merr != nil || meta.RootImage == "") {
 			if err := n.opts.RootFS.Stash(ctx, dir, layer); err != nil {
 				return fmt.Errorf("return the writable layer of an unfinished resume: %w", err)
 			}
-			if meta, err := snapshot.Read(n.pausedDir(runtimeID)); err == nil {
+			if merr == nil {
 				n.reseal(n.pausedDir(runtimeID), meta)
 			}
 		}
@@ -774,7 +777,11 @@ func (n *Node) finishInterruptedPause(ctx context.Context, rid string) (memory, 
 	}
 	if tmp == "" && rec.onImage() {
 		// Its files were in the runtime, and no checkpoint of it completed.
-		n.log.Error("a pause a crash interrupted kept nothing of a sandbox on a root image; it is gone", "sandbox", id)
+		n.log.Error("an interrupted pause or snapshot kept nothing of a sandbox on a root image; it is gone", "sandbox", id)
+		_ = n.opts.Runtime.Destroy(ctx, rid)
+		if err := n.releaseRoot(ctx, rid); err != nil {
+			n.log.Warn("remove the directory of a lost sandbox", "sandbox", id, "err", err)
+		}
 		return false, false
 	}
 	if tmp == "" {

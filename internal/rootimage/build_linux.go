@@ -119,6 +119,7 @@ func addGuestFiles(merged, envdDir, guestBin string) error {
 	return nil
 }
 
+// existsIn reports whether p exists in the guest root at root, resolved as the guest would.
 func existsIn(root, p string) bool {
 	r, err := fsroot.Open(root)
 	if err != nil {
@@ -129,6 +130,8 @@ func existsIn(root, p string) bool {
 	return err == nil
 }
 
+// syncFile makes path's data durable before it is renamed into place: a crash must never leave
+// a record naming a half-written image.
 func syncFile(path string) error {
 	f, err := os.Open(path)
 	if err != nil {

@@ -91,7 +91,10 @@ func New(opts Options) (*Store, error) {
 
 // Close stops background builds and waits for them.
 func (s *Store) Close() {
+	// Under mu: a Lookup then either saw the store closed or counted its build before Wait.
+	s.mu.Lock()
 	s.cancel()
+	s.mu.Unlock()
 	s.wg.Wait()
 }
 
@@ -117,11 +120,18 @@ func (s *Store) recordPath(key string) string { return filepath.Join(s.opts.Dir,
 func (s *Store) Lookup(lowers []string, envdDir string) (Image, bool) {
 	key := Key(lowers, envdDir)
 	s.mu.Lock()
-	if img, ok := s.ready[key]; ok {
-		s.mu.Unlock()
-		return img, true
-	}
+	img, ok := s.ready[key]
 	s.mu.Unlock()
+	if ok {
+		// An image removed by hand would fail every create of its template at the runtime's
+		// start; this way it is built again and they boot from an overlay meanwhile.
+		if _, err := os.Stat(img.Path); err == nil {
+			return img, true
+		}
+		s.mu.Lock()
+		delete(s.ready, key)
+		s.mu.Unlock()
+	}
 	if img, err := s.read(key); err == nil {
 		s.mu.Lock()
 		s.ready[key] = img
@@ -168,6 +178,9 @@ func (s *Store) Build(ctx context.Context, lowers []string, envdDir string) (img
 		return Image{}, ctx.Err()
 	}
 	defer func() { <-s.sem }()
+	if err := ctx.Err(); err != nil {
+		return Image{}, err
+	}
 	if img, err := s.read(key); err == nil {
 		return img, nil
 	}
@@ -240,7 +253,11 @@ func (s *Store) Sweep(keep func(Image) bool) error {
 			continue
 		}
 		img, err := s.read(key)
-		if err == nil && keep(img) {
+		if err != nil {
+			// A record that cannot be read cannot say the image is unused.
+			img = Image{Path: s.imagePath(key)}
+		}
+		if keep(img) {
 			continue
 		}
 		delete(s.ready, key)
