@@ -34,7 +34,7 @@ type guestCmd struct {
 
 // shellFor picks the shell for node-run commands in the root filesystem mounted at root: the
 // SDK's `bash -l` when the image has bash, else POSIX sh (busybox and distroless-like images).
-func shellFor(root string) []string { return loginShell(existsInRoot(root, "bin/bash")) }
+func shellFor(root string) []string { return loginShell(fsroot.Exists(root, "bin/bash")) }
 
 // guestShell is the shell chosen when sb booted; a sandbox adopted after a restart uses /bin/sh.
 func (sb *sandbox) guestShell() []string {
@@ -50,18 +50,6 @@ func loginShell(bash bool) []string {
 		return []string{"/bin/bash", "-l"}
 	}
 	return []string{"/bin/sh"}
-}
-
-// existsInRoot reports whether path exists inside root as the guest would resolve it: symlinks
-// in the image are absolute guest paths and must never resolve against the host.
-func existsInRoot(root, path string) bool {
-	r, err := fsroot.Open(root)
-	if err != nil {
-		return false
-	}
-	defer r.Close()
-	_, err = r.Stat(path)
-	return err == nil
 }
 
 func processClient(ch *agent.Channel) processconnect.ProcessClient {

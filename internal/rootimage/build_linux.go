@@ -36,7 +36,7 @@ func (s *Store) build(ctx context.Context, key string, lowers []string, envdDir 
 	if err := addGuestFiles(merged, envdDir, s.opts.GuestBinDir); err != nil {
 		return Image{}, err
 	}
-	img := Image{Lowers: lowers, Envd: envdDir, BuiltAt: time.Now().UTC(), Bash: existsIn(merged, "bin/bash")}
+	img := Image{Lowers: lowers, Envd: envdDir, BuiltAt: time.Now().UTC(), Bash: fsroot.Exists(merged, "bin/bash")}
 	tmpImage := filepath.Join(work, "image.erofs")
 	// gVisor reads no tail-packed (inline) file data, hence noinline_data.
 	cmd := exec.CommandContext(ctx, "mkfs.erofs", "--quiet", "-E", "noinline_data", tmpImage, merged)
@@ -108,7 +108,7 @@ func addGuestFiles(merged, envdDir, guestBin string) error {
 			return fmt.Errorf("copy envd into the image: %w", err)
 		}
 	}
-	if !existsIn(merged, "tmp") {
+	if !fsroot.Exists(merged, "tmp") {
 		if err := r.MkdirAll("tmp", os.ModeSticky|0o777, 0, 0); err != nil {
 			return fmt.Errorf("create /tmp in the image: %w", err)
 		}
@@ -117,17 +117,6 @@ func addGuestFiles(merged, envdDir, guestBin string) error {
 		return fmt.Errorf("mark /tmp in the image: %w", err)
 	}
 	return nil
-}
-
-// existsIn reports whether p exists in the guest root at root, resolved as the guest would.
-func existsIn(root, p string) bool {
-	r, err := fsroot.Open(root)
-	if err != nil {
-		return false
-	}
-	defer r.Close()
-	_, err = r.Stat(p)
-	return err == nil
 }
 
 // syncFile makes path's data durable before it is renamed into place: a crash must never leave
