@@ -494,14 +494,12 @@ func (n *Node) boot(ctx context.Context, bs bootSpec) (_ *sandbox, retErr error)
 	}
 	image, useImage := n.rootImage(bs, envdDir)
 	var root string
-	if useImage {
-		// Nothing is mounted: the writable layer is a file runsc creates (and unlinks) in the
-		// node's layers directory.
-		if err := writeFileAtomic(filepath.Join(dir, rootImageFile), []byte(image.Path)); err != nil {
-			return nil, fmt.Errorf("record the sandbox's root image: %w", err)
+	// On an image nothing is mounted: the writable layer is a file runsc creates (and unlinks)
+	// in the node's layers directory.
+	if !useImage {
+		if root, err = n.opts.RootFS.Prepare(ctx, lowers, dir, Writable{DiskMB: bs.diskMB, From: bs.layer, Copy: bs.copyLayer}); err != nil {
+			return nil, fmt.Errorf("prepare root filesystem: %w", err)
 		}
-	} else if root, err = n.opts.RootFS.Prepare(ctx, lowers, dir, Writable{DiskMB: bs.diskMB, From: bs.layer, Copy: bs.copyLayer}); err != nil {
-		return nil, fmt.Errorf("prepare root filesystem: %w", err)
 	}
 	undo = append(undo, func() { _ = n.releaseRoot(teardownCtx, runtimeID) })
 
@@ -624,11 +622,6 @@ func (n *Node) boot(ctx context.Context, bs bootSpec) (_ *sandbox, retErr error)
 	n.log.Debug("sandbox booted", "runtime_id", runtimeID, "restored", bs.checkpoint != "", "took", time.Since(bootStart))
 	return sb, nil
 }
-
-// rootImageFile, in the directory of a sandbox on a root image, names the image. It marks the
-// sandbox as one whose files are in its runtime for the code that releases its directory, which
-// must not look for a layer on the host and may run before the boot record is written.
-const rootImageFile = "root-image"
 
 // imageLayers is the directory where runsc keeps the files behind the writable layers of the
 // sandboxes on root images (each created and unlinked at once). It is one directory for all of

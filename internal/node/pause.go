@@ -143,12 +143,6 @@ func writeBootRecordFile(dir string, rec bootRecord) error {
 // and only a checkpoint keeps it.
 func (r bootRecord) onImage() bool { return r.Runtime.RootImage != "" }
 
-// onImage says the sandbox in dir booted from a root image (without reading its boot record).
-func onImage(dir string) bool {
-	_, err := os.Stat(filepath.Join(dir, rootImageFile))
-	return err == nil
-}
-
 // relImage is the sandbox's root image relative to the data directory, for a snapshot's record.
 func (n *Node) relImage(r bootRecord) string {
 	if !r.onImage() {
@@ -645,9 +639,9 @@ func (n *Node) bootMarked(ctx context.Context, bs bootSpec) (*sandbox, error) {
 // it goes back into the snapshot first, and if that fails the directory stays for recovery.
 func (n *Node) releaseRoot(ctx context.Context, runtimeID string) error {
 	dir := n.sandboxDir(runtimeID)
-	if _, err := os.Stat(filepath.Join(dir, resumingFile)); err == nil && !onImage(dir) {
+	if _, err := os.Stat(filepath.Join(dir, resumingFile)); err == nil {
 		// A snapshot on a root image has no layer beside its checkpoint: an empty one is no sign
-		// that the resume took it (and the resume may have stopped before marking its root).
+		// that the resume took it.
 		meta, merr := snapshot.Read(n.pausedDir(runtimeID))
 		layer := filepath.Join(n.pausedDir(runtimeID), snapshot.LayerDir)
 		if ents, err := os.ReadDir(layer); err == nil && len(ents) == 0 && (merr != nil || meta.RootImage == "") {

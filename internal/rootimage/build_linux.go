@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/vibemon/vmon/internal/atomicfile"
 	"github.com/vibemon/vmon/internal/fsroot"
 	"github.com/vibemon/vmon/internal/rootfs"
 )
@@ -53,16 +54,8 @@ func (s *Store) build(ctx context.Context, key string, lowers []string, envdDir 
 		return Image{}, err
 	}
 	rec, err := json.Marshal(img)
-	if err != nil {
-		return Image{}, err
-	}
-	tmpRec := filepath.Join(work, "record.json")
-	err = os.WriteFile(tmpRec, rec, 0o600)
 	if err == nil {
-		err = syncFile(tmpRec)
-	}
-	if err == nil {
-		err = os.Rename(tmpRec, s.recordPath(key))
+		err = atomicfile.ReplaceDurably(s.recordPath(key), rec, 0o600)
 	}
 	if err != nil {
 		_ = os.Remove(s.imagePath(key))
@@ -119,8 +112,8 @@ func addGuestFiles(merged, envdDir, guestBin string) error {
 	return nil
 }
 
-// syncFile makes path's data durable before it is renamed into place: a crash must never leave
-// a record naming a half-written image.
+// syncFile makes the image's data durable before it is renamed into place: a crash must never
+// leave a record naming a half-written image.
 func syncFile(path string) error {
 	f, err := os.Open(path)
 	if err != nil {

@@ -211,7 +211,8 @@ func (s *Store) read(key string) (Image, error) {
 	return img, nil
 }
 
-// sweepUnfinished removes build directories and images without a record.
+// sweepUnfinished removes build directories, records' temporary files and images without a
+// record.
 func (s *Store) sweepUnfinished() error {
 	ents, err := os.ReadDir(s.opts.Dir)
 	if err != nil {
@@ -224,6 +225,8 @@ func (s *Store) sweepUnfinished() error {
 			if err := removeBuild(filepath.Join(s.opts.Dir, name)); err != nil {
 				return err
 			}
+		case strings.HasPrefix(name, "."):
+			_ = os.Remove(filepath.Join(s.opts.Dir, name))
 		case strings.HasSuffix(name, ".erofs"):
 			if _, err := os.Stat(s.recordPath(strings.TrimSuffix(name, ".erofs"))); errors.Is(err, os.ErrNotExist) {
 				_ = os.Remove(filepath.Join(s.opts.Dir, name))

@@ -37,7 +37,11 @@ describe('root images (--root-images)', () => {
   };
   const run = async (s, cmd) => (await s.commands.run(cmd)).stdout.trim();
   const imageDir = () => path.join(srv.dataDir, 'root-images');
-  const onImage = (id) => fs.existsSync(path.join(srv.dataDir, 'sandboxes', runtimeIdOf(srv.dataDir, id), 'root-image'));
+  // The boot record names the image the runtime booted from.
+  const onImage = (id) => {
+    const rec = JSON.parse(fs.readFileSync(path.join(srv.dataDir, 'sandboxes', runtimeIdOf(srv.dataDir, id), 'boot.json'), 'utf8'));
+    return Boolean(rec.runtime.RootImage);
+  };
 
   srv.after(async () => {
     await killQuietly(srv.sdkOpts, ...created);
