@@ -49,15 +49,22 @@ func shellQuote(s string) string {
 
 const bashMarker = "\x1evmon-end:"
 
+const (
+	noCell    = 0
+	readyCell = -1
+)
+
 type bashKernel struct {
 	jupyter.Process
 	stdin io.WriteCloser
 	dir   string
 	out   chan bashChunk
 	seq   int
-	// active is set while a cell (or the start) waits for output; output between cells (a
-	// background job's) has nobody to go to and is dropped, so bash's streams never back up.
-	active atomic.Bool
+	// listener is the cell waiting for output (readyCell during the start, noCell between
+	// cells). Output between cells (a background job's) has nobody to go to and is dropped, so
+	// bash's streams never back up. Each chunk carries the listener it was read under, because a
+	// chunk read just before a cell ended can reach the channel after the next cell began.
+	listener atomic.Int64
 	// done is closed by Shutdown: output still on its way is dropped.
 	done     chan struct{}
 	doneOnce sync.Once
@@ -70,6 +77,7 @@ type bashChunk struct {
 	end    bool
 	id     string
 	code   int
+	cell   int64 // the listener when the chunk was read
 }
 
 func startBash(ctx context.Context, bash string, spec jupyter.Spec) (_ kernel, err error) {
@@ -91,7 +99,7 @@ func startBash(ctx context.Context, bash string, spec jupyter.Spec) (_ kernel, e
 	if k.stdin, err = cmd.StdinPipe(); err != nil {
 		return nil, err
 	}
-	k.active.Store(true) // for the ready marker
+	k.listener.Store(readyCell)
 	if err := k.Start(cmd); err != nil {
 		return nil, fmt.Errorf("start %s: %w", bash, err)
 	}
@@ -107,7 +115,7 @@ func startBash(ctx context.Context, bash string, spec jupyter.Spec) (_ kernel, e
 		select {
 		case c := <-k.out:
 			if c.end && c.id == "ready" {
-				k.active.Store(false)
+				k.listener.Store(noCell)
 				return k, nil
 			}
 		case <-k.Exited():
@@ -163,7 +171,8 @@ func (s *bashStream) Write(p []byte) (int, error) {
 }
 
 func (s *bashStream) send(c bashChunk) {
-	if !s.k.active.Load() {
+	c.cell = s.k.listener.Load()
+	if c.cell == noCell {
 		return
 	}
 	c.stream = s.name
@@ -183,8 +192,9 @@ func (k *bashKernel) Execute(ctx context.Context, code string, silent bool, emit
 	defer os.Remove(cell)
 	line := fmt.Sprintf("source %s </dev/null; printf '%s%s:%%d\\n' $?; printf '%s%s:0\\n' >&2\n",
 		shellQuote(cell), bashMarker, id, bashMarker, id)
-	k.active.Store(true)
-	defer k.active.Store(false)
+	cellNo := int64(k.seq)
+	k.listener.Store(cellNo)
+	defer k.listener.Store(noCell)
 	if _, err := io.WriteString(k.stdin, line); err != nil {
 		return jupyter.Reply{}, fmt.Errorf("%w: %v", jupyter.ErrDied, err)
 	}
@@ -194,6 +204,7 @@ func (k *bashKernel) Execute(ctx context.Context, code string, silent bool, emit
 	var err error
 	reply.Interrupted, err = awaitCell(ctx, &k.Process, "bash", nil, k.out, func(c bashChunk) bool {
 		switch {
+		case c.cell != cellNo: // read before this cell began: a background job's, between cells
 		case c.end && c.id == id:
 			ended[c.stream] = true
 			if c.stream == "stdout" {

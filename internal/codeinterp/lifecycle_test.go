@@ -139,9 +139,6 @@ func TestStuckKernelIsReplaced(t *testing.T) {
 	if err != nil {
 		t.Fatal("node is required (the e2e suite needs it too)")
 	}
-	grace := jupyter.InterruptGrace
-	_ = grace // X
-	// Y
 	ts := serveLanguage(t, "javascript", Node(node, "javascript"))
 	id := createContext(t, ts, "javascript", t.TempDir())
 	executeOK(t, ts, "js", "globalThis.kept = 1", map[string]any{"context_id": id, "language": nil})
@@ -176,6 +173,30 @@ func TestBashBetweenCells(t *testing.T) {
 	lines, _ = execute(t, tctx, ts, map[string]any{"code": "exit 3", "context_id": id})
 	if names := errorNames(lines); len(names) != 1 || names[0] != "KernelDied" {
 		t.Fatalf("exit after background output: %v", lines)
+	}
+}
+
+// A background job's line read while a cell waited for its last marker, but queued only after
+// the cell ended, belongs to that cell's time and never shows in the next cell (the race
+// TestBashBetweenCells hit under load, made certain here).
+func TestBashLateChunkOfEarlierCell(t *testing.T) {
+	ctx := context.Background()
+	kern, err := startBash(ctx, "/bin/bash", jupyter.Spec{RuntimeDir: t.TempDir(), Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := kern.(*bashKernel)
+	t.Cleanup(k.Shutdown)
+	if _, err := k.Execute(ctx, "true", false, func(jupyter.Output) {}); err != nil {
+		t.Fatal(err)
+	}
+	k.out <- bashChunk{stream: "stdout", text: "1\n", cell: int64(k.seq)}
+	var got string
+	if _, err := k.Execute(ctx, "echo ok", false, func(o jupyter.Output) { got += o.Text }); err != nil {
+		t.Fatal(err)
+	}
+	if got != "ok\n" {
+		t.Fatalf("the next cell's output: %q, want only its own", got)
 	}
 }
 
