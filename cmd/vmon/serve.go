@@ -390,7 +390,7 @@ func startNodeStack(ctx context.Context, c *config.Serve, st *store.Store, guest
 		if _, err := exec.LookPath("mkfs.erofs"); err != nil {
 			return nil, closeAll, fmt.Errorf("--root-images needs mkfs.erofs (apt-get install erofs-utils): %w", err)
 		}
-		if images, err = rootimage.New(rootimage.Options{Dir: filepath.Join(c.DataDir, "root-images"),
+		if images, err = rootimage.New(rootimage.Options{Dir: filepath.Join(c.DataDir, "root-images"), DataDir: c.DataDir,
 			GuestBinDir: node.GuestBinDir, Log: log.With("component", "rootimage")}); err != nil {
 			return nil, closeAll, err
 		}
@@ -1108,13 +1108,13 @@ func prepareRootImages(ctx context.Context, images *rootimage.Store, dataDir, en
 			// overlay.
 			continue
 		}
-		current[rootimage.Key(img.Lowers, envdDir)] = true
+		current[images.Key(img.Lowers, envdDir)] = true
 		want = append(want, img.Lowers)
 	}
 	if inUse, err := node.RootImagesInUse(dataDir, build.LayersDir); err != nil {
 		log.Warn("old root images were kept", "err", err)
 	} else if err := images.Sweep(func(img rootimage.Image) bool {
-		return inUse[img.Path] || current[rootimage.Key(img.Lowers, img.Envd)]
+		return inUse[img.Path] || current[images.Key(img.Lowers, img.Envd)]
 	}); err != nil {
 		log.Warn("old root images were kept", "err", err)
 	}

@@ -1,7 +1,9 @@
 package node
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
@@ -9,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/vibemon/vmon/internal/errdefs"
+	"github.com/vibemon/vmon/internal/rootimage"
 	"github.com/vibemon/vmon/internal/snapshot"
 )
 
@@ -130,24 +133,58 @@ func TestRootImagesInUse(t *testing.T) {
 	}
 }
 
+// fakeImages is a RootImages whose ForRestore hands out what it is told.
+type fakeImages struct {
+	img rootimage.Image
+	err error
+}
+
+func (f fakeImages) Lookup([]string, string) (rootimage.Image, bool) { return rootimage.Image{}, false }
+func (f fakeImages) ForRestore(_ context.Context, path string, _ []string, _ string) (rootimage.Image, error) {
+	if f.err != nil {
+		return rootimage.Image{}, f.err
+	}
+	img := f.img
+	img.Path = path
+	return img, nil
+}
+
 // TestFromSnapshot: a checkpoint taken on a root image is restored on it, with no saved layer;
-// one whose image this node lacks is refused clearly; one without an image is left as it was.
+// one whose image this node lacks, cannot build, or has with another digest is refused clearly;
+// one without an image is left as it was.
 func TestFromSnapshot(t *testing.T) {
+	ctx := context.Background()
 	data := t.TempDir()
 	n := &Node{opts: Options{DataDir: data}}
 	writeFile(t, filepath.Join(data, "root-images", "a.erofs"), "image")
 	bs := bootSpec{layer: "/snap/layer", copyLayer: true}
-	if err := n.fromSnapshot(&bs, snapshot.Meta{}); err != nil || bs.layer != "/snap/layer" || bs.rootImage != "" {
+	if err := n.fromSnapshot(ctx, &bs, snapshot.Meta{}); err != nil || bs.layer != "/snap/layer" || bs.rootImage.Path != "" {
 		t.Fatalf("a snapshot without an image: %+v, %v", bs, err)
 	}
-	if err := n.fromSnapshot(&bs, snapshot.Meta{RootImage: "root-images/a.erofs"}); err != nil {
+	if err := n.fromSnapshot(ctx, &bs, snapshot.Meta{RootImage: "root-images/a.erofs"}); err != nil {
 		t.Fatal(err)
 	}
-	if bs.rootImage != filepath.Join(data, "root-images", "a.erofs") || bs.layer != "" || bs.copyLayer {
+	if bs.rootImage.Path != filepath.Join(data, "root-images", "a.erofs") || bs.layer != "" || bs.copyLayer {
 		t.Fatalf("a snapshot on an image: %+v", bs)
 	}
-	err := n.fromSnapshot(&bootSpec{}, snapshot.Meta{SandboxID: "x", RootImage: "root-images/gone.erofs"})
+	err := n.fromSnapshot(ctx, &bootSpec{}, snapshot.Meta{SandboxID: "x", RootImage: "root-images/gone.erofs"})
 	if !errdefs.Is(err, errdefs.KindUnavailable) || !strings.Contains(err.Error(), "gone.erofs") {
 		t.Fatalf("a snapshot whose image is gone: %v", err)
+	}
+
+	// A node with root images: the store's image, with its record (the shell it has).
+	n.opts.RootImages = fakeImages{img: rootimage.Image{Digest: "sha256:aa", Bash: true}}
+	meta := snapshot.Meta{SandboxID: "x", RootImage: "root-images/b.erofs", RootImageDigest: "sha256:aa"}
+	bs = bootSpec{}
+	if err := n.fromSnapshot(ctx, &bs, meta); err != nil || bs.rootImage.Path != filepath.Join(data, "root-images", "b.erofs") || !bs.rootImage.Bash {
+		t.Fatalf("a snapshot restored on the store's image: %+v, %v", bs.rootImage, err)
+	}
+	meta.RootImageDigest = "sha256:bb"
+	if err := n.fromSnapshot(ctx, &bootSpec{}, meta); !errdefs.Is(err, errdefs.KindUnavailable) || !strings.Contains(err.Error(), "sha256:bb") {
+		t.Fatalf("an image whose digest differs from the checkpoint's: %v", err)
+	}
+	n.opts.RootImages = fakeImages{err: errors.New("no such template")}
+	if err := n.fromSnapshot(ctx, &bootSpec{}, meta); !errdefs.Is(err, errdefs.KindUnavailable) || !strings.Contains(err.Error(), "no such template") {
+		t.Fatalf("an image the node cannot build: %v", err)
 	}
 }

@@ -60,6 +60,9 @@ type RootImages interface {
 	// Lookup returns the image of lowers with the envd build in envdDir when it is built, and
 	// otherwise starts building it and reports false.
 	Lookup(lowers []string, envdDir string) (rootimage.Image, bool)
+	// ForRestore returns the image at path for a checkpoint taken on it, building it from
+	// lowers and envdDir if it is missing and they make that image.
+	ForRestore(ctx context.Context, path string, lowers []string, envdDir string) (rootimage.Image, error)
 }
 
 // Writable describes a sandbox's writable layer.
@@ -406,8 +409,8 @@ type bootSpec struct {
 	checkpoint string
 	channel    string
 	// rootImage is the root image a checkpoint was taken on (its writable layer is in the
-	// checkpoint); empty for a fresh boot, which takes one from RootImages when it can.
-	rootImage string
+	// checkpoint); no Path for a fresh boot, which takes one from RootImages when it can.
+	rootImage rootimage.Image
 	// mark names a file created in the sandbox directory before anything else (resumingFile).
 	mark string
 	// gate, when set, must pass before the root filesystem is prepared (a snapshot's checksums,
@@ -571,7 +574,7 @@ func (n *Node) boot(ctx context.Context, bs bootSpec) (_ *sandbox, retErr error)
 		}
 		rspec.Mounts = append(rspec.Mounts, runtime.Mount{HostPath: host, GuestPath: v.Path})
 	}
-	if err := writeBootRecord(dir, n.opts.DataDir, envdDir, bs, rspec, mode); err != nil {
+	if err := writeBootRecord(dir, n.opts.DataDir, envdDir, bs, rspec, mode, image.Digest); err != nil {
 		return nil, err
 	}
 	sb := &sandbox{runtimeID: runtimeID, template: templateID, cpus: cpus, memoryMB: memoryMB,
@@ -635,9 +638,8 @@ func (n *Node) imageLayers() string { return filepath.Join(n.opts.DataDir, "root
 // saved writable layer on the host, or is a template build (its writes become a layer on the
 // host).
 func (n *Node) rootImage(bs bootSpec, envdDir string) (rootimage.Image, bool) {
-	if bs.rootImage != "" {
-		// Which shell it has is not recorded; /bin/sh is always there.
-		return rootimage.Image{Path: bs.rootImage}, true
+	if bs.rootImage.Path != "" {
+		return bs.rootImage, true
 	}
 	if n.opts.RootImages == nil || bs.checkpoint != "" || bs.layer != "" || bs.unrestricted || len(bs.volumes) > 0 {
 		return rootimage.Image{}, false

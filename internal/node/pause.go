@@ -18,6 +18,7 @@ import (
 
 	"github.com/vibemon/vmon/internal/agentproto"
 	"github.com/vibemon/vmon/internal/errdefs"
+	"github.com/vibemon/vmon/internal/rootimage"
 	"github.com/vibemon/vmon/internal/runtime"
 	"github.com/vibemon/vmon/internal/snapshot"
 )
@@ -110,12 +111,14 @@ type bootRecord struct {
 	// Channel is how its envd gets the agent channel (channelControl, ...); a checkpoint of the
 	// sandbox is restored the same way.
 	Channel string `json:"channel,omitempty"`
+	// RootImageDigest is the digest of Runtime.RootImage, for the sandbox's checkpoints.
+	RootImageDigest string `json:"rootImageDigest,omitempty"`
 }
 
 // writeBootRecord is one small file written on every boot (the create path).
-func writeBootRecord(dir, dataDir, envdDir string, bs bootSpec, rspec runtime.Spec, channel string) error {
+func writeBootRecord(dir, dataDir, envdDir string, bs bootSpec, rspec runtime.Spec, channel, imageDigest string) error {
 	rec := bootRecord{TemplateID: bs.templateID, CPUs: bs.cpus, MemoryMB: bs.memoryMB, DiskMB: bs.diskMB,
-		Envd: relEnvd(dataDir, envdDir), Runtime: rspec, Channel: channel}
+		Envd: relEnvd(dataDir, envdDir), Runtime: rspec, Channel: channel, RootImageDigest: imageDigest}
 	for _, l := range bs.lowers {
 		rel, err := filepath.Rel(dataDir, l)
 		if err != nil || !filepath.IsLocal(rel) {
@@ -156,17 +159,35 @@ func (n *Node) relImage(r bootRecord) string {
 }
 
 // fromSnapshot makes bs restore the checkpoint in meta on the root image it was taken on, if it
-// was: the writable layer is then inside the checkpoint, not beside it.
-func (n *Node) fromSnapshot(bs *bootSpec, meta snapshot.Meta) error {
+// was: the writable layer is then inside the checkpoint, not beside it. A node with root images
+// builds the image if it is missing (the snapshot came from another node); a node without them
+// restores it only on an image that is there.
+func (n *Node) fromSnapshot(ctx context.Context, bs *bootSpec, meta snapshot.Meta) error {
 	if meta.RootImage == "" {
 		return nil
 	}
-	img := filepath.FromSlash(meta.RootImage)
-	if !filepath.IsAbs(img) {
-		img = filepath.Join(n.opts.DataDir, img)
+	path := filepath.FromSlash(meta.RootImage)
+	if !filepath.IsAbs(path) {
+		path = filepath.Join(n.opts.DataDir, path)
 	}
-	if _, err := os.Stat(img); err != nil {
-		return errdefs.Unavailable("snapshot %s was taken on root image %s, which this node does not have", meta.SandboxID, filepath.Base(img))
+	img := rootimage.Image{Path: path}
+	if n.opts.RootImages != nil {
+		envdDir := bs.envd
+		if envdDir == "" {
+			envdDir = filepath.Dir(n.opts.EnvdPath)
+		}
+		var err error
+		if img, err = n.opts.RootImages.ForRestore(ctx, path, bs.lowers, envdDir); err != nil {
+			return errdefs.Unavailable("snapshot %s was taken on root image %s, which this node does not have: %v", meta.SandboxID, filepath.Base(path), err)
+		}
+	} else if _, err := os.Stat(path); err != nil {
+		return errdefs.Unavailable("snapshot %s was taken on root image %s, which this node does not have (a node started with --root-images builds it)",
+			meta.SandboxID, filepath.Base(path))
+	}
+	// A checkpoint restored on another image would map its files' pages by the wrong offsets.
+	if meta.RootImageDigest != "" && img.Digest != "" && img.Digest != meta.RootImageDigest {
+		return errdefs.Unavailable("snapshot %s was taken on root image %s (%s), and this node's differs (%s)",
+			meta.SandboxID, filepath.Base(path), meta.RootImageDigest, img.Digest)
 	}
 	bs.rootImage, bs.layer, bs.copyLayer = img, "", false
 	return nil
@@ -506,7 +527,7 @@ func (n *Node) finishPause(ctx context.Context, id, dir, tmp string, rec bootRec
 		Lowers: rec.Lowers, CPUs: rec.CPUs, MemoryMB: rec.MemoryMB, DiskMB: rec.DiskMB, Memory: memory,
 		EnvdToken: string(token)}
 	if memory {
-		meta.Envd, meta.Channel, meta.RootImage = rec.Envd, rec.Channel, n.relImage(rec)
+		meta.Envd, meta.Channel, meta.RootImage, meta.RootImageDigest = rec.Envd, rec.Channel, n.relImage(rec), rec.RootImageDigest
 	}
 	final := n.pausedDir(id)
 	if err := snapshot.Seal(tmp, meta); err != nil {
@@ -573,7 +594,7 @@ func (n *Node) ResumeSandbox(ctx context.Context, spec CreateSpec, memory bool) 
 			return Info{}, err
 		}
 	}
-	if err := n.fromSnapshot(&bs, meta); err != nil {
+	if err := n.fromSnapshot(ctx, &bs, meta); err != nil {
 		return Info{}, err
 	}
 	spec.TemplateID, spec.CPUs, spec.MemoryMB, spec.DiskMB = meta.TemplateID, meta.CPUs, meta.MemoryMB, meta.DiskMB

@@ -127,7 +127,7 @@ func (n *Node) SnapshotSandbox(ctx context.Context, id, snapID string) (PauseInf
 	_ = os.RemoveAll(ptmp)
 	meta := snapshot.Meta{SandboxID: id, CreatedAt: time.Now().UTC(), TemplateID: rec.TemplateID,
 		Lowers: rec.Lowers, CPUs: rec.CPUs, MemoryMB: rec.MemoryMB, DiskMB: rec.DiskMB, Memory: true,
-		Envd: rec.Envd, Channel: rec.Channel, RootImage: n.relImage(rec), EnvdToken: sb.token}
+		Envd: rec.Envd, Channel: rec.Channel, RootImage: n.relImage(rec), RootImageDigest: rec.RootImageDigest, EnvdToken: sb.token}
 	if err := snapshot.Seal(stmp, meta); err != nil {
 		_ = os.RemoveAll(stmp)
 		return PauseInfo{}, fmt.Errorf("snapshot sandbox %s: %w", id, err)
@@ -251,7 +251,7 @@ func (n *Node) CreateFromSnapshot(ctx context.Context, spec CreateSpec, snapID, 
 			return Info{}, err
 		}
 	}
-	if err := n.fromSnapshot(&bs, meta); err != nil {
+	if err := n.fromSnapshot(ctx, &bs, meta); err != nil {
 		return Info{}, err
 	}
 	sb, err := n.boot(ctx, bs)
@@ -310,7 +310,7 @@ func (n *Node) createFromStart(ctx context.Context, spec CreateSpec, img Image) 
 		layer: filepath.Join(src, snapshot.LayerDir), copyLayer: true,
 		checkpoint: filepath.Join(src, snapshot.CheckpointDir), channel: meta.Channel,
 		gate: func() error { _, err := snapshot.Verify(src); return err }}
-	if err := n.fromSnapshot(&bs, meta); err != nil {
+	if err := n.fromSnapshot(ctx, &bs, meta); err != nil {
 		return Info{}, err
 	}
 	sb, err := n.boot(ctx, bs)

@@ -24,9 +24,9 @@ import (
 	"time"
 )
 
-// formatVersion changes whenever what an image holds changes, so images built the old way get
-// new keys instead of being taken for current.
-const formatVersion = "1"
+// formatVersion changes whenever what an image holds or how it is laid out changes, so images
+// built the old way get new keys instead of being taken for current. 2: reproducible builds.
+const formatVersion = "2"
 
 // retryAfter is how long a failed build is not tried again: creates boot without an image
 // meanwhile, and a build that fails at once would otherwise run on every create.
@@ -42,12 +42,18 @@ type Image struct {
 	// Bash says the image has /bin/bash (node-run commands use it as a login shell).
 	Bash    bool      `json:"bash"`
 	BuiltAt time.Time `json:"builtAt"`
+	// Digest is the image's sha256. A build is reproducible, so another node's build of the same
+	// key has the same digest; a checkpoint records it and is restored only on that very image.
+	Digest string `json:"digest"`
 }
 
 // Options configure a Store.
 type Options struct {
 	// Dir holds the images; it is created if missing.
 	Dir string
+	// DataDir is the node's data directory: layers and envd builds under it are keyed by their
+	// path relative to it, so nodes with the same template and envd builds name the same image.
+	DataDir string
 	// GuestBinDir is where envd's build directory appears in the guest.
 	GuestBinDir string
 	Log         *slog.Logger
@@ -74,8 +80,8 @@ func New(opts Options) (*Store, error) {
 	if opts.Log == nil {
 		opts.Log = slog.Default()
 	}
-	if !filepath.IsAbs(opts.Dir) || !filepath.IsAbs(opts.GuestBinDir) {
-		return nil, errors.New("rootimage: the images directory and the guest's envd directory must be absolute")
+	if !filepath.IsAbs(opts.Dir) || !filepath.IsAbs(opts.GuestBinDir) || !filepath.IsAbs(opts.DataDir) {
+		return nil, errors.New("rootimage: the images, data and guest envd directories must be absolute")
 	}
 	if err := os.MkdirAll(opts.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("create root images dir: %w", err)
@@ -99,16 +105,23 @@ func (s *Store) Close() {
 }
 
 // Key names the image of lowers (topmost first) with the envd build in envdDir. Template layers
-// and envd builds are immutable directories named by their build, so their paths name their
-// content.
-func Key(lowers []string, envdDir string) string {
+// and envd builds are immutable directories named by their build, so their paths under the data
+// directory name their content on every node.
+func (s *Store) Key(lowers []string, envdDir string) string {
 	h := sha256.New()
 	fmt.Fprintf(h, "vmon-root-image %s\n", formatVersion)
 	for _, l := range lowers {
-		fmt.Fprintf(h, "lower %s\n", filepath.Clean(l))
+		fmt.Fprintf(h, "lower %s\n", s.keyPath(l))
 	}
-	fmt.Fprintf(h, "envd %s\n", filepath.Clean(envdDir))
+	fmt.Fprintf(h, "envd %s\n", s.keyPath(envdDir))
 	return hex.EncodeToString(h.Sum(nil))[:32]
+}
+
+func (s *Store) keyPath(p string) string {
+	if rel, err := filepath.Rel(s.opts.DataDir, p); err == nil && filepath.IsLocal(rel) {
+		return filepath.ToSlash(rel)
+	}
+	return filepath.Clean(p)
 }
 
 func (s *Store) imagePath(key string) string  { return filepath.Join(s.opts.Dir, key+".erofs") }
@@ -118,7 +131,7 @@ func (s *Store) recordPath(key string) string { return filepath.Join(s.opts.Dir,
 // building it in the background (unless a build of it runs or failed less than a minute ago)
 // and reports false: the caller boots this sandbox another way.
 func (s *Store) Lookup(lowers []string, envdDir string) (Image, bool) {
-	key := Key(lowers, envdDir)
+	key := s.Key(lowers, envdDir)
 	s.mu.Lock()
 	img, ok := s.ready[key]
 	s.mu.Unlock()
@@ -155,9 +168,31 @@ func (s *Store) Lookup(lowers []string, envdDir string) (Image, bool) {
 	return Image{}, false
 }
 
+// ForRestore returns the image at path for a checkpoint taken on it. An image of the store's that
+// is missing is built from lowers and envdDir (a paused sandbox that moved from another node, or
+// an image removed by hand): builds are reproducible, so it is the same image, provided that
+// lowers and envdDir key it as path names it. The caller compares digests to be sure.
+func (s *Store) ForRestore(ctx context.Context, path string, lowers []string, envdDir string) (Image, error) {
+	key, ok := strings.CutSuffix(filepath.Base(path), ".erofs")
+	if filepath.Dir(path) != s.opts.Dir || !ok || key == "" {
+		// Not one of this store's: it can only be used as it is.
+		if _, err := os.Stat(path); err != nil {
+			return Image{}, err
+		}
+		return Image{Path: path}, nil
+	}
+	if img, err := s.read(key); err == nil {
+		return img, nil
+	}
+	if k := s.Key(lowers, envdDir); k != key {
+		return Image{}, fmt.Errorf("root image %s is not here, and its template and envd build make %s on this node (another vmon version)", key, k)
+	}
+	return s.Build(ctx, lowers, envdDir)
+}
+
 // Build builds the image of lowers with envdDir unless it exists, and returns it.
 func (s *Store) Build(ctx context.Context, lowers []string, envdDir string) (img Image, err error) {
-	key := Key(lowers, envdDir)
+	key := s.Key(lowers, envdDir)
 	s.mu.Lock()
 	s.building[key] = true
 	s.mu.Unlock()

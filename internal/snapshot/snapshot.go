@@ -77,6 +77,9 @@ type Meta struct {
 	// sandbox booted from: its writable layer lives in the checkpoint (no files are kept beside
 	// it), and a restore must open that same image again.
 	RootImage string `json:"rootImage,omitempty"`
+	// RootImageDigest is that image's digest: a restore takes only the very same image, rebuilt
+	// or not.
+	RootImageDigest string `json:"rootImageDigest,omitempty"`
 	// EnvdToken is the access token the restored envd still holds: a sandbox started from the
 	// snapshot proves it to envd to install its own.
 	EnvdToken string `json:"envdToken,omitempty"`

@@ -1,7 +1,8 @@
 // Root images (vmon serve --root-images): a sandbox boots from a read-only EROFS image of its
 // template with envd inside, so it runs with no gofer and no mount on the host. Its writes live in
 // its runtime, bounded by the disk size, and survive pause and resume (a files-only pause keeps
-// memory too), snapshots and forks, and a node restart. A sandbox with a volume still boots from
+// memory too, and a missing image is built again for the resume), snapshots and forks, and a node
+// restart. A sandbox with a volume still boots from
 // an overlay.
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
@@ -37,11 +38,12 @@ describe('root images (--root-images)', () => {
   };
   const run = async (s, cmd) => (await s.commands.run(cmd)).stdout.trim();
   const imageDir = () => path.join(srv.dataDir, 'root-images');
+  const bootRecord = (id) => JSON.parse(fs.readFileSync(path.join(srv.dataDir, 'sandboxes', runtimeIdOf(srv.dataDir, id), 'boot.json'), 'utf8'));
   // The boot record names the image the runtime booted from.
-  const onImage = (id) => {
-    const rec = JSON.parse(fs.readFileSync(path.join(srv.dataDir, 'sandboxes', runtimeIdOf(srv.dataDir, id), 'boot.json'), 'utf8'));
-    return Boolean(rec.runtime.RootImage);
-  };
+  const onImage = (id) => Boolean(bootRecord(id).runtime.RootImage);
+  const imageRecords = () => (fs.existsSync(imageDir()) ? fs.readdirSync(imageDir()) : [])
+    .filter((f) => f.endsWith('.json'))
+    .map((f) => { try { return JSON.parse(fs.readFileSync(path.join(imageDir(), f), 'utf8')); } catch { return {}; } });
 
   srv.after(async () => {
     await killQuietly(srv.sdkOpts, ...created);
@@ -50,7 +52,11 @@ describe('root images (--root-images)', () => {
 
   srv.test('the template image is built in the background and sandboxes run from it without a gofer', async () => {
     // serve starts building the current templates' images; creates meanwhile use an overlay.
-    await waitFor(() => fs.existsSync(imageDir()) && fs.readdirSync(imageDir()).some((f) => f.endsWith('.json')), {
+    // Which image is current (its layers and envd build) is in any sandbox's boot record; a data
+    // directory may hold older ones.
+    const first = bootRecord((await create()).sandboxId);
+    const want = { envd: path.join(srv.dataDir, first.envd), lowers: first.lowers.map((l) => path.join(srv.dataDir, l)) };
+    await waitFor(() => imageRecords().some((r) => r.envd === want.envd && JSON.stringify(r.lowers) === JSON.stringify(want.lowers)), {
       timeoutMs: 180_000, intervalMs: 500, what: 'the base template root image',
     });
     const s = await create();
@@ -75,7 +81,7 @@ describe('root images (--root-images)', () => {
     assert.equal(await s.files.read('/home/user/after-full.txt'), 'written after the disk was full');
   });
 
-  srv.test('pause and resume keep files and processes; a files-only pause keeps memory too', async () => {
+  srv.test('pause and resume keep files and processes; a files-only pause keeps memory too; a missing image is rebuilt', async () => {
     const s = await create();
     assert.ok(onImage(s.sandboxId));
     await s.files.write('/home/user/kept.txt', 'kept');
@@ -90,10 +96,19 @@ describe('root images (--root-images)', () => {
       const meta = JSON.parse(fs.readFileSync(path.join(srv.dataDir, 'paused', s.sandboxId, 'meta.json'), 'utf8'));
       assert.equal(meta.memory, true, `a pause with keepMemory:${keepMemory} of a sandbox on a root image keeps memory`);
       assert.match(meta.rootImage, /^root-images\/[0-9a-f]+\.erofs$/);
+      assert.match(meta.rootImageDigest, /^sha256:[0-9a-f]{64}$/);
       const layer = path.join(srv.dataDir, 'paused', s.sandboxId, 'layer');
       assert.deepEqual(fs.existsSync(layer) ? fs.readdirSync(layer) : [], [], 'files beside the checkpoint of a sandbox on a root image');
+      const record = path.join(srv.dataDir, meta.rootImage.replace(/\.erofs$/, '.json'));
+      if (!keepMemory) {
+        // As on a node the paused sandbox moved to: its image is not there, and the resume
+        // builds it again, byte for byte the one the checkpoint was taken on.
+        fs.rmSync(record);
+        fs.rmSync(path.join(srv.dataDir, meta.rootImage));
+      }
 
       const back = await Sandbox.connect(s.sandboxId, srv.sdkOpts);
+      assert.equal(JSON.parse(fs.readFileSync(record, 'utf8')).digest, meta.rootImageDigest, 'the image the sandbox resumed on');
       assert.ok(onImage(s.sandboxId), 'the resumed sandbox is on its root image');
       assert.deepEqual(await runscNames(srv.dataDir, s.sandboxId), ['runsc-sandbox']);
       assert.equal(await run(back, 'md5sum /tmp/rand'), sum, `files after a pause with keepMemory:${keepMemory}`);
