@@ -136,7 +136,7 @@ func serveNode(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 
 	maxSandboxes := c.MaxSandboxes
 	if maxSandboxes == 0 {
-		maxSandboxes = defaultCapacity(log)
+		maxSandboxes = defaultCapacity(c.RootImages, log)
 	}
 	status := func() nodeapi.Status {
 		// Listed at each ask: builds fetched from the store since the start count.

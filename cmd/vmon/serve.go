@@ -140,7 +140,7 @@ func serve(ctx context.Context, c *config.Serve, stdout io.Writer) error {
 	}
 	maxSandboxes := c.MaxSandboxes
 	if maxSandboxes == 0 {
-		maxSandboxes = defaultCapacity(log)
+		maxSandboxes = defaultCapacity(c.RootImages, log)
 	}
 	dopts := driver.Options{
 		Store:           st,
@@ -995,7 +995,7 @@ func installEnvd(c *config.Serve, log *slog.Logger) (string, error) {
 // defaultCapacity is the node's bound on live sandboxes when --max-sandboxes is not set: the
 // model of limits.NodeCapacity over this host's memory and cores. Past it, creates get E2B's
 // capacity error at once instead of slowing every sandbox on the node.
-func defaultCapacity(log *slog.Logger) int {
+func defaultCapacity(rootImages bool, log *slog.Logger) int {
 	memMiB := int64(0)
 	if data, err := os.ReadFile("/proc/meminfo"); err == nil {
 		for _, line := range strings.Split(string(data), "\n") {
@@ -1007,9 +1007,14 @@ func defaultCapacity(log *slog.Logger) int {
 			}
 		}
 	}
-	c := limits.NodeCapacity(memMiB, goruntime.NumCPU())
+	perSandbox := int64(limits.IdleSandboxMiB)
+	if rootImages {
+		perSandbox = limits.IdleImageSandboxMiB
+	}
+	c := limits.NodeCapacity(memMiB, goruntime.NumCPU(), perSandbox)
 	log.Info("sandbox capacity derived from the host (set --max-sandboxes to override)",
-		"max_sandboxes", c.Max, "bound", c.Bound, "memory_bound", c.MemoryBound, "cpu_bound", c.CPUBound, "mem_total_mib", memMiB, "cpus", goruntime.NumCPU())
+		"max_sandboxes", c.Max, "bound", c.Bound, "memory_bound", c.MemoryBound, "cpu_bound", c.CPUBound,
+		"mem_total_mib", memMiB, "cpus", goruntime.NumCPU(), "mib_per_sandbox", perSandbox)
 	return c.Max
 }
 

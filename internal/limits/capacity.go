@@ -13,6 +13,9 @@ const (
 	// guest stubs, page tables, the sandbox's network namespace and cgroups) with half as much
 	// again for what a sandbox touches once it works (page cache, socket buffers).
 	IdleSandboxMiB = 32
+	// IdleImageSandboxMiB is the same for a sandbox booted from a root image (vmon serve
+	// --root-images): 12.5 MiB measured at 500 live (no gofer), with half as much again.
+	IdleImageSandboxMiB = 20
 	// SandboxesPerCore bounds sandboxes by CPU: two cores held 500 idle ones while creates and
 	// commands stayed fast; past that, every create would wait on the others' wake-ups.
 	SandboxesPerCore = 250
@@ -38,11 +41,12 @@ func (c Capacity) String() string {
 }
 
 // NodeCapacity is the default bound on live sandboxes for a host with memTotalMiB of memory and
-// cpus cores.
-func NodeCapacity(memTotalMiB int64, cpus int) Capacity {
+// cpus cores, counting perSandboxMiB of memory per sandbox (IdleSandboxMiB or
+// IdleImageSandboxMiB).
+func NodeCapacity(memTotalMiB int64, cpus int, perSandboxMiB int64) Capacity {
 	reserve := max(memTotalMiB*HostReserveShare/100, MinHostReserveMiB)
 	c := Capacity{
-		MemoryBound: int(max(memTotalMiB-reserve, 0) / IdleSandboxMiB),
+		MemoryBound: int(max(memTotalMiB-reserve, 0) / max(perSandboxMiB, 1)),
 		CPUBound:    max(cpus, 0) * SandboxesPerCore,
 	}
 	c.Max, c.Bound = c.MemoryBound, "memory"

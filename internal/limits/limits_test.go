@@ -62,23 +62,27 @@ func TestNodeCapacity(t *testing.T) {
 		name        string
 		memMiB      int64
 		cpus        int
+		perMiB      int64
 		max         int
 		bound       string
 		memoryBound int
 	}{
 		// The reference machine: 24105 MiB less 10 % is 21695 MiB, 677 sandboxes of 32 MiB; two
 		// cores allow 500.
-		{"reference machine", 24105, 2, 500, "cpu", 677},
+		{"reference machine", 24105, 2, IdleSandboxMiB, 500, "cpu", 677},
+		// With root images, 20 MiB each: 1084; the CPU bound still decides.
+		{"reference machine, root images", 24105, 2, IdleImageSandboxMiB, 500, "cpu", 1084},
 		// 8 GiB, 8 cores: 8192 less 1024 (the minimum reserve beats 10 %) is 7168 MiB, 224.
-		{"small memory, many cores", 8192, 8, 224, "memory", 224},
-		{"big host", 256 << 10, 64, 7372, "memory", 7372},
-		{"tiny host", 1024, 1, MinSandboxes, "minimum", 0},
-		{"one core", 65536, 1, 250, "cpu", 1843},
+		{"small memory, many cores", 8192, 8, IdleSandboxMiB, 224, "memory", 224},
+		{"small memory, many cores, root images", 8192, 8, IdleImageSandboxMiB, 358, "memory", 358},
+		{"big host", 256 << 10, 64, IdleSandboxMiB, 7372, "memory", 7372},
+		{"tiny host", 1024, 1, IdleSandboxMiB, MinSandboxes, "minimum", 0},
+		{"one core", 65536, 1, IdleSandboxMiB, 250, "cpu", 1843},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := NodeCapacity(tc.memMiB, tc.cpus)
+			c := NodeCapacity(tc.memMiB, tc.cpus, tc.perMiB)
 			if c.Max != tc.max || c.Bound != tc.bound || c.MemoryBound != tc.memoryBound {
-				t.Fatalf("NodeCapacity(%d MiB, %d cpus) = %+v, want max %d (%s bound), memory bound %d", tc.memMiB, tc.cpus, c, tc.max, tc.bound, tc.memoryBound)
+				t.Fatalf("NodeCapacity(%d MiB, %d cpus, %d MiB each) = %+v, want max %d (%s bound), memory bound %d", tc.memMiB, tc.cpus, tc.perMiB, c, tc.max, tc.bound, tc.memoryBound)
 			}
 		})
 	}
