@@ -491,18 +491,17 @@ func (n *Node) boot(ctx context.Context, bs bootSpec) (_ *sandbox, retErr error)
 		}
 	}
 
-	envdDir := bs.envd
-	if envdDir == "" {
-		envdDir = filepath.Dir(n.opts.EnvdPath)
-	}
+	envdDir := n.envdDir(bs)
 	image, useImage := n.rootImage(bs, envdDir)
 	var root string
+	shell := loginShell(image.Bash)
 	// On an image nothing is mounted: the writable layer is a file runsc creates (and unlinks)
 	// in the node's layers directory.
 	if !useImage {
 		if root, err = n.opts.RootFS.Prepare(ctx, lowers, dir, Writable{DiskMB: bs.diskMB, From: bs.layer, Copy: bs.copyLayer}); err != nil {
 			return nil, fmt.Errorf("prepare root filesystem: %w", err)
 		}
+		shell = shellFor(root)
 	}
 	undo = append(undo, func() { _ = n.releaseRoot(teardownCtx, runtimeID) })
 
@@ -527,11 +526,9 @@ func (n *Node) boot(ctx context.Context, bs bootSpec) (_ *sandbox, retErr error)
 		MemoryMB: memoryMB,
 		Limits:   lim,
 	}
-	shell := shellFor(root)
 	if useImage {
 		rspec.RootDir, rspec.RootImage, rspec.Mounts = n.imageLayers(), image.Path, nil
 		rspec.RootSizeBytes = int64(bs.diskMB) << 20
-		shell = loginShell(image.Bash)
 	}
 	var ch *agent.Channel
 	var ctl *agentctl.Conn
@@ -624,6 +621,15 @@ func (n *Node) boot(ctx context.Context, bs bootSpec) (_ *sandbox, retErr error)
 	}
 	n.log.Debug("sandbox booted", "runtime_id", runtimeID, "restored", bs.checkpoint != "", "took", time.Since(bootStart))
 	return sb, nil
+}
+
+// envdDir is the host directory of the envd build sandbox bs runs: the one its checkpoint holds,
+// or the node's.
+func (n *Node) envdDir(bs bootSpec) string {
+	if bs.envd != "" {
+		return bs.envd
+	}
+	return filepath.Dir(n.opts.EnvdPath)
 }
 
 // imageLayers is the directory where runsc keeps the files behind the writable layers of the

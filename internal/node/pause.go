@@ -172,12 +172,8 @@ func (n *Node) fromSnapshot(ctx context.Context, bs *bootSpec, meta snapshot.Met
 	}
 	img := rootimage.Image{Path: path}
 	if n.opts.RootImages != nil {
-		envdDir := bs.envd
-		if envdDir == "" {
-			envdDir = filepath.Dir(n.opts.EnvdPath)
-		}
 		var err error
-		if img, err = n.opts.RootImages.ForRestore(ctx, path, bs.lowers, envdDir); err != nil {
+		if img, err = n.opts.RootImages.ForRestore(ctx, path, bs.lowers, n.envdDir(*bs)); err != nil {
 			return errdefs.Unavailable("snapshot %s was taken on root image %s, which this node does not have: %v", meta.SandboxID, filepath.Base(path), err)
 		}
 	} else if _, err := os.Stat(path); err != nil {
