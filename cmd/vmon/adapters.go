@@ -102,7 +102,7 @@ func loadOrFetch(ctx context.Context, dataDir string, fetch templateFetcher, id,
 type buildSandboxes struct{ n *node.Node }
 
 func (b buildSandboxes) StartBuild(ctx context.Context, spec build.SandboxSpec) (build.Sandbox, error) {
-	sb, err := b.n.StartBuild(ctx, node.BuildSpec{Lowers: spec.Lowers, CPUs: spec.CPUs, MemoryMB: spec.MemoryMB, Env: spec.Env})
+	sb, err := b.n.StartBuild(ctx, node.BuildSpec{Lowers: spec.Lowers, CPUs: spec.CPUs, MemoryMB: spec.MemoryMB, Env: spec.Env, Start: spec.Start})
 	if err != nil {
 		return nil, err
 	}

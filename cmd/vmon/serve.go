@@ -55,6 +55,7 @@ import (
 	"github.com/vibemon/vmon/internal/runtime/gvisor"
 	"github.com/vibemon/vmon/internal/sandboxlog"
 	"github.com/vibemon/vmon/internal/secrets"
+	"github.com/vibemon/vmon/internal/snapshot"
 	"github.com/vibemon/vmon/internal/store"
 	"github.com/vibemon/vmon/internal/template"
 	"github.com/vibemon/vmon/internal/templates"
@@ -384,6 +385,7 @@ func startNodeStack(ctx context.Context, c *config.Serve, st *store.Store, guest
 		Limits:           limits.Overrides{Tasks: c.SandboxMaxTasks, Files: c.SandboxMaxFiles},
 		Log:              log.With("component", "node"),
 		MaxSnapshotBytes: int64(c.MaxSnapshotDiskMB) << 20,
+		DiskMB:           c.SandboxDiskMB,
 	}
 	var images *rootimage.Store
 	if c.RootImages {
@@ -1091,12 +1093,20 @@ func newBuildEngine(c *config.Serve, n *node.Node, log *slog.Logger) (*build.Eng
 	files := build.NewFiles(c.DataDir)
 	engine, err := build.New(build.Options{DataDir: c.DataDir, Images: puller, Sandboxes: buildSandboxes{n: n},
 		Mounts: buildMounts{}, Files: files, ReadyTimeout: c.ReadyTimeout, NoStartSnapshot: !c.StartSnapshots,
-		EnvdBuild: filepath.Base(filepath.Dir(n.EnvdPath())),
-		Log:       log.With("component", "build")})
+		EnvdBuild: filepath.Base(filepath.Dir(n.EnvdPath())), StartOn: startOn(c),
+		Log: log.With("component", "build")})
 	if err != nil {
 		return nil, nil, err
 	}
 	return engine, files, nil
+}
+
+// startOn names how this node boots template start checks (build.Options.StartOn).
+func startOn(c *config.Serve) string {
+	if !c.RootImages {
+		return ""
+	}
+	return fmt.Sprintf("root-image format %s, disk %d MiB", rootimage.FormatVersion, c.SandboxDiskMB)
 }
 
 // prepareRootImages removes the root images no sandbox, snapshot or current template needs and
@@ -1105,16 +1115,28 @@ func prepareRootImages(ctx context.Context, images *rootimage.Store, dataDir, en
 	envdDir := filepath.Dir(envdPath)
 	current := map[string]bool{}
 	roots := templateRoots{dataDir: dataDir}
-	var want [][]string
+	type image struct {
+		lowers []string
+		envd   string
+	}
+	var want []image
 	for _, m := range ms {
 		img, err := roots.Image(ctx, m.ID, m.BuildID)
-		if err != nil || img.StartSnapshot != "" {
-			// Sandboxes of a template with a started snapshot are restored from it, on an
-			// overlay.
+		if err != nil {
 			continue
 		}
-		current[images.Key(img.Lowers, envdDir)] = true
-		want = append(want, img.Lowers)
+		want = append(want, image{img.Lowers, envdDir})
+		if img.StartSnapshot == "" {
+			continue
+		}
+		// Its sandboxes restore the started snapshot on the image it was taken on, which may hold
+		// an older envd build.
+		if meta, err := snapshot.Read(img.StartSnapshot); err == nil && meta.RootImage != "" && meta.Envd != "" {
+			want = append(want, image{img.Lowers, filepath.Join(dataDir, filepath.FromSlash(meta.Envd))})
+		}
+	}
+	for _, w := range want {
+		current[images.Key(w.lowers, w.envd)] = true
 	}
 	if inUse, err := node.RootImagesInUse(dataDir, build.LayersDir); err != nil {
 		log.Warn("old root images were kept", "err", err)
@@ -1123,7 +1145,7 @@ func prepareRootImages(ctx context.Context, images *rootimage.Store, dataDir, en
 	}); err != nil {
 		log.Warn("old root images were kept", "err", err)
 	}
-	for _, lowers := range want {
-		images.Lookup(lowers, envdDir)
+	for _, w := range want {
+		images.Lookup(w.lowers, w.envd)
 	}
 }

@@ -36,6 +36,9 @@ type SandboxSpec struct {
 	Lowers         []string
 	CPUs, MemoryMB int
 	Env            map[string]string
+	// Start marks the finalize step's start check, whose sandbox may become the template's
+	// started snapshot: the node boots it as it boots the template's sandboxes.
+	Start bool
 }
 
 // Sandbox is a running build sandbox (node.BuildSandbox).
@@ -87,7 +90,12 @@ type Options struct {
 	// process, so it is part of the start step's cache key: after an upgrade a rebuild saves the
 	// template with the new envd instead of reusing the old snapshot.
 	EnvdBuild string
-	Log       *slog.Logger
+	// StartOn names how the node boots start checks ("" for an overlay; with root images, the
+	// image and disk size its snapshot restores with). It is part of the start step's cache key:
+	// a node that changed it checks the start command again on a rebuild, and saves the
+	// snapshot the new way.
+	StartOn string
+	Log     *slog.Logger
 }
 
 // Engine runs builds.
@@ -176,7 +184,11 @@ func (e *Engine) Run(ctx context.Context, req Request, log *Log) (template.Manif
 		log.Add("info", step, "done in %.1fs", time.Since(t0).Seconds())
 		state, key = st, k
 	}
-	m, err := e.finalize(ctx, req, state, hashKey(key, "finalize", req.StartCmd, req.ReadyCmd, e.opts.EnvdBuild), log)
+	fkey := []string{key, "finalize", req.StartCmd, req.ReadyCmd, e.opts.EnvdBuild}
+	if e.opts.StartOn != "" { // keys made before StartOn stay valid for overlays
+		fkey = append(fkey, e.opts.StartOn)
+	}
+	m, err := e.finalize(ctx, req, state, hashKey(fkey...), log)
 	if err != nil {
 		return template.Manifest{}, err
 	}
@@ -449,7 +461,7 @@ func (e *Engine) finalize(ctx context.Context, req Request, state State, key str
 	} else if hasStart {
 		log.Add("info", "finalize", "checking start command %q with ready command %q (up to %s)", req.StartCmd, req.ReadyCmd, e.opts.ReadyTimeout)
 		sb, err := e.opts.Sandboxes.StartBuild(ctx, SandboxSpec{Lowers: e.absLayers(state.Layers),
-			CPUs: req.CPUs, MemoryMB: req.MemoryMB, Env: state.Env})
+			CPUs: req.CPUs, MemoryMB: req.MemoryMB, Env: state.Env, Start: true})
 		if err != nil {
 			return template.Manifest{}, stepErr("finalize", err, "cannot start the build sandbox")
 		}

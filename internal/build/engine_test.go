@@ -355,10 +355,17 @@ func TestGCKeepsWhatBuildsAndSandboxesUse(t *testing.T) {
 
 // startSandboxes hands out build sandboxes whose start check passes and which save themselves as
 // a directory with one file.
-type startSandboxes struct{ starts int }
+type startSandboxes struct {
+	starts int
+	// unmarked counts start checks asked for without SandboxSpec.Start.
+	unmarked int
+}
 
-func (s *startSandboxes) StartBuild(context.Context, SandboxSpec) (Sandbox, error) {
+func (s *startSandboxes) StartBuild(_ context.Context, spec SandboxSpec) (Sandbox, error) {
 	s.starts++
+	if !spec.Start {
+		s.unmarked++
+	}
 	return startSandbox{}, nil
 }
 
@@ -411,5 +418,39 @@ func TestStartSnapshotCacheFollowsTheSetting(t *testing.T) {
 	}
 	if m, _ := build("b4", true); m.StartSnapshot != m2.StartSnapshot || sbs.starts != 2 {
 		t.Fatalf("snapshots on with one cached: snapshot %q (cached %q) after %d checks", m.StartSnapshot, m2.StartSnapshot, sbs.starts)
+	}
+}
+
+// The start check's sandbox is marked as such (the node boots it as the template's sandboxes),
+// and a node that boots start checks another way (StartOn) checks the start command again on a
+// rebuild, while switching back finds the overlay's check cached under its old key.
+func TestStartCheckFollowsStartOn(t *testing.T) {
+	e, _, parent := newTestEngine(t)
+	sbs := &startSandboxes{}
+	e.opts.Sandboxes = sbs
+	ctx := context.Background()
+	build := func(id, on string) template.Manifest {
+		t.Helper()
+		e.opts.StartOn = on
+		m, err := e.Run(ctx, Request{TemplateID: "tpl", BuildID: id, FromTemplate: parent, CPUs: 1, MemoryMB: 256,
+			StartCmd: "serve", ReadyCmd: "true"}, memLog(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	overlay := build("b1", "")
+	if sbs.starts != 1 || sbs.unmarked != 0 {
+		t.Fatalf("%d start checks, %d not marked as the start check", sbs.starts, sbs.unmarked)
+	}
+	image := build("b2", "root-image format 2, disk 10240 MiB")
+	if sbs.starts != 2 || image.StartSnapshot == overlay.StartSnapshot {
+		t.Fatalf("a new StartOn: %d checks, snapshot %q (the overlay's %q)", sbs.starts, image.StartSnapshot, overlay.StartSnapshot)
+	}
+	if m := build("b3", "root-image format 2, disk 10240 MiB"); sbs.starts != 2 || m.StartSnapshot != image.StartSnapshot {
+		t.Fatalf("the same StartOn: %d checks, snapshot %q (cached %q)", sbs.starts, m.StartSnapshot, image.StartSnapshot)
+	}
+	if m := build("b4", ""); sbs.starts != 2 || m.StartSnapshot != overlay.StartSnapshot {
+		t.Fatalf("back to overlays: %d checks, snapshot %q (cached %q)", sbs.starts, m.StartSnapshot, overlay.StartSnapshot)
 	}
 }

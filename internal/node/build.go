@@ -23,6 +23,11 @@ type BuildSpec struct {
 	CPUs, MemoryMB int
 	// Env is the build's environment at this step (image ENV and the steps' ENV).
 	Env map[string]string
+	// Start marks the finalize step's start check, whose sandbox may be saved as the template's
+	// started snapshot (CheckpointStart): on a node with root images it boots as the template's
+	// sandboxes do, on the template's image with the node's disk size, so that the snapshot
+	// restores without an overlay.
+	Start bool
 }
 
 // BuildRuntimePrefix starts the runtime ids of build sandboxes.
@@ -41,8 +46,18 @@ func (n *Node) StartBuild(ctx context.Context, spec BuildSpec) (*BuildSandbox, e
 	// The runtime id marks it as a build: "build" and 20 characters, a length no API sandbox id
 	// has. Without a sandbox-id file, recovery after a crash removes it like any unclaimed one.
 	id := BuildRuntimePrefix + newRuntimeID()
-	sb, err := n.boot(ctx, bootSpec{runtimeID: id, templateID: "build", lowers: spec.Lowers,
-		cpus: spec.CPUs, memoryMB: spec.MemoryMB, unrestricted: true})
+	bs := bootSpec{runtimeID: id, templateID: "build", lowers: spec.Lowers,
+		cpus: spec.CPUs, memoryMB: spec.MemoryMB, unrestricted: true}
+	if spec.Start && n.opts.RootImages != nil {
+		img, err := n.opts.RootImages.Build(ctx, spec.Lowers, n.envdDir(bs))
+		if err != nil {
+			// The check and its snapshot still work on an overlay, as without root images.
+			n.log.Warn("the template's root image could not be built; its start check runs on an overlay", "err", err)
+		} else {
+			bs.rootImage, bs.diskMB = img, n.opts.DiskMB
+		}
+	}
+	sb, err := n.boot(ctx, bs)
 	if err != nil {
 		return nil, err
 	}
@@ -139,10 +154,13 @@ func (b *BuildSandbox) CheckpointStart(ctx context.Context, dir string) (err err
 	if err := os.Mkdir(layer, 0o700); err != nil {
 		return err
 	}
-	if err := n.opts.RootFS.Stash(ctx, sdir, layer); err != nil {
-		return fmt.Errorf("keep the started template's files: %w", err)
+	// On a root image the files it wrote are in the checkpoint.
+	if !rec.onImage() {
+		if err := n.opts.RootFS.Stash(ctx, sdir, layer); err != nil {
+			return fmt.Errorf("keep the started template's files: %w", err)
+		}
 	}
 	return snapshot.Seal(dir, snapshot.Meta{SandboxID: b.sb.runtimeID, CreatedAt: time.Now().UTC(),
-		TemplateID: "build", Lowers: rec.Lowers, CPUs: rec.CPUs, MemoryMB: rec.MemoryMB, Memory: true, Envd: rec.Envd,
-		Channel: rec.Channel})
+		TemplateID: "build", Lowers: rec.Lowers, CPUs: rec.CPUs, MemoryMB: rec.MemoryMB, DiskMB: rec.DiskMB, Memory: true,
+		Envd: rec.Envd, Channel: rec.Channel, RootImage: n.relImage(rec), RootImageDigest: rec.RootImageDigest})
 }

@@ -140,6 +140,9 @@ type fakeImages struct {
 }
 
 func (f fakeImages) Lookup([]string, string) (rootimage.Image, bool) { return rootimage.Image{}, false }
+func (f fakeImages) Build(context.Context, []string, string) (rootimage.Image, error) {
+	return f.img, f.err
+}
 func (f fakeImages) ForRestore(_ context.Context, path string, _ []string, _ string) (rootimage.Image, error) {
 	if f.err != nil {
 		return rootimage.Image{}, f.err
@@ -186,5 +189,20 @@ func TestFromSnapshot(t *testing.T) {
 	n.opts.RootImages = fakeImages{err: errors.New("no such template")}
 	if err := n.fromSnapshot(ctx, &bootSpec{}, meta); !errdefs.Is(err, errdefs.KindUnavailable) || !strings.Contains(err.Error(), "no such template") {
 		t.Fatalf("an image the node cannot build: %v", err)
+	}
+}
+
+// A started snapshot taken on a root image is restored only by creates with its disk size
+// (runsc refuses another root size); others are told to run the start command themselves.
+func TestCreateFromStartNeedsTheSnapshotsDisk(t *testing.T) {
+	src := t.TempDir()
+	if err := snapshot.Seal(src, snapshot.Meta{SandboxID: "buildx", TemplateID: "build", Lowers: []string{"layers/a"},
+		DiskMB: 10240, Memory: true, RootImage: "root-images/k.erofs"}); err != nil {
+		t.Fatal(err)
+	}
+	n := &Node{opts: Options{DataDir: t.TempDir()}}
+	_, err := n.createFromStart(context.Background(), CreateSpec{ID: "sbx", DiskMB: 2048}, Image{StartSnapshot: src})
+	if !errors.Is(err, errStartDisk) || !strings.Contains(err.Error(), "10240 MiB") {
+		t.Fatalf("a create with another disk size: %v", err)
 	}
 }

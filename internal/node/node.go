@@ -63,6 +63,9 @@ type RootImages interface {
 	// ForRestore returns the image at path for a checkpoint taken on it, building it from
 	// lowers and envdDir if it is missing and they make that image.
 	ForRestore(ctx context.Context, path string, lowers []string, envdDir string) (rootimage.Image, error)
+	// Build returns the image of lowers with the envd build in envdDir, building it now if it is
+	// missing (a template's start check, which must run on the image its sandboxes restore on).
+	Build(ctx context.Context, lowers []string, envdDir string) (rootimage.Image, error)
 }
 
 // Writable describes a sandbox's writable layer.
@@ -149,6 +152,10 @@ type Options struct {
 	// RootImages, when set, gives sandboxes without volumes a root image (once it is built)
 	// instead of an overlay root and envd's bind mount.
 	RootImages RootImages
+	// DiskMB is the disk of the sandboxes of templates that set none (--sandbox-disk-mb). A
+	// template's start check on a root image runs with it: runsc restores a checkpoint only with
+	// the root size it was taken with, so the started snapshot serves the creates of that size.
+	DiskMB int
 	// BootTimeout bounds how long a boot waits for envd to come up.
 	BootTimeout time.Duration
 	// ReadyTimeout bounds how long a create waits for a template's ready command to succeed.
@@ -308,7 +315,11 @@ func (n *Node) CreateSandbox(ctx context.Context, spec CreateSpec) (Info, error)
 			return info, nil
 		}
 		// The snapshot is an optimisation: the start command still works the slow way.
-		n.log.Warn("restoring the template's started snapshot failed; running its start command instead",
+		level := slog.LevelWarn
+		if errors.Is(err, errStartDisk) {
+			level = slog.LevelInfo
+		}
+		n.log.Log(ctx, level, "restoring the template's started snapshot failed; running its start command instead",
 			"template", spec.TemplateID, "err", err)
 	}
 	var sb *sandbox

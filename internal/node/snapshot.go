@@ -288,6 +288,10 @@ func (n *Node) Snapshots() ([]string, error) {
 	return dirsMatching(root, snapshotIDRe)
 }
 
+// errStartDisk is why a sandbox whose disk size differs from its template's started snapshot's
+// runs the start command itself.
+var errStartDisk = errors.New("the started snapshot was taken on a root image with another disk size")
+
 // createFromStart restores a new sandbox from its template build's started snapshot: the start
 // command is running and ready in it from its first instruction, with the sandbox's own disk
 // (the snapshot's files copied onto it), link, lease, token and variables.
@@ -296,6 +300,10 @@ func (n *Node) createFromStart(ctx context.Context, spec CreateSpec, img Image) 
 	meta, err := snapshot.Read(src)
 	if err != nil {
 		return Info{}, err
+	}
+	if meta.RootImage != "" && spec.DiskMB != meta.DiskMB {
+		// runsc restores a checkpoint on a root image only with the root size it was taken with.
+		return Info{}, fmt.Errorf("%w: the snapshot's disk is %d MiB, this sandbox's %d MiB", errStartDisk, meta.DiskMB, spec.DiskMB)
 	}
 	envd, err := n.envdFor(meta)
 	if err != nil {

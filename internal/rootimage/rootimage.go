@@ -24,9 +24,9 @@ import (
 	"time"
 )
 
-// formatVersion changes whenever what an image holds or how it is laid out changes, so images
+// FormatVersion changes whenever what an image holds or how it is laid out changes, so images
 // built the old way get new keys instead of being taken for current. 2: reproducible builds.
-const formatVersion = "2"
+const FormatVersion = "2"
 
 // retryAfter is how long a failed build is not tried again: creates boot without an image
 // meanwhile, and a build that fails at once would otherwise run on every create.
@@ -109,7 +109,7 @@ func (s *Store) Close() {
 // directory name their content on every node.
 func (s *Store) Key(lowers []string, envdDir string) string {
 	h := sha256.New()
-	fmt.Fprintf(h, "vmon-root-image %s\n", formatVersion)
+	fmt.Fprintf(h, "vmon-root-image %s\n", FormatVersion)
 	for _, l := range lowers {
 		fmt.Fprintf(h, "lower %s\n", s.keyPath(l))
 	}

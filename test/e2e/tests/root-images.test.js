@@ -2,14 +2,15 @@
 // template with envd inside, so it runs with no gofer and no mount on the host. Its writes live in
 // its runtime, bounded by the disk size, and survive pause and resume (a files-only pause keeps
 // memory too, and a missing image is built again for the resume), snapshots and forks, and a node
-// restart. A sandbox with a volume still boots from
-// an overlay.
+// restart. A template with a start command is saved started on its image, and its sandboxes are
+// restored from that snapshot without an overlay. A sandbox with a volume still boots from an
+// overlay.
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import path from 'node:path';
 import { describe } from 'node:test';
-import { Sandbox, Volume } from 'e2b';
-import { useServer, runId, killQuietly, pgrep, runtimeIdOf, waitFor, getInfoRecovered, vmonMountinfo } from '../lib/harness.js';
+import { Sandbox, Template, Volume } from 'e2b';
+import { useServer, runId, killQuietly, pgrep, runtimeIdOf, waitFor, getInfoRecovered, vmonMountinfo, apiFetch } from '../lib/harness.js';
 
 const DISK_MB = 64;
 
@@ -31,8 +32,9 @@ describe('root images (--root-images)', () => {
   const RUN = runId('rootimg');
   const created = [];
   const vols = [];
-  const create = async (opts = {}) => {
-    const s = await Sandbox.create({ ...srv.sdkOpts, metadata: { run: RUN }, timeoutMs: 600_000, ...opts });
+  const create = async (opts = {}, template = undefined) => {
+    const o = { ...srv.sdkOpts, metadata: { run: RUN }, timeoutMs: 600_000, ...opts };
+    const s = template ? await Sandbox.create(template, o) : await Sandbox.create(o);
     created.push(s);
     return s;
   };
@@ -48,6 +50,13 @@ describe('root images (--root-images)', () => {
   srv.after(async () => {
     await killQuietly(srv.sdkOpts, ...created);
     for (const v of vols) await Volume.destroy(v.volumeId, srv.sdkOpts).catch(() => {});
+    // The data dir is shared between runs: remove this run's templates.
+    const listed = await apiFetch(srv, '/templates');
+    for (const t of listed.json ?? []) {
+      if (t.aliases.some((a) => a.startsWith(RUN.toLowerCase()))) {
+        await apiFetch(srv, `/templates/${t.templateID}`, { method: 'DELETE' });
+      }
+    }
   });
 
   srv.test('the template image is built in the background and sandboxes run from it without a gofer', async () => {
@@ -147,6 +156,56 @@ describe('root images (--root-images)', () => {
     const again = await Sandbox.connect(s.sandboxId, srv.sdkOpts);
     assert.equal(await again.files.read('/home/user/survives.txt'), 'restart');
     assert.equal(await run(again, 'echo ok'), 'ok');
+  });
+
+  srv.test('a template with a start command is saved started on its image; its sandboxes restore from it without an overlay', async () => {
+    // The start command draws a random token: sandboxes restored from the build's snapshot all
+    // show the one drawn at build time; one that runs the start command itself draws another.
+    const start = 'head -c 8 /dev/urandom | od -An -tx1 | tr -d " \\n" > /tmp/start-token; echo $$ > /tmp/start-pid; exec sleep infinity';
+    const alias = `${RUN}-started`.toLowerCase();
+    const info = await Template.build(Template().fromTemplate('base').setStartCmd(`sh -c '${start}'`, 'test -s /tmp/start-token'), alias, srv.sdkOpts);
+    const build = JSON.parse(fs.readFileSync(path.join(srv.dataDir, 'templates', info.templateId, 'builds', `${info.buildId}.json`), 'utf8'));
+    assert.ok(build.startSnapshot, 'the template was saved started');
+    const snapDir = path.join(srv.dataDir, build.startSnapshot);
+    const meta = JSON.parse(fs.readFileSync(path.join(snapDir, 'meta.json'), 'utf8'));
+    assert.match(meta.rootImage ?? '', /^root-images\/[0-9a-f]+\.erofs$/, 'the started snapshot was taken on a root image');
+    assert.match(meta.rootImageDigest ?? '', /^sha256:[0-9a-f]{64}$/);
+    assert.equal(meta.diskMB, DISK_MB, "the start check ran with the node's disk size");
+    assert.deepEqual(fs.readdirSync(path.join(snapDir, 'layer')), [], 'files beside the checkpoint of a started snapshot on a root image');
+
+    const a = await create({}, alias);
+    const b = await create({}, alias);
+    const token = await run(a, 'cat /tmp/start-token');
+    assert.match(token, /^[0-9a-f]{16}$/);
+    assert.equal(await run(b, 'cat /tmp/start-token'), token, 'the start command ran again instead of being restored');
+    for (const s of [a, b]) {
+      assert.equal(bootRecord(s.sandboxId).runtime.RootImage, path.join(srv.dataDir, meta.rootImage), 'a sandbox of the started template is on its image');
+      assert.deepEqual(await runscNames(srv.dataDir, s.sandboxId), ['runsc-sandbox'], 'runsc processes of a restored sandbox on a root image');
+      const pid = await run(s, 'cat /tmp/start-pid');
+      assert.equal(await run(s, `cat /proc/${pid}/cmdline | tr '\\0' ' '`), 'sleep infinity', 'the started process is running');
+    }
+    // Each sandbox writes its own disk, of the node's size.
+    await a.files.write('/tmp/mine', 'a');
+    assert.equal(await run(b, 'cat /tmp/mine 2>/dev/null || echo none'), 'none');
+    assert.equal(Number((await run(a, 'df -k / | tail -1')).split(/\s+/)[1]), DISK_MB * 1024);
+    assert.equal(await a.pause(), true);
+    const back = await Sandbox.connect(a.sandboxId, srv.sdkOpts);
+    assert.equal(await run(back, 'cat /tmp/mine'), 'a');
+
+    // runsc restores a checkpoint only with the root size it was taken with: after the node's
+    // disk size changed, a create runs the start command itself, on the template's image.
+    const saved = [...srv.extraArgs];
+    try {
+      srv.extraArgs = [...saved.filter((x, i) => x !== '--sandbox-disk-mb' && saved[i - 1] !== '--sandbox-disk-mb'), '--sandbox-disk-mb', String(DISK_MB * 2)];
+      await srv.restart();
+      const c = await create({}, alias);
+      assert.match(await run(c, 'cat /tmp/start-token'), /^[0-9a-f]{16}$/);
+      assert.notEqual(await run(c, 'cat /tmp/start-token'), token, 'a sandbox of another disk size was restored from the snapshot');
+      assert.equal(Number((await run(c, 'df -k / | tail -1')).split(/\s+/)[1]), DISK_MB * 2 * 1024, 'the disk of a sandbox that ran the start command');
+    } finally {
+      srv.extraArgs = saved;
+      await srv.restart();
+    }
   });
 
   srv.test('a sandbox with a volume boots from an overlay, with a gofer for its mounts', async () => {
