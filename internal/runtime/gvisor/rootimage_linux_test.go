@@ -181,6 +181,34 @@ func TestRootImage(t *testing.T) {
 		t.Fatalf("the restored sandbox holds %d files in %s; want 1", n, upper)
 	}
 
+	// Another node: the same image bytes at another path, another directory for the layer file
+	// (each node's data directory differs).
+	if err := rt.Checkpoint(ctx, id, ckpt+"2", false); err != nil {
+		t.Fatal(err)
+	}
+	if err := rt.Destroy(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	elsewhere := filepath.Join(filepath.Dir(s.spec.StateDir), "other-node")
+	if err := os.MkdirAll(filepath.Join(elsewhere, "layers"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("cp", img, filepath.Join(elsewhere, "template.erofs")).CombinedOutput(); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	moved := s.spec
+	moved.RootImage, moved.RootDir = filepath.Join(elsewhere, "template.erofs"), filepath.Join(elsewhere, "layers")
+	if err := rt.Restore(ctx, moved, ckpt+"2"); err != nil {
+		t.Fatalf("restore on another node's copy of the image: %v\n%s", err, tail(ConsoleLog(s.spec.StateDir), 4096))
+	}
+	if got := exec1(t, rt, id, "/bin/busybox", "md5sum", "/root/data", "/tmp/data"); got != sum {
+		t.Fatalf("after a restore elsewhere: %q; before: %q", got, sum)
+	}
+	if n := len(upperFiles(t, s.spec.StateDir, moved.RootDir)); n != 1 {
+		t.Fatalf("the sandbox restored elsewhere holds %d files in %s; want 1", n, moved.RootDir)
+	}
+	upper = moved.RootDir
+
 	if err := rt.Destroy(ctx, id); err != nil {
 		t.Fatal(err)
 	}

@@ -96,6 +96,8 @@ async function startPostgres() {
       if (i >= 0) resolve(buf.slice(0, i));
     });
     proc.once('exit', (code) => reject(new Error(`vmon-test-pg exited (${code}) before it was ready`)));
+    // A missing binary (make test-e2e builds it) emits no exit, only an error.
+    proc.once('error', (err) => reject(new Error(`vmon-test-pg (${bin}) did not start: ${err.message}`)));
   });
   const { dsn } = JSON.parse(line);
   return {
