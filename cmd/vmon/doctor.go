@@ -17,6 +17,7 @@ const runscPin = "160fafc42237"
 func doctorCmd() *cobra.Command {
 	var dataDir, runsc, envd string
 	var diskMB, maxTasks, maxFiles int
+	rootImages := true
 	cmd := &cobra.Command{
 		Use:   "doctor",
 		Short: "check what this host needs to run vmon, and how to fix what is missing",
@@ -29,7 +30,7 @@ func doctorCmd() *cobra.Command {
 			results := doctor.Run(cmd.Context(), doctor.Options{
 				DataDir: dataDir, RunscPath: runsc, RunscVersion: runscPin, EnvdPath: envd,
 				TemplateReady: err == nil, MemoryMB: m.MemoryMB, DiskMB: diskMB,
-				Limits: limits.Overrides{Tasks: maxTasks, Files: maxFiles},
+				Limits: limits.Overrides{Tasks: maxTasks, Files: maxFiles}, RootImages: rootImages,
 			})
 			if !doctor.Print(cmd.OutOrStdout(), results) {
 				return errors.New("some checks failed")
@@ -41,6 +42,7 @@ func doctorCmd() *cobra.Command {
 	cmd.Flags().StringVar(&runsc, "runsc", "runsc", "path of the runsc binary")
 	cmd.Flags().StringVar(&envd, "envd-path", "", "envd binary (default: envd beside the vmon binary)")
 	cmd.Flags().IntVar(&diskMB, "sandbox-disk-mb", config.DefaultSandboxDiskMB, "as for vmon serve: the disk limit to check")
+	cmd.Flags().BoolVar(&rootImages, "root-images", true, "as for vmon serve: whether mkfs.erofs is required")
 	cmd.Flags().IntVar(&maxTasks, "sandbox-max-tasks", 0, "as for vmon serve")
 	cmd.Flags().IntVar(&maxFiles, "sandbox-max-files", 0, "as for vmon serve")
 	return cmd

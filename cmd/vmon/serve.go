@@ -390,7 +390,7 @@ func startNodeStack(ctx context.Context, c *config.Serve, st *store.Store, guest
 	var images *rootimage.Store
 	if c.RootImages {
 		if _, err := exec.LookPath("mkfs.erofs"); err != nil {
-			return nil, closeAll, fmt.Errorf("--root-images needs mkfs.erofs (apt-get install erofs-utils): %w", err)
+			return nil, closeAll, fmt.Errorf("root images (--root-images, on by default) need mkfs.erofs: apt-get install erofs-utils, or run with --root-images=false (each sandbox then has a gofer and an overlay mount): %w", err)
 		}
 		if images, err = rootimage.New(rootimage.Options{Dir: filepath.Join(c.DataDir, "root-images"), DataDir: c.DataDir,
 			GuestBinDir: node.GuestBinDir, Log: log.With("component", "rootimage")}); err != nil {

@@ -54,6 +54,9 @@ type Options struct {
 	// DiskMB and Limits are the node's --sandbox-disk-mb and task/file overrides.
 	DiskMB int
 	Limits limits.Overrides
+	// RootImages is the node's --root-images: with it, template images are built with
+	// mkfs.erofs, and serve refuses to start without it.
+	RootImages bool
 }
 
 // Run performs every check.
@@ -68,7 +71,7 @@ func Run(ctx context.Context, o Options) []Result {
 		checkCgroup2(),
 		checkTool("iptables", "iptables (sandbox networking)", "apt-get install -y iptables", Warn),
 		checkTool("mmdebstrap", "mmdebstrap (builds the base template)", "apt-get install -y mmdebstrap", Warn),
-		checkTool("mkfs.erofs", "mkfs.erofs (serve --root-images builds template images)", "apt-get install -y erofs-utils", Warn),
+		checkRootImageTool(o.RootImages),
 		checkDisk(o.DataDir),
 		checkDiskLimit(o.DiskMB),
 		checkTaskLimit(),
@@ -249,6 +252,15 @@ func checkCgroup2() Result {
 	}
 	r.Level, r.Detail, r.Fix = Warn, "no cgroup2 mount found: sandboxes run without CPU and memory limits", "mount -t cgroup2 none /sys/fs/cgroup"
 	return r
+}
+
+// checkRootImageTool: serve needs mkfs.erofs to build root images, unless they are off.
+func checkRootImageTool(on bool) Result {
+	const what = "mkfs.erofs (builds templates' root images)"
+	if !on {
+		return checkTool("mkfs.erofs", what, "apt-get install -y erofs-utils (needed once --root-images is on)", Warn)
+	}
+	return checkTool("mkfs.erofs", what, "apt-get install -y erofs-utils, or run vmon serve --root-images=false (each sandbox then has a gofer and an overlay mount)", Fail)
 }
 
 func checkTool(name, what, fix string, level Level) Result {

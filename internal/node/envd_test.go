@@ -148,7 +148,9 @@ func (f fakeImages) ForRestore(_ context.Context, path string, _ []string, _ str
 		return rootimage.Image{}, f.err
 	}
 	img := f.img
-	img.Path = path
+	if img.Path == "" {
+		img.Path = path
+	}
 	return img, nil
 }
 
@@ -186,6 +188,20 @@ func TestFromSnapshot(t *testing.T) {
 	if err := n.fromSnapshot(ctx, &bootSpec{}, meta); !errdefs.Is(err, errdefs.KindUnavailable) || !strings.Contains(err.Error(), "sha256:bb") {
 		t.Fatalf("an image whose digest differs from the checkpoint's: %v", err)
 	}
+	// This node keeps the template's layers elsewhere, so its image of them has another name:
+	// used when the digests say it holds the same bytes, refused when there is none to compare.
+	mine := filepath.Join(data, "root-images", "mine.erofs")
+	n.opts.RootImages = fakeImages{img: rootimage.Image{Path: mine, Digest: "sha256:aa"}}
+	meta.RootImageDigest = "sha256:aa"
+	bs = bootSpec{}
+	if err := n.fromSnapshot(ctx, &bs, meta); err != nil || bs.rootImage.Path != mine {
+		t.Fatalf("this node's image of the same bytes: %+v, %v", bs.rootImage, err)
+	}
+	meta.RootImageDigest = ""
+	if err := n.fromSnapshot(ctx, &bootSpec{}, meta); !errdefs.Is(err, errdefs.KindUnavailable) {
+		t.Fatalf("another image and no digest to compare: %v", err)
+	}
+	meta.RootImageDigest = "sha256:aa"
 	n.opts.RootImages = fakeImages{err: errors.New("no such template")}
 	if err := n.fromSnapshot(ctx, &bootSpec{}, meta); !errdefs.Is(err, errdefs.KindUnavailable) || !strings.Contains(err.Error(), "no such template") {
 		t.Fatalf("an image the node cannot build: %v", err)

@@ -582,7 +582,7 @@ func (n *Node) boot(ctx context.Context, bs bootSpec) (_ *sandbox, retErr error)
 		}
 		rspec.Mounts = append(rspec.Mounts, runtime.Mount{HostPath: host, GuestPath: v.Path})
 	}
-	if err := writeBootRecord(dir, n.opts.DataDir, envdDir, bs, rspec, mode, image.Digest); err != nil {
+	if err := writeBootRecord(dir, n.opts.DataDir, envdDir, bs, rspec, mode, image.Digest, shell); err != nil {
 		return nil, err
 	}
 	sb := &sandbox{runtimeID: runtimeID, template: templateID, cpus: cpus, memoryMB: memoryMB,

@@ -113,12 +113,15 @@ type bootRecord struct {
 	Channel string `json:"channel,omitempty"`
 	// RootImageDigest is the digest of Runtime.RootImage, for the sandbox's checkpoints.
 	RootImageDigest string `json:"rootImageDigest,omitempty"`
+	// Shell is what the node runs its own commands in (bash when the root has it): a sandbox
+	// adopted after a restart has no root on the host to look in.
+	Shell []string `json:"shell,omitempty"`
 }
 
 // writeBootRecord is one small file written on every boot (the create path).
-func writeBootRecord(dir, dataDir, envdDir string, bs bootSpec, rspec runtime.Spec, channel, imageDigest string) error {
+func writeBootRecord(dir, dataDir, envdDir string, bs bootSpec, rspec runtime.Spec, channel, imageDigest string, shell []string) error {
 	rec := bootRecord{TemplateID: bs.templateID, CPUs: bs.cpus, MemoryMB: bs.memoryMB, DiskMB: bs.diskMB,
-		Envd: relEnvd(dataDir, envdDir), Runtime: rspec, Channel: channel, RootImageDigest: imageDigest}
+		Envd: relEnvd(dataDir, envdDir), Runtime: rspec, Channel: channel, RootImageDigest: imageDigest, Shell: shell}
 	for _, l := range bs.lowers {
 		rel, err := filepath.Rel(dataDir, l)
 		if err != nil || !filepath.IsLocal(rel) {
@@ -184,6 +187,10 @@ func (n *Node) fromSnapshot(ctx context.Context, bs *bootSpec, meta snapshot.Met
 	if meta.RootImageDigest != "" && img.Digest != "" && img.Digest != meta.RootImageDigest {
 		return errdefs.Unavailable("snapshot %s was taken on root image %s (%s), and this node's differs (%s)",
 			meta.SandboxID, filepath.Base(path), meta.RootImageDigest, img.Digest)
+	}
+	if img.Path != path && (meta.RootImageDigest == "" || img.Digest == "") {
+		// Another image of the same template, and no digests to say it holds the same bytes.
+		return errdefs.Unavailable("snapshot %s was taken on root image %s, which this node does not have", meta.SandboxID, filepath.Base(path))
 	}
 	bs.rootImage, bs.layer, bs.copyLayer = img, "", false
 	return nil

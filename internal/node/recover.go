@@ -413,5 +413,5 @@ func (n *Node) adopt(ctx context.Context, p pendingRecovery) *sandbox {
 		}
 	}
 	token, _ := os.ReadFile(filepath.Join(dir, accessTokenFile))
-	return &sandbox{runtimeID: p.rid, id: p.id, token: string(token), ch: ch}
+	return &sandbox{runtimeID: p.rid, id: p.id, token: string(token), ch: ch, shell: rec.Shell}
 }

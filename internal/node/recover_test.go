@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"os"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -50,6 +51,16 @@ func TestRecoverReattachesAndWaitsForASlowEnvd(t *testing.T) {
 	sb, _ := n1.lookup("slow")
 	sb.ch.Close()
 	rt.statuses.Store(0)
+	// The boot record keeps the shell picked at boot; an adopted sandbox has no root to look in.
+	dir := n1.sandboxDir(sb.runtimeID)
+	brec, err := readBootFile(dir)
+	if err != nil || !slices.Equal(brec.Shell, sb.shell) || len(sb.shell) == 0 {
+		t.Fatalf("boot record shell %q, the sandbox's %q (%v)", brec.Shell, sb.shell, err)
+	}
+	brec.Shell = loginShell(true)
+	if err := writeBootRecordFile(dir, brec); err != nil {
+		t.Fatal(err)
+	}
 
 	n2 := e.node(t, nil)
 	rec, err := n2.Recover(ctx)
@@ -79,7 +90,11 @@ func TestRecoverReattachesAndWaitsForASlowEnvd(t *testing.T) {
 	if got := rt.reattaches.Load(); got < 3 {
 		t.Errorf("Reattach asked %d times; want the find, the adopt and the checks while waiting", got)
 	}
-	if _, ok := n2.lookup("slow"); !ok {
+	adopted, ok := n2.lookup("slow")
+	if !ok {
 		t.Fatal("the adopted sandbox is not the node's")
+	}
+	if !slices.Equal(adopted.guestShell(), loginShell(true)) {
+		t.Errorf("the adopted sandbox's shell is %q, its boot record's %q", adopted.guestShell(), loginShell(true))
 	}
 }

@@ -51,12 +51,13 @@ func (s *Store) build(ctx context.Context, key string, lowers []string, envdDir 
 	}
 	img := Image{Lowers: lowers, Envd: envdDir, BuiltAt: time.Now().UTC(), Bash: fsroot.Exists(merged, "bin/bash")}
 	tmpImage := filepath.Join(work, "image.erofs")
-	// gVisor reads no tail-packed (inline) file data, hence noinline_data. The UUID (from the
-	// key) and the build time (SOURCE_DATE_EPOCH, which also leaves every file's own mtime
-	// alone) are fixed, so the same template and envd build give the same bytes on every node,
-	// whatever order its filesystem lists directories in: a checkpoint taken on one node's image
-	// restores on another's.
-	cmd := exec.CommandContext(ctx, "mkfs.erofs", "--quiet", "-E", "noinline_data", "-U", uuidOf(key), tmpImage, merged)
+	// gVisor reads no tail-packed (inline) file data, hence noinline_data. The UUID and the build
+	// time (SOURCE_DATE_EPOCH, which also leaves every file's own mtime alone) are fixed, so the
+	// same template and envd build give the same bytes on every node, whatever order its
+	// filesystem lists directories in and wherever it keeps the layers (a node that built a
+	// template names its layers by build step, one that fetched it by content): a checkpoint
+	// taken on one node's image restores on another's.
+	cmd := exec.CommandContext(ctx, "mkfs.erofs", "--quiet", "-E", "noinline_data", "-U", imageUUID, tmpImage, merged)
 	cmd.Env = append(os.Environ(), "SOURCE_DATE_EPOCH="+strconv.FormatInt(buildEpoch, 10))
 	if out, err := cmd.CombinedOutput(); err != nil {
 		if errors.Is(err, exec.ErrNotFound) {
@@ -86,11 +87,10 @@ func (s *Store) build(ctx context.Context, key string, lowers []string, envdDir 
 // would clamp a later one to it), so that no file's time changes.
 const buildEpoch = 4102444800
 
-// uuidOf is the image's filesystem UUID: its key (32 hex digits) in the UUID's layout.
-func uuidOf(key string) string {
-	k := (key + strings.Repeat("0", 32))[:32]
-	return k[:8] + "-" + k[8:12] + "-" + k[12:16] + "-" + k[16:20] + "-" + k[20:]
-}
+// imageUUID is every image's filesystem UUID: nothing mounts two of them on one host (gVisor
+// reads each through its own descriptor), and one derived from the key would make images of the
+// same files differ between nodes whose layers have other paths.
+const imageUUID = "766d6f6e-726f-6f74-2d69-6d6167650003"
 
 // addGuestFiles copies envd's build directory to guestBin in the merged root, root-owned and
 // read-only, and creates keepFile. The root and what it adds take rootTime, and the directories

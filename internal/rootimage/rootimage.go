@@ -26,7 +26,8 @@ import (
 
 // FormatVersion changes whenever what an image holds or how it is laid out changes, so images
 // built the old way get new keys instead of being taken for current. 2: reproducible builds.
-const FormatVersion = "2"
+// 3: one UUID for all images, so that the bytes do not depend on where the layers are.
+const FormatVersion = "3"
 
 // retryAfter is how long a failed build is not tried again: creates boot without an image
 // meanwhile, and a build that fails at once would otherwise run on every create.
@@ -168,10 +169,12 @@ func (s *Store) Lookup(lowers []string, envdDir string) (Image, bool) {
 	return Image{}, false
 }
 
-// ForRestore returns the image at path for a checkpoint taken on it. An image of the store's that
-// is missing is built from lowers and envdDir (a paused sandbox that moved from another node, or
-// an image removed by hand): builds are reproducible, so it is the same image, provided that
-// lowers and envdDir key it as path names it. The caller compares digests to be sure.
+// ForRestore returns the image for a checkpoint taken on the image at path: that one when this
+// store has it, else this node's image of lowers and envdDir, built if missing (a paused sandbox
+// that moved from another node, or an image removed by hand). Builds are reproducible, so that
+// is the same image whenever the files are the same, even where this node keeps the layers
+// elsewhere (its key, and so its path, then differ). The caller compares digests: only they say
+// the bytes are the same.
 func (s *Store) ForRestore(ctx context.Context, path string, lowers []string, envdDir string) (Image, error) {
 	key, ok := strings.CutSuffix(filepath.Base(path), ".erofs")
 	if filepath.Dir(path) != s.opts.Dir || !ok || key == "" {
@@ -183,9 +186,6 @@ func (s *Store) ForRestore(ctx context.Context, path string, lowers []string, en
 	}
 	if img, err := s.read(key); err == nil {
 		return img, nil
-	}
-	if k := s.Key(lowers, envdDir); k != key {
-		return Image{}, fmt.Errorf("root image %s is not here, and its template and envd build make %s on this node (another vmon version)", key, k)
 	}
 	return s.Build(ctx, lowers, envdDir)
 }

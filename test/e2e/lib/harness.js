@@ -622,3 +622,37 @@ export async function scrapeMetrics(url) {
   }
   return out;
 }
+
+/**
+ * Host bytes the writable disk of sandbox runtime `rid` takes: its disk image on an overlay, or,
+ * on a root image, the unlinked layer file in <data>/root-layers its runsc-sandbox holds open.
+ */
+export async function sandboxDiskBytes(dataDir, rid) {
+  const dir = path.join(dataDir, 'sandboxes', rid);
+  const boot = JSON.parse(fs.readFileSync(path.join(dir, 'boot.json'), 'utf8'));
+  if (!boot.runtime.RootImage) return fs.statSync(path.join(dir, 'disk.img')).blocks * 512;
+  const layers = `${path.join(dataDir, 'root-layers')}/`;
+  let bytes = 0;
+  let found = 0;
+  for (const pid of await pgrep(rid)) {
+    let fds = [];
+    try {
+      if (!fs.readFileSync(`/proc/${pid}/cmdline`, 'utf8').startsWith('runsc-sandbox\0')) continue;
+      fds = fs.readdirSync(`/proc/${pid}/fd`);
+    } catch {
+      continue; // gone meanwhile
+    }
+    for (const fd of fds) {
+      const link = `/proc/${pid}/fd/${fd}`;
+      try {
+        if (!fs.readlinkSync(link).startsWith(layers)) continue;
+        bytes += fs.statSync(link).blocks * 512;
+        found++;
+      } catch {
+        // closed meanwhile
+      }
+    }
+  }
+  if (found === 0) throw new Error(`sandbox ${rid} on a root image holds no layer file in ${layers}`);
+  return bytes;
+}

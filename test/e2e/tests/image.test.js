@@ -135,7 +135,7 @@ describe('container image (make image)', () => {
       'code-execution service (code-interpreter-v1)',
       'iptables (sandbox networking)',
       'mmdebstrap (builds the base template)',
-      'mkfs.erofs (serve --root-images builds template images)',
+      "mkfs.erofs (builds templates' root images)",
       'data dir path length',
     ]) {
       assert.equal(levels[name], 'ok', `doctor: ${name} is ${levels[name]}:\n${doctor.stdout}`);

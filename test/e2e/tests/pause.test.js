@@ -28,11 +28,8 @@ while True:
 "`;
 const SERVER = 'python3 -m http.server 8080 --bind 0.0.0.0 --directory /home/user/www';
 
-describe('pause and resume', () => {
-  const srv = useServer({ name: 'pause', args: ['--sandbox-disk-mb', '512'] });
-  const created = [];
-  srv.after(async () => killQuietly(srv.sdkOpts, ...created));
-
+/** The helpers of a pause suite over server srv; created collects its sandboxes. */
+function pauseHelpers(srv, created) {
   async function create(opts = {}) {
     const sbx = await Sandbox.create({ ...srv.sdkOpts, timeoutMs: 600_000, ...opts });
     created.push(sbx);
@@ -71,6 +68,15 @@ describe('pause and resume', () => {
     assert.ok(!mounts.includes(path.join(srv.dataDir, 'sandboxes', rid)), 'a paused sandbox kept a mount');
     assert.ok(fs.existsSync(path.join(srv.dataDir, 'paused', id, 'meta.json')), 'no snapshot for a paused sandbox');
   }
+  return { create, run, guestGet, pausedOnDisk, holdsNothing };
+}
+
+describe('pause and resume', () => {
+  const srv = useServer({ name: 'pause', args: ['--sandbox-disk-mb', '512'] });
+  const created = [];
+  srv.after(async () => killQuietly(srv.sdkOpts, ...created));
+
+  const { create, run, guestGet, pausedOnDisk, holdsNothing } = pauseHelpers(srv, created);
 
   srv.test('ten pause/resume cycles keep files, processes, memory and listening sockets', async () => {
     const sbx = await create();
@@ -131,25 +137,6 @@ describe('pause and resume', () => {
     assert.ok(!fs.existsSync(path.join(srv.dataDir, 'paused', id)));
   });
 
-  srv.test('a filesystem-only pause keeps files and boots afresh', async () => {
-    const sbx = await create();
-    const bootId = await run(sbx, 'cat /proc/sys/kernel/random/boot_id');
-    await sbx.files.write('/home/user/keep.txt', 'kept');
-    await sbx.commands.run('echo sudo-written | sudo tee /etc/vmon-pause-test', { user: 'user' });
-    await sbx.commands.run('sleep 100000', { background: true });
-    assert.equal(await sbx.pause({ keepMemory: false }), true);
-    const resumed = await Sandbox.connect(sbx.sandboxId, srv.sdkOpts);
-    assert.equal(await resumed.files.read('/home/user/keep.txt'), 'kept');
-    assert.equal(await run(resumed, 'cat /etc/vmon-pause-test'), 'sudo-written');
-    assert.equal(await run(resumed, 'pgrep -x sleep || echo none'), 'none', 'processes survived a filesystem-only pause');
-    assert.notEqual(await run(resumed, 'cat /proc/sys/kernel/random/boot_id'), bootId, 'boot_id must change on a reboot');
-    // onResume 'reboot' forces a fresh boot even when memory was kept.
-    await run(resumed, 'sleep 100000 >/dev/null 2>&1 &');
-    assert.equal(await resumed.pause(), true);
-    const rebooted = await Sandbox.connect(sbx.sandboxId, { ...srv.sdkOpts, onResume: 'reboot' });
-    assert.equal(await run(rebooted, 'pgrep -x sleep || echo none'), 'none');
-    assert.equal(await rebooted.files.read('/home/user/keep.txt'), 'kept');
-  });
 
   srv.test('lifecycle: pause at expiry, resume by connect or by an ingress request', async () => {
     const sbx = await create({ timeoutMs: 3_000, lifecycle: { onTimeout: 'pause', autoResume: true } });
@@ -267,112 +254,7 @@ describe('pause and resume', () => {
     assert.equal(await back.files.read('/home/user/x.txt'), 'x');
   });
 
-  // A mount namespace made on the host while a sandbox runs (`unshare -m`, a service with
-  // PrivateTmp, a container runtime) used to get a copy of the sandbox's disk mount: the disk
-  // stayed mounted there after the pause's unmount, and ext4 wrote to the image when that copy
-  // went, so every resume answered 500 "damaged". vmon serve's mounts are in a namespace of its
-  // own, so the foreign namespace holds none of them.
-  srv.test('a mount namespace made on the host while a sandbox runs is held across its pause and resume', async () => {
-    const sbx = await create();
-    const id = sbx.sandboxId;
-    await sbx.files.write('/home/user/ns.txt', 'kept across a foreign namespace');
-    await sbx.commands.run(PY_HOLDER, { background: true });
-    await waitFor(async () => (await run(sbx, 'cat /tmp/py 2>/dev/null || true')) !== '', { what: 'the python holder' });
-    const [pyPid, secret] = (await run(sbx, 'cat /tmp/py')).split(' ');
-    const foreign = spawn('unshare', ['-m', '--propagation', 'private', 'sleep', '60'], { stdio: 'ignore' });
-    const gone = new Promise((resolve) => foreign.on('exit', resolve));
-    try {
-      const own = fs.readlinkSync('/proc/self/ns/mnt');
-      await waitFor(() => fs.readlinkSync(`/proc/${foreign.pid}/ns/mnt`) !== own && fs.readFileSync(`/proc/${foreign.pid}/comm`, 'utf8').trim() === 'sleep', {
-        what: 'the foreign mount namespace',
-      });
-      const rid = runtimeIdOf(srv.dataDir, id);
-      assert.ok(vmonMountinfo(srv.dataDir).includes(path.join(srv.dataDir, 'sandboxes', rid, 'disk')), 'the running sandbox\'s disk is not mounted in vmon\'s namespace');
-      const foreignMounts = fs.readFileSync(`/proc/${foreign.pid}/mountinfo`, 'utf8');
-      assert.ok(!foreignMounts.includes(path.join(srv.dataDir, 'sandboxes')), `the foreign namespace got vmon's mounts:\n${foreignMounts}`);
 
-      assert.equal(await sbx.betaPause(), true, 'pause with the foreign namespace held');
-      await pausedOnDisk(id);
-      const back = await Sandbox.connect(id, srv.sdkOpts);
-      assert.equal(await back.files.read('/home/user/ns.txt'), 'kept across a foreign namespace');
-      const [pid2, secret2] = (await run(back, 'cat /tmp/py')).split(' ');
-      assert.equal(pid2, pyPid, 'the python process was restarted');
-      assert.equal(secret2, secret, 'the python process lost its memory');
-      assert.ok(foreign.exitCode === null, 'the foreign namespace was held across the pause and resume');
-    } finally {
-      foreign.kill('SIGKILL');
-      await gone;
-    }
-  });
-
-  // Second line of defence: a mount of the sandbox's disk vmon cannot unmount (here a bind mount
-  // made inside vmon serve's own namespace) makes a pause fail with the sandbox still running and
-  // no snapshot written, instead of sealing an image that changes when that mount goes: refused
-  // before the checkpoint when the mount is there first, and when it appears while the pause runs,
-  // the sandbox goes on from the checkpoint just taken, memory and all.
-  srv.test('a pause while the disk is mounted elsewhere fails and the sandbox keeps running', async () => {
-    const sbx = await create();
-    const id = sbx.sandboxId;
-    const rid = runtimeIdOf(srv.dataDir, id);
-    await sbx.files.write('/home/user/held.txt', 'held');
-    await sbx.commands.run(COUNTER, { background: true });
-    await sbx.commands.run(PY_HOLDER, { background: true });
-    await waitFor(async () => (await run(sbx, 'cat /tmp/py 2>/dev/null || true')) !== '', { what: 'the python holder' });
-    const [pyPid, secret] = (await run(sbx, 'cat /tmp/py')).split(' ');
-    const pin = path.join(srv.dataDir, 'mntns', 'mnt');
-    const holder = fs.mkdtempSync(path.join(os.tmpdir(), 'vmon-e2e-holder-'));
-    const inVmon = (...argv) => runChild(['nsenter', `--mount=${pin}`, ...argv]);
-    const hold = async () => {
-      const r = await inVmon('mount', '--bind', path.join(srv.dataDir, 'sandboxes', rid, 'disk'), holder);
-      assert.equal(r.code, 0, r.stderr);
-    };
-    const release = async () => {
-      const r = await inVmon('umount', holder);
-      assert.equal(r.code, 0, r.stderr);
-    };
-    const stillRunning = async (what) => {
-      assert.equal((await Sandbox.getInfo(id, srv.sdkOpts)).state, 'running', what);
-      const c1 = Number(await run(sbx, 'cat /tmp/count'));
-      await sleep(300);
-      assert.ok(Number(await run(sbx, 'cat /tmp/count')) > c1, `${what}: the sandbox stopped`);
-      assert.equal(await sbx.files.read('/home/user/held.txt'), 'held', what);
-      const [pid2, secret2] = (await run(sbx, 'cat /tmp/py')).split(' ');
-      assert.equal(pid2, pyPid, `${what}: the python process was restarted`);
-      assert.equal(secret2, secret, `${what}: the python process lost its memory`);
-      const pausedDir = path.join(srv.dataDir, 'paused');
-      const left = fs.existsSync(pausedDir) ? fs.readdirSync(pausedDir).filter((n) => n.includes(id)) : [];
-      assert.deepEqual(left, [], `${what}: a refused pause left a snapshot`);
-      assert.ok(!fs.existsSync(path.join(srv.dataDir, 'sandboxes', rid, 'pausing')), `${what}: a refused pause left its mark`);
-    };
-    try {
-      await hold();
-      const res = await apiFetch(srv, `/sandboxes/${id}/pause`, { method: 'POST', body: '{}' });
-      assert.equal(res.status, 503, res.text);
-      assert.match(res.json.message, /mounted outside the sandbox.*keeps running/);
-      await assert.rejects(sbx.betaPause(), 'the SDK\'s pause reports the failure');
-      await stillRunning('mounted before the pause');
-      await release();
-
-      // The mount appears while the pause runs. A checkpoint here takes some 100 ms (even with
-      // hundreds of MiB of memory), so the mount is made at once: whether the check before the
-      // checkpoint or the one after it sees the mount, the pause must fail and the sandbox go on
-      // (a 100 ms delay let the whole pause finish first on a fast run, as CI saw).
-      const pausing = apiFetch(srv, `/sandboxes/${id}/pause`, { method: 'POST', body: '{}' });
-      await sleep(10);
-      await hold();
-      const res2 = await pausing;
-      assert.equal(res2.status, 503, res2.text);
-      await stillRunning('mounted during the pause');
-    } finally {
-      await inVmon('umount', holder);
-      fs.rmdirSync(holder);
-    }
-    // Once that mount is gone it pauses and resumes as any other.
-    assert.equal(await sbx.betaPause(), true);
-    const back = await Sandbox.connect(id, srv.sdkOpts);
-    assert.equal(await back.files.read('/home/user/held.txt'), 'held');
-    assert.equal((await run(back, 'cat /tmp/py')).split(' ')[1], secret, 'memory after the pause that worked');
-  });
 
   srv.test('resume after a node restart while paused', async () => {
     const sbx = await create();
@@ -483,6 +365,142 @@ describe('pause and resume', () => {
     const builds = envdBuilds();
     assert.ok(builds.includes(oldSum), `the running envd build is kept: ${builds}`);
     assert.ok(!builds.includes(upgradedSum), `an unused envd build was kept: ${builds}`);
+  });
+});
+
+// What a pause does with a sandbox's files on the host, where it has some: on an overlay, the
+// kind without a root image (--root-images=false; a sandbox with a volume).
+describe('pause and resume on an overlay (--root-images=false)', () => {
+  const srv = useServer({ name: 'pause-overlay', args: ['--sandbox-disk-mb', '512', '--root-images=false'] });
+  const created = [];
+  srv.after(async () => killQuietly(srv.sdkOpts, ...created));
+  const { create, run, pausedOnDisk } = pauseHelpers(srv, created);
+
+  srv.test('a filesystem-only pause keeps files and boots afresh', async () => {
+    const sbx = await create();
+    const bootId = await run(sbx, 'cat /proc/sys/kernel/random/boot_id');
+    await sbx.files.write('/home/user/keep.txt', 'kept');
+    await sbx.commands.run('echo sudo-written | sudo tee /etc/vmon-pause-test', { user: 'user' });
+    await sbx.commands.run('sleep 100000', { background: true });
+    assert.equal(await sbx.pause({ keepMemory: false }), true);
+    const resumed = await Sandbox.connect(sbx.sandboxId, srv.sdkOpts);
+    assert.equal(await resumed.files.read('/home/user/keep.txt'), 'kept');
+    assert.equal(await run(resumed, 'cat /etc/vmon-pause-test'), 'sudo-written');
+    assert.equal(await run(resumed, 'pgrep -x sleep || echo none'), 'none', 'processes survived a filesystem-only pause');
+    assert.notEqual(await run(resumed, 'cat /proc/sys/kernel/random/boot_id'), bootId, 'boot_id must change on a reboot');
+    // onResume 'reboot' forces a fresh boot even when memory was kept.
+    await run(resumed, 'sleep 100000 >/dev/null 2>&1 &');
+    assert.equal(await resumed.pause(), true);
+    const rebooted = await Sandbox.connect(sbx.sandboxId, { ...srv.sdkOpts, onResume: 'reboot' });
+    assert.equal(await run(rebooted, 'pgrep -x sleep || echo none'), 'none');
+    assert.equal(await rebooted.files.read('/home/user/keep.txt'), 'kept');
+  });
+
+  // A mount namespace made on the host while a sandbox runs (`unshare -m`, a service with
+  // PrivateTmp, a container runtime) used to get a copy of the sandbox's disk mount: the disk
+  // stayed mounted there after the pause's unmount, and ext4 wrote to the image when that copy
+  // went, so every resume answered 500 "damaged". vmon serve's mounts are in a namespace of its
+  // own, so the foreign namespace holds none of them.
+  srv.test('a mount namespace made on the host while a sandbox runs is held across its pause and resume', async () => {
+    const sbx = await create();
+    const id = sbx.sandboxId;
+    await sbx.files.write('/home/user/ns.txt', 'kept across a foreign namespace');
+    await sbx.commands.run(PY_HOLDER, { background: true });
+    await waitFor(async () => (await run(sbx, 'cat /tmp/py 2>/dev/null || true')) !== '', { what: 'the python holder' });
+    const [pyPid, secret] = (await run(sbx, 'cat /tmp/py')).split(' ');
+    const foreign = spawn('unshare', ['-m', '--propagation', 'private', 'sleep', '60'], { stdio: 'ignore' });
+    const gone = new Promise((resolve) => foreign.on('exit', resolve));
+    try {
+      const own = fs.readlinkSync('/proc/self/ns/mnt');
+      await waitFor(() => fs.readlinkSync(`/proc/${foreign.pid}/ns/mnt`) !== own && fs.readFileSync(`/proc/${foreign.pid}/comm`, 'utf8').trim() === 'sleep', {
+        what: 'the foreign mount namespace',
+      });
+      const rid = runtimeIdOf(srv.dataDir, id);
+      assert.ok(vmonMountinfo(srv.dataDir).includes(path.join(srv.dataDir, 'sandboxes', rid, 'disk')), 'the running sandbox\'s disk is not mounted in vmon\'s namespace');
+      const foreignMounts = fs.readFileSync(`/proc/${foreign.pid}/mountinfo`, 'utf8');
+      assert.ok(!foreignMounts.includes(path.join(srv.dataDir, 'sandboxes')), `the foreign namespace got vmon's mounts:\n${foreignMounts}`);
+
+      assert.equal(await sbx.betaPause(), true, 'pause with the foreign namespace held');
+      await pausedOnDisk(id);
+      const back = await Sandbox.connect(id, srv.sdkOpts);
+      assert.equal(await back.files.read('/home/user/ns.txt'), 'kept across a foreign namespace');
+      const [pid2, secret2] = (await run(back, 'cat /tmp/py')).split(' ');
+      assert.equal(pid2, pyPid, 'the python process was restarted');
+      assert.equal(secret2, secret, 'the python process lost its memory');
+      assert.ok(foreign.exitCode === null, 'the foreign namespace was held across the pause and resume');
+    } finally {
+      foreign.kill('SIGKILL');
+      await gone;
+    }
+  });
+
+  // Second line of defence: a mount of the sandbox's disk vmon cannot unmount (here a bind mount
+  // made inside vmon serve's own namespace) makes a pause fail with the sandbox still running and
+  // no snapshot written, instead of sealing an image that changes when that mount goes: refused
+  // before the checkpoint when the mount is there first, and when it appears while the pause runs,
+  // the sandbox goes on from the checkpoint just taken, memory and all.
+  srv.test('a pause while the disk is mounted elsewhere fails and the sandbox keeps running', async () => {
+    const sbx = await create();
+    const id = sbx.sandboxId;
+    const rid = runtimeIdOf(srv.dataDir, id);
+    await sbx.files.write('/home/user/held.txt', 'held');
+    await sbx.commands.run(COUNTER, { background: true });
+    await sbx.commands.run(PY_HOLDER, { background: true });
+    await waitFor(async () => (await run(sbx, 'cat /tmp/py 2>/dev/null || true')) !== '', { what: 'the python holder' });
+    const [pyPid, secret] = (await run(sbx, 'cat /tmp/py')).split(' ');
+    const pin = path.join(srv.dataDir, 'mntns', 'mnt');
+    const holder = fs.mkdtempSync(path.join(os.tmpdir(), 'vmon-e2e-holder-'));
+    const inVmon = (...argv) => runChild(['nsenter', `--mount=${pin}`, ...argv]);
+    const hold = async () => {
+      const r = await inVmon('mount', '--bind', path.join(srv.dataDir, 'sandboxes', rid, 'disk'), holder);
+      assert.equal(r.code, 0, r.stderr);
+    };
+    const release = async () => {
+      const r = await inVmon('umount', holder);
+      assert.equal(r.code, 0, r.stderr);
+    };
+    const stillRunning = async (what) => {
+      assert.equal((await Sandbox.getInfo(id, srv.sdkOpts)).state, 'running', what);
+      const c1 = Number(await run(sbx, 'cat /tmp/count'));
+      await sleep(300);
+      assert.ok(Number(await run(sbx, 'cat /tmp/count')) > c1, `${what}: the sandbox stopped`);
+      assert.equal(await sbx.files.read('/home/user/held.txt'), 'held', what);
+      const [pid2, secret2] = (await run(sbx, 'cat /tmp/py')).split(' ');
+      assert.equal(pid2, pyPid, `${what}: the python process was restarted`);
+      assert.equal(secret2, secret, `${what}: the python process lost its memory`);
+      const pausedDir = path.join(srv.dataDir, 'paused');
+      const left = fs.existsSync(pausedDir) ? fs.readdirSync(pausedDir).filter((n) => n.includes(id)) : [];
+      assert.deepEqual(left, [], `${what}: a refused pause left a snapshot`);
+      assert.ok(!fs.existsSync(path.join(srv.dataDir, 'sandboxes', rid, 'pausing')), `${what}: a refused pause left its mark`);
+    };
+    try {
+      await hold();
+      const res = await apiFetch(srv, `/sandboxes/${id}/pause`, { method: 'POST', body: '{}' });
+      assert.equal(res.status, 503, res.text);
+      assert.match(res.json.message, /mounted outside the sandbox.*keeps running/);
+      await assert.rejects(sbx.betaPause(), 'the SDK\'s pause reports the failure');
+      await stillRunning('mounted before the pause');
+      await release();
+
+      // The mount appears while the pause runs. A checkpoint here takes some 100 ms (even with
+      // hundreds of MiB of memory), so the mount is made at once: whether the check before the
+      // checkpoint or the one after it sees the mount, the pause must fail and the sandbox go on
+      // (a 100 ms delay let the whole pause finish first on a fast run, as CI saw).
+      const pausing = apiFetch(srv, `/sandboxes/${id}/pause`, { method: 'POST', body: '{}' });
+      await sleep(10);
+      await hold();
+      const res2 = await pausing;
+      assert.equal(res2.status, 503, res2.text);
+      await stillRunning('mounted during the pause');
+    } finally {
+      await inVmon('umount', holder);
+      fs.rmdirSync(holder);
+    }
+    // Once that mount is gone it pauses and resumes as any other.
+    assert.equal(await sbx.betaPause(), true);
+    const back = await Sandbox.connect(id, srv.sdkOpts);
+    assert.equal(await back.files.read('/home/user/held.txt'), 'held');
+    assert.equal((await run(back, 'cat /tmp/py')).split(' ')[1], secret, 'memory after the pause that worked');
   });
 });
 
