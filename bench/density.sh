@@ -62,7 +62,8 @@ rm -rf "$DATA/root-images"
 start_vmon "$OUT/vmon.log" --warm-pool "$WARM_POOL" --max-sandboxes $((max + 8 + PAUSED + WARM_POOL)) \
   --metrics-listen "127.0.0.1:$metrics_port" ${DENSITY_SERVE_ARGS:-}
 case " ${DENSITY_SERVE_ARGS:-} " in
-*" --root-images "*)
+*" --root-images=false "*) ;;
+*)
   # serve builds the template's root image in the background; creates before it is ready boot
   # from an overlay, which is not what this run measures.
   for _ in $(seq 1 600); do
