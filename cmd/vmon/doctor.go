@@ -17,7 +17,7 @@ const runscPin = "160fafc42237"
 func doctorCmd() *cobra.Command {
 	var dataDir, runsc, envd string
 	var diskMB, maxTasks, maxFiles int
-	rootImages := true
+	var rootImages bool
 	cmd := &cobra.Command{
 		Use:   "doctor",
 		Short: "check what this host needs to run vmon, and how to fix what is missing",

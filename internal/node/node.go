@@ -60,8 +60,9 @@ type RootImages interface {
 	// Lookup returns the image of lowers with the envd build in envdDir when it is built, and
 	// otherwise starts building it and reports false.
 	Lookup(lowers []string, envdDir string) (rootimage.Image, bool)
-	// ForRestore returns the image at path for a checkpoint taken on it, building it from
-	// lowers and envdDir if it is missing and they make that image.
+	// ForRestore returns the image for a checkpoint taken on the image at path: that one if it
+	// is here, else this node's image of lowers and envdDir, built if missing (its path differs
+	// when this node keeps the layers elsewhere; the caller compares digests).
 	ForRestore(ctx context.Context, path string, lowers []string, envdDir string) (rootimage.Image, error)
 	// Build returns the image of lowers with the envd build in envdDir, building it now if it is
 	// missing (a template's start check, which must run on the image its sandboxes restore on).

@@ -47,9 +47,9 @@ const (
 	spentPrefix   = ".spent-"
 )
 
-// FormatVersion changes when a reader of an older format could misread a newer snapshot. Version 1
+// formatVersion changes when a reader of an older format could misread a newer snapshot. Version 1
 // differs only in its checksums (see checksumFile) and is still read.
-const FormatVersion = 2
+const formatVersion = 2
 
 // Meta describes a snapshot: what to rebuild the sandbox from and what the files must contain.
 type Meta struct {
@@ -126,8 +126,8 @@ func TempDir(final string) (string, error) {
 
 // Seal checksums every file under dir, writes meta (with Files filled in) and syncs everything.
 func Seal(dir string, meta Meta) error {
-	meta.Version = FormatVersion
-	files, err := checksumTree(dir, FormatVersion)
+	meta.Version = formatVersion
+	files, err := checksumTree(dir, formatVersion)
 	if err != nil {
 		return err
 	}
@@ -180,8 +180,8 @@ func Read(dir string) (Meta, error) {
 	if err := json.Unmarshal(b, &m); err != nil {
 		return Meta{}, corrupt(dir, "its manifest is not valid JSON: %v", err)
 	}
-	if m.Version != FormatVersion && m.Version != 1 {
-		return Meta{}, corrupt(dir, "format version %d, this vmon reads %d", m.Version, FormatVersion)
+	if m.Version != formatVersion && m.Version != 1 {
+		return Meta{}, corrupt(dir, "format version %d, this vmon reads %d", m.Version, formatVersion)
 	}
 	for _, l := range m.Lowers {
 		if !filepath.IsLocal(l) {

@@ -255,8 +255,8 @@ func TestVerifyReadsVersion1(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m.Version != FormatVersion {
-		t.Fatalf("sealed as version %d, want %d", m.Version, FormatVersion)
+	if m.Version != formatVersion {
+		t.Fatalf("sealed as version %d, want %d", m.Version, formatVersion)
 	}
 	files, err := checksumTree(dir, 1)
 	if err != nil {
