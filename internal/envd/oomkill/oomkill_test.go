@@ -16,40 +16,28 @@ import (
 func TestVictim(t *testing.T) {
 	const total = 512 << 20
 	for _, tc := range []struct {
-		name  string
-		procs []Proc
-		want  int // pid; 0: none
+		total, free uint64
+		want        time.Duration
 	}{
-		{"the biggest", []Proc{{PID: 10, RSS: 5 << 20}, {PID: 11, RSS: 400 << 20}, {PID: 12, RSS: 30 << 20}}, 11},
-		{"-1000 is never chosen", []Proc{{PID: 10, RSS: 5 << 20}, {PID: 11, RSS: 400 << 20, ScoreAdj: -1000}}, 10},
-		{"only -1000 left", []Proc{{PID: 11, RSS: 400 << 20, ScoreAdj: -1000}}, 0},
-		// +500 adds half the total (256 MiB) to a 30 MiB process: it outranks a 200 MiB one.
-		{"oom_score_adj weighs in thousandths of the total", []Proc{{PID: 10, RSS: 200 << 20}, {PID: 11, RSS: 30 << 20, ScoreAdj: 500}}, 11},
-		{"a negative adjustment protects", []Proc{{PID: 10, RSS: 200 << 20, ScoreAdj: -500}, {PID: 11, RSS: 30 << 20}}, 11},
-		{"none", nil, 0},
+		{8 << 30, 8 << 30, IdleInterval},            // 2 s of room at FillRate: the poll's ceiling
+		{total, total, 124023437 * time.Nanosecond}, // 508 MiB above the 4 MiB reserve: 124 ms
+		{total, 260 << 20, 62500 * time.Microsecond},
+		{total, 44 << 20, HotInterval}, // 40 MiB of room: under 10 ms
+		{total, 2 << 20, HotInterval},
+		{total, 0, HotInterval},
+		{0, 0, IdleInterval}, // no account of memory: nothing to pace by
 	} {
-		v, ok := Victim(tc.procs, total)
-		if got := map[bool]int{true: v.PID, false: 0}[ok]; got != tc.want {
-			t.Errorf("%s: victim %d, want %d", tc.name, got, tc.want)
+		if got := Interval(Memory{Total: tc.total, Free: tc.free}); got != tc.want {
+			t.Errorf("free %d of %d MiB: interval %s, want %s", tc.free>>20, tc.total>>20, got, tc.want)
 		}
 	}
-}
-
-func TestIntervalAndReserve(t *testing.T) {
-	const total = 512 << 20
-	for _, tc := range []struct {
-		free uint64
-		want time.Duration
-	}{
-		{total, IdleInterval},
-		{total/2 + 1, IdleInterval},
-		{total / 2, NearInterval},
-		{total/5 + 1, NearInterval}, // used just under 80%
-		{total / 5, HotInterval},
-		{0, HotInterval},
-	} {
-		if got := Interval(Memory{Total: total, Free: tc.free}); got != tc.want {
-			t.Errorf("free %d MiB: interval %s, want %s", tc.free>>20, got, tc.want)
+	// Whatever the memory, a guest claiming FillRate until the next look has not gone past the
+	// reserve unless the look is already as soon as it gets.
+	for free := uint64(0); free <= total; free += 1 << 20 {
+		m := Memory{Total: total, Free: free}
+		d := Interval(m)
+		if taken := uint64(d) * FillRate / uint64(time.Second); d > HotInterval && m.Available()-taken < Reserve(total) {
+			t.Fatalf("free %d MiB: after %s at FillRate the guest is under the reserve", free>>20, d)
 		}
 	}
 	if got := Reserve(512 << 20); got != 4<<20 {

@@ -473,6 +473,43 @@ func (r *Runtime) MemoryUsage(id string) (uint64, error) {
 	return used, nil
 }
 
+// MemoryEvents returns a channel that receives each time sandbox id's host memory use crosses
+// one of thresholds (bytes), either way, and when the sandbox's cgroup goes; it is closed when
+// ctx ends. Nothing polls: the kernel signals the crossing (cgroup v1). Where the kernel cannot
+// (cgroup v2, or runsc without cgroups) the error wraps runtime.ErrUnsupported.
+func (r *Runtime) MemoryEvents(ctx context.Context, id string, thresholds ...uint64) (<-chan struct{}, error) {
+	if r.ignoreCgs {
+		return nil, fmt.Errorf("%w: sandboxes have no cgroups of their own here", runtime.ErrUnsupported)
+	}
+	if err := validateID(id); err != nil {
+		return nil, err
+	}
+	f, err := memoryThresholds(r.cgroupParent, id, thresholds)
+	if err != nil {
+		return nil, err
+	}
+	ch := make(chan struct{}, 1)
+	stop := context.AfterFunc(ctx, func() { f.Close() })
+	go func() {
+		defer close(ch)
+		defer stop()
+		var buf [8]byte
+		for {
+			if _, err := f.Read(buf[:]); err != nil {
+				f.Close()
+				return
+			}
+			// Crossings that come while the last is unread say nothing new: the reader looks at
+			// the use itself.
+			select {
+			case ch <- struct{}{}:
+			default:
+			}
+		}
+	}()
+	return ch, nil
+}
+
 func (r *Runtime) forgetMemoryFile(id string) {
 	if v, ok := r.memFiles.LoadAndDelete(id); ok {
 		v.(*os.File).Close()

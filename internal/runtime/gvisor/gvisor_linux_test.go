@@ -310,9 +310,28 @@ func TestSandboxLifecycle(t *testing.T) {
 	if err != nil || before == 0 {
 		t.Fatalf("MemoryUsage = %d, %v", before, err)
 	}
+	// The kernel signals when the use crosses a threshold, without anyone reading it.
+	evCtx, evCancel := context.WithCancel(ctx)
+	events, err := rt.MemoryEvents(evCtx, id, before+32<<20)
+	if err != nil {
+		t.Fatalf("MemoryEvents: %v", err)
+	}
+	select {
+	case <-events:
+		t.Fatal("a crossing was signalled before the guest took any memory")
+	case <-time.After(100 * time.Millisecond):
+	}
 	exec1(t, rt, id, "/bin/busybox", "sh", "-c", "head -c 67108864 /dev/zero > /dev/shm/fill")
 	if after, err := rt.MemoryUsage(id); err != nil || after < before+60<<20 {
 		t.Fatalf("MemoryUsage after 64 MiB in /dev/shm = %d (before %d), %v", after, before, err)
+	}
+	select {
+	case <-events:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no signal when the use crossed its threshold")
+	}
+	evCancel()
+	for range events { // closed once its context ends
 	}
 	exec1(t, rt, id, "/bin/busybox", "rm", "/dev/shm/fill")
 	if _, err := rt.MemoryUsage("../x"); err == nil {
@@ -563,6 +582,9 @@ func TestIgnoreCgroups(t *testing.T) {
 	wantStatus(t, rt, s.spec.ID, runtime.StatusRunning)
 	if d := cgroupDirs(t, s.spec.ID); len(d) != 0 {
 		t.Fatalf("cgroups created with IgnoreCgroups: %v", d)
+	}
+	if _, err := rt.MemoryEvents(ctx, s.spec.ID, 1<<20); !errors.Is(err, runtime.ErrUnsupported) {
+		t.Fatalf("MemoryEvents without cgroups = %v, want ErrUnsupported", err)
 	}
 	if err := rt.Destroy(ctx, s.spec.ID); err != nil {
 		t.Fatal(err)

@@ -13,6 +13,10 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/vibemon/vmon/internal/runtime"
 )
 
 func supported() error { return nil }
@@ -173,4 +177,39 @@ func raiseMemoryLimit(parent, id string, bytes int64) error {
 		}
 	}
 	return fmt.Errorf("raise the memory limit of sandbox %s: no memory cgroup found", id)
+}
+
+// memoryThresholds asks the kernel to signal one eventfd each time sandbox id's host memory use
+// crosses one of thresholds (bytes), either way, and once more when the cgroup is removed: cgroup
+// v1's memory thresholds (cgroup.event_control). cgroup v2 has no such notice; there the answer
+// is runtime.ErrUnsupported and the caller reads the use itself. The eventfd is non-blocking, so
+// reads of the returned file wait in Go's poller and Close ends them.
+func memoryThresholds(parent, id string, thresholds []uint64) (*os.File, error) {
+	p, err := memoryUsageFile(parent, id)
+	if err != nil {
+		return nil, err
+	}
+	if filepath.Base(p) != "memory.usage_in_bytes" {
+		return nil, fmt.Errorf("%w: cgroup v2 has no memory thresholds", runtime.ErrUnsupported)
+	}
+	usage, err := os.Open(p)
+	if err != nil {
+		return nil, err
+	}
+	// The kernel keeps its own reference to what each registration names: usage may close after.
+	defer usage.Close()
+	efd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	if err != nil {
+		return nil, fmt.Errorf("memory thresholds of sandbox %s: eventfd: %w", id, err)
+	}
+	ev := os.NewFile(uintptr(efd), "memory-thresholds-"+id)
+	ctl := filepath.Join(filepath.Dir(p), "cgroup.event_control")
+	for _, t := range thresholds {
+		line := fmt.Sprintf("%d %d %d", efd, usage.Fd(), t)
+		if err := os.WriteFile(ctl, []byte(line), 0); err != nil {
+			ev.Close()
+			return nil, fmt.Errorf("memory thresholds of sandbox %s: %w", id, err)
+		}
+	}
+	return ev, nil
 }

@@ -5,6 +5,7 @@ package gvisor
 import (
 	"context"
 	"fmt"
+	"os"
 	goruntime "runtime"
 	"syscall"
 
@@ -29,7 +30,7 @@ type waitStatus = int
 
 type watcher struct{}
 
-type pidfd struct{}
+type pidfd struct{ pid int }
 
 func newWatcher(bool) (*watcher, error)                { return &watcher{}, nil }
 func (*watcher) track(string, int) (*pidfd, error)     { return nil, supported() }
@@ -49,3 +50,5 @@ func (*watcher) wait(context.Context, *pidfd) (waitStatus, bool, error) { return
 func raiseMemoryLimit(parent, id string, bytes int64) error { return supported() }
 
 func memoryUsageFile(parent, id string) (string, error) { return "", supported() }
+
+func memoryThresholds(string, string, []uint64) (*os.File, error) { return nil, supported() }

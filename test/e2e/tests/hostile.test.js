@@ -133,6 +133,30 @@ describe('hostile guest', () => {
     await nodeAndBystanderFine();
   });
 
+  // The race the killer must win: an idle sandbox is told it is far from its memory (envd then
+  // looks only every 30 s), and one thread claims about 1 GiB/s, so from half the memory to the
+  // host's limit takes a few hundred milliseconds, while the warm pool boots the next sandbox
+  // beside it. The node learns of the crossing from the kernel, and envd paces its looks by what
+  // is left; when the node read every sandbox's use every 250 ms and envd, told near, looked
+  // every 250 ms below half, about one round in six lost the whole sandbox.
+  srv.test('twenty idle sandboxes each take 600 MiB at once: every time the process goes, not the sandbox', async () => {
+    for (let i = 0; i < 20; i++) {
+      const { sbx, rid } = await victim();
+      // What a test before this did: a command, and one in the background killed. envd then has
+      // no child, and its killer waits for the next process or the node's word.
+      await sbx.commands.run('exit 3').catch(() => {});
+      const bg = await sbx.commands.run('sleep 300', { background: true });
+      await bg.kill();
+      const r = await sbx.commands
+        .run(`python3 -c "a = bytearray(600 * 2**20)"`, { timeoutMs: 120_000 })
+        .catch((err) => err);
+      assert.match(String(r.error ?? r), /signal: killed/, `round ${i}: the 600 MiB allocation was not SIGKILLed: ${r}`);
+      assert.equal(await aliveOrReportedDead(sbx, rid, /oom/), 'alive', `round ${i}`);
+      await sbx.kill();
+    }
+    await nodeAndBystanderFine();
+  });
+
   srv.test('1,000 processes and a fork bomb are bounded', async () => {
     const { sbx, rid } = await victim();
     const cg = `/sys/fs/cgroup/pids/vmon/${rid}`;
