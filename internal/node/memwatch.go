@@ -139,12 +139,11 @@ func (n *Node) followMemory(me memoryEventer, mr memoryReader, sb *sandbox) cont
 		// A signal also comes when the sandbox's cgroup goes; if the sandbox is still here (its
 		// runtime replaced under it) the next tick follows it anew.
 		for range events {
-			if _, err := mr.MemoryUsage(sb.runtimeID); err != nil {
+			if !n.checkMemory(mr, sb) {
 				sb.memHint.follow.CompareAndSwap(memFollowEvents, memFollowNone)
 				cancel()
 				return
 			}
-			n.checkMemory(mr, sb)
 		}
 	}()
 	// The first check, at once: what the kernel signals from now on are crossings only.
@@ -152,15 +151,16 @@ func (n *Node) followMemory(me memoryEventer, mr memoryReader, sb *sandbox) cont
 	return cancel
 }
 
-// checkMemory tells sb's envd whether it is near its memory when that changed.
-func (n *Node) checkMemory(mr memoryReader, sb *sandbox) {
+// checkMemory tells sb's envd whether it is near its memory when that changed. It reports false
+// when the sandbox's memory could not be read (paused, stopping or gone: nothing to tell).
+func (n *Node) checkMemory(mr memoryReader, sb *sandbox) bool {
 	told := sb.memHint.told.Load()
 	if sb.ch == nil || sb.memoryMB <= 0 || told == memHintUnsupported || sb.stopping.Load() || sb.memHint.sending.Load() {
-		return
+		return true
 	}
 	used, err := mr.MemoryUsage(sb.runtimeID)
 	if err != nil {
-		return // paused, stopping or gone: nothing to tell
+		return false
 	}
 	limit := uint64(sb.memoryMB) << 20
 	near := used*100 >= limit*memNearPercent
@@ -173,7 +173,7 @@ func (n *Node) checkMemory(mr memoryReader, sb *sandbox) {
 	}
 	sb.memHint.retry.Store(false)
 	if want == told || !sb.memHint.sending.CompareAndSwap(false, true) {
-		return
+		return true
 	}
 	go func() {
 		status := n.sendMemoryHint(sb, near)
@@ -192,6 +192,7 @@ func (n *Node) checkMemory(mr memoryReader, sb *sandbox) {
 			n.checkMemory(mr, sb)
 		}
 	}()
+	return true
 }
 
 // sendMemoryHint posts the hint to envd and returns the answer's status (0 when none came).

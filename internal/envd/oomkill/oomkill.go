@@ -109,14 +109,6 @@ func (m Memory) Available() uint64 {
 	return 0
 }
 
-// Used is what the guest holds, its tasks' cost included.
-func (m Memory) Used() uint64 {
-	if a := m.Available(); a < m.Total {
-		return m.Total - a
-	}
-	return 0
-}
-
 // Reserve is how much free memory is the floor: below it the killer acts. Linux acts when an
 // allocation cannot be met at all; polling needs a little margin to act at about that point.
 func Reserve(total uint64) uint64 {

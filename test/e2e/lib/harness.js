@@ -623,14 +623,22 @@ export async function scrapeMetrics(url) {
   return out;
 }
 
+/** The boot record (boot.json) the node wrote for sandbox runtime `rid`. */
+export function bootRecordOf(dataDir, rid) {
+  return JSON.parse(fs.readFileSync(path.join(dataDir, 'sandboxes', rid, 'boot.json'), 'utf8'));
+}
+
+/** Whether sandbox runtime `rid` booted from a root image rather than an overlay. */
+export function onRootImage(dataDir, rid) {
+  return Boolean(bootRecordOf(dataDir, rid).runtime.RootImage);
+}
+
 /**
  * Host bytes the writable disk of sandbox runtime `rid` takes: its disk image on an overlay, or,
  * on a root image, the unlinked layer file in <data>/root-layers its runsc-sandbox holds open.
  */
 export async function sandboxDiskBytes(dataDir, rid) {
-  const dir = path.join(dataDir, 'sandboxes', rid);
-  const boot = JSON.parse(fs.readFileSync(path.join(dir, 'boot.json'), 'utf8'));
-  if (!boot.runtime.RootImage) return fs.statSync(path.join(dir, 'disk.img')).blocks * 512;
+  if (!onRootImage(dataDir, rid)) return fs.statSync(path.join(dataDir, 'sandboxes', rid, 'disk.img')).blocks * 512;
   const layers = `${path.join(dataDir, 'root-layers')}/`;
   let bytes = 0;
   let found = 0;

@@ -1,13 +1,12 @@
 // Memory merging (vmon serve --memory-merge): the sandboxes' sentries and gofers (a sandbox on a
 // root image has none) are marked for the kernel's same-page merging (KSM), ksmd runs, it really
-// merges their pages, and the sandboxes work the same afterwards. KSM's switches are host-wide: the test puts back the ones
-// it and vmon changed.
+// merges their pages, and the sandboxes work the same afterwards. KSM's switches are host-wide:
+// the test puts back the ones it and vmon changed.
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
-import path from 'node:path';
 import { describe } from 'node:test';
 import { Sandbox } from 'e2b';
-import { useServer, runId, killQuietly, pgrep, runtimeIdOf, waitFor } from '../lib/harness.js';
+import { useServer, runId, killQuietly, pgrep, runtimeIdOf, waitFor, onRootImage } from '../lib/harness.js';
 
 const KSM = '/sys/kernel/mm/ksm';
 const ksmGet = (name) => fs.readFileSync(`${KSM}/${name}`, 'utf8').trim();
@@ -63,8 +62,7 @@ describe('memory merging (--memory-merge)', () => {
     for (const s of sbs) {
       const p = await runscProcesses(srv.dataDir, s.sandboxId);
       // A sandbox on a root image (the default) has no gofer; one on an overlay has one.
-      const rid = runtimeIdOf(srv.dataDir, s.sandboxId);
-      const onImage = Boolean(JSON.parse(fs.readFileSync(path.join(srv.dataDir, 'sandboxes', rid, 'boot.json'), 'utf8')).runtime.RootImage);
+      const onImage = onRootImage(srv.dataDir, runtimeIdOf(srv.dataDir, s.sandboxId));
       assert.ok(p['runsc-sandbox'] && Boolean(p['runsc-gofer']) === !onImage,
         `runsc processes of ${s.sandboxId} (on a root image: ${onImage}): ${JSON.stringify(p)}`);
       for (const [name, pid] of Object.entries(p)) {

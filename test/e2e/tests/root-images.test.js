@@ -10,7 +10,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { describe } from 'node:test';
 import { Sandbox, Template, Volume } from 'e2b';
-import { useServer, runId, killQuietly, pgrep, runtimeIdOf, waitFor, getInfoRecovered, vmonMountinfo, apiFetch } from '../lib/harness.js';
+import { useServer, runId, killQuietly, pgrep, runtimeIdOf, waitFor, getInfoRecovered, vmonMountinfo, apiFetch, bootRecordOf } from '../lib/harness.js';
 
 const DISK_MB = 64;
 
@@ -40,7 +40,7 @@ describe('root images (--root-images)', () => {
   };
   const run = async (s, cmd) => (await s.commands.run(cmd)).stdout.trim();
   const imageDir = () => path.join(srv.dataDir, 'root-images');
-  const bootRecord = (id) => JSON.parse(fs.readFileSync(path.join(srv.dataDir, 'sandboxes', runtimeIdOf(srv.dataDir, id), 'boot.json'), 'utf8'));
+  const bootRecord = (id) => bootRecordOf(srv.dataDir, runtimeIdOf(srv.dataDir, id));
   // The boot record names the image the runtime booted from.
   const onImage = (id) => Boolean(bootRecord(id).runtime.RootImage);
   const imageRecords = () => (fs.existsSync(imageDir()) ? fs.readdirSync(imageDir()) : [])
